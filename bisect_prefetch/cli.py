@@ -1,0 +1,143 @@
+"""The command line: parses, calls the library, prints. Nothing else.
+
+Exit codes: 0 success, 1 a finding (aa diverged, an expectation failed, audit
+found a problem), 2 a usage or input error (one line on stderr, no traceback).
+"""
+
+from __future__ import annotations
+
+import sys
+from enum import Enum
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+from rich.console import Console
+
+from bisect_prefetch.errors import BisectPrefetchError
+
+app = typer.Typer(
+    add_completion=False,
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    help="Find the FSDP prefetch edges that make same-seed training runs drift.",
+)
+console = Console(highlight=False)
+
+
+def fail(message: str) -> None:
+    """A usage or input error: one line on stderr, exit code 2."""
+    Console(stderr=True, highlight=False).print(f"error: {message}", markup=False, soft_wrap=True)
+    raise typer.Exit(2)
+
+
+class GraphFormat(str, Enum):
+    text = "text"
+    json = "json"
+    dot = "dot"
+    mermaid = "mermaid"
+    png = "png"
+
+
+ExperimentArg = Annotated[
+    Optional[Path], typer.Argument(help="Experiment YAML (or give --policy and --layers).")
+]
+PolicyOpt = Annotated[
+    Optional[str], typer.Option("--policy", help="Static policy: mindformers, fsdp2-chain, torchtitan.")
+]
+LayersOpt = Annotated[Optional[int], typer.Option("--layers", help="Layer count for --policy.")]
+StateDirOpt = Annotated[
+    Path, typer.Option("--state-dir", help="Where run state lives (default .bisect-prefetch).")
+]
+JsonOpt = Annotated[Optional[Path], typer.Option("--json", help="Also write the result as JSON here.")]
+
+
+def _load_graph(experiment: Path | None, policy: str | None, layers: int | None, state_dir: Path):
+    from bisect_prefetch import graph as graphs
+
+    if experiment is not None:
+        if policy is not None:
+            fail("give an experiment file or --policy, not both")
+        from bisect_prefetch.runs.discover import graph_for_experiment
+
+        return graph_for_experiment(experiment, state_dir=state_dir, console=console)
+    if policy is None or layers is None:
+        fail("give an experiment file, or --policy NAME and --layers N")
+    return graphs.from_policy(policy, layers)
+
+
+@app.command()
+def graph(
+    experiment: ExperimentArg = None,
+    policy: PolicyOpt = None,
+    layers: LayersOpt = None,
+    fmt: Annotated[GraphFormat, typer.Option("--format", help="Output format.")] = GraphFormat.text,
+    out: Annotated[Optional[Path], typer.Option("--out", help="Write here instead of stdout.")] = None,
+    state_dir: StateDirOpt = Path(".bisect-prefetch"),
+) -> None:
+    """Show the prefetch edge graph of a policy or of a real job."""
+    from bisect_prefetch import graph as graphs
+
+    g = _load_graph(experiment, policy, layers, state_dir)
+    if fmt is GraphFormat.png:
+        if out is None:
+            fail("--format png needs --out FILE")
+        graphs.render_png(g, out)
+        console.print(f"wrote {out}")
+        return
+    text = graphs.RENDERERS[fmt.value](g)
+    if out is not None:
+        from bisect_prefetch.runs.atomic import write_text_atomic
+
+        write_text_atomic(out, text + "\n")
+        console.print(f"wrote {out}")
+    else:
+        print(text)
+
+
+@app.command()
+def masks(
+    experiment: ExperimentArg = None,
+    policy: PolicyOpt = None,
+    layers: LayersOpt = None,
+    preset: Annotated[str, typer.Option("--preset", help="all-on, all-off, backward-off, forward-off, keep-only:SEL, drop-only:SEL.")] = "all-on",
+    state_dir: StateDirOpt = Path(".bisect-prefetch"),
+) -> None:
+    """Print which edges a preset enables and disables."""
+    from bisect_prefetch.select import preset_mask
+
+    g = _load_graph(experiment, policy, layers, state_dir)
+    ids = g.edge_ids()
+    mask = preset_mask(preset, ids)
+    enabled = [e for e in ids if e in mask]
+    disabled = [e for e in ids if e not in mask]
+    console.print(f"{preset}: {len(enabled)} enabled, {len(disabled)} disabled")
+    console.print("enabled:", markup=False)
+    for e in enabled:
+        console.print(f"  + {e}", markup=False)
+    console.print("disabled:", markup=False)
+    for e in disabled:
+        console.print(f"  - {e}", markup=False)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the CLI and return its exit code; library errors become one line and 2."""
+    try:
+        app(args=argv, prog_name="bisect-prefetch")
+    except SystemExit as exc:  # typer exits in standalone mode; usage errors exit 2
+        return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 2)
+    except BisectPrefetchError as exc:
+        Console(stderr=True, highlight=False).print(f"error: {exc}", markup=False, soft_wrap=True)
+        return 2
+    except KeyboardInterrupt:
+        Console(stderr=True).print("interrupted")
+        return 130
+    return 0
+
+
+def run() -> None:
+    sys.exit(main())
+
+
+if __name__ == "__main__":
+    run()

@@ -1,0 +1,324 @@
+"""The prefetch edge graph: FSDP units as nodes, forward/backward prefetches as edges.
+
+A node is an FSDP unit by fully qualified module name (`decoder.layers.3`).
+An edge `PHASE:SRC->DST` says that SRC's forward (PHASE `fwd`) or backward
+(`bwd`) pre-hook starts unsharding DST early. Graphs come from a static policy
+(a pure function of a few parameters) or from the JSON the in-process recorder
+writes; both render as text, json, dot, mermaid and png.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+import networkx as nx
+
+from bisect_prefetch.errors import BisectPrefetchError
+
+PHASES = ("fwd", "bwd")
+NODE_KINDS = ("embedding", "layer", "inner", "tail", "root")
+
+
+@dataclass(frozen=True, order=True)
+class Edge:
+    phase: str
+    src: str
+    dst: str
+
+    @property
+    def id(self) -> str:
+        return f"{self.phase}:{self.src}->{self.dst}"
+
+    @classmethod
+    def parse(cls, edge_id: str) -> Edge:
+        phase, sep, rest = edge_id.partition(":")
+        src, arrow, dst = rest.partition("->")
+        if not sep or not arrow or phase not in PHASES or not src or not dst:
+            raise BisectPrefetchError(
+                f"not an edge id: {edge_id!r} (expected PHASE:SRC->DST, PHASE fwd or bwd)"
+            )
+        return cls(phase, src, dst)
+
+
+class PrefetchGraph:
+    """FSDP units and their prefetch edges, over a networkx MultiDiGraph.
+
+    Parallel edges are keyed by phase, so `fwd:a->b` and `bwd:a->b` coexist.
+    """
+
+    def __init__(self) -> None:
+        self.g = nx.MultiDiGraph()
+
+    # -- building ---------------------------------------------------------
+    def add_node(
+        self, name: str, *, kind: str, order: int, shard_size: int | None = None
+    ) -> None:
+        if kind not in NODE_KINDS:
+            raise BisectPrefetchError(f"unknown node kind {kind!r} (one of {', '.join(NODE_KINDS)})")
+        self.g.add_node(name, kind=kind, order=order, shard_size=shard_size)
+
+    def add_edge(self, phase: str, src: str, dst: str, *, implicit: bool = False) -> Edge:
+        edge = Edge(phase, src, dst)
+        if phase not in PHASES:
+            raise BisectPrefetchError(f"unknown phase {phase!r} (fwd or bwd)")
+        for name in (src, dst):
+            if name not in self.g:
+                raise BisectPrefetchError(f"edge {edge.id} names unknown node {name!r}")
+        self.g.add_edge(src, dst, key=phase, implicit=implicit)
+        return edge
+
+    # -- reading ----------------------------------------------------------
+    def nodes(self) -> list[str]:
+        """Node names in forward order."""
+        return sorted(self.g.nodes, key=lambda n: (self.g.nodes[n]["order"], n))
+
+    def node(self, name: str) -> dict:
+        return dict(self.g.nodes[name])
+
+    def edges(self, phase: str | None = None) -> list[Edge]:
+        """Edges grouped by phase (fwd first), each phase in layer order of its source.
+
+        Backward edges run from the last layer down, as they fire in a step.
+        """
+        order = {n: self.g.nodes[n]["order"] for n in self.g.nodes}
+        out = []
+        for ph in PHASES if phase is None else (phase,):
+            group = [Edge(ph, s, d) for s, d, k in self.g.edges(keys=True) if k == ph]
+            sign = 1 if ph == "fwd" else -1
+            group.sort(key=lambda e: (sign * order[e.src], sign * order[e.dst], e.src, e.dst))
+            out.extend(group)
+        return out
+
+    def edge_ids(self) -> list[str]:
+        return [e.id for e in self.edges()]
+
+    def is_implicit(self, edge: Edge) -> bool:
+        return bool(self.g.edges[edge.src, edge.dst, edge.phase].get("implicit", False))
+
+    def __len__(self) -> int:
+        return self.g.number_of_edges()
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, PrefetchGraph) and self.to_dict() == other.to_dict()
+
+    # -- JSON -------------------------------------------------------------
+    def to_dict(self) -> dict:
+        nodes = [
+            {"name": n, **{k: self.g.nodes[n][k] for k in ("kind", "order", "shard_size")}}
+            for n in self.nodes()
+        ]
+        edges = [
+            {"id": e.id, "phase": e.phase, "src": e.src, "dst": e.dst, "implicit": self.is_implicit(e)}
+            for e in self.edges()
+        ]
+        return {"nodes": nodes, "edges": edges}
+
+    @classmethod
+    def from_dict(cls, data: dict) -> PrefetchGraph:
+        try:
+            graph = cls()
+            for node in data["nodes"]:
+                graph.add_node(
+                    node["name"], kind=node["kind"], order=int(node["order"]),
+                    shard_size=node.get("shard_size"),
+                )
+            for edge in data["edges"]:
+                graph.add_edge(
+                    edge["phase"], edge["src"], edge["dst"], implicit=bool(edge.get("implicit", False))
+                )
+        except (KeyError, TypeError, ValueError) as exc:
+            raise BisectPrefetchError(f"not a prefetch graph: missing or bad field {exc}") from None
+        return graph
+
+    @classmethod
+    def load(cls, path: str | Path) -> PrefetchGraph:
+        try:
+            data = json.loads(Path(path).read_text())
+        except OSError as exc:
+            raise BisectPrefetchError(f"cannot read graph {path}: {exc.strerror}") from None
+        except json.JSONDecodeError as exc:
+            raise BisectPrefetchError(f"{path}: not JSON ({exc.msg}, line {exc.lineno})") from None
+        return cls.from_dict(data)
+
+
+# -- static policies ------------------------------------------------------
+def _mindformers(layers: int, inner: Iterable[str] = ()) -> PrefetchGraph:
+    """The chain MindFormers' GPT parallelize step builds.
+
+    Forward: embedding -> layer 0, layer i -> i+1, last -> final_layernorm and
+    output_layer. Backward: output_layer -> last, i -> i-1, layer 0 -> embedding.
+    Inner units (independently wrapped norms, routers, experts) are targeted by
+    the same edges that target their layer.
+    """
+    inner = list(inner)
+    g = PrefetchGraph()
+    order = iter(range(10**6))
+    g.add_node("embedding", kind="embedding", order=next(order))
+    layer_names = [f"decoder.layers.{i}" for i in range(layers)]
+    for name in layer_names:
+        g.add_node(name, kind="layer", order=next(order))
+        for part in inner:
+            g.add_node(f"{name}.{part}", kind="inner", order=next(order))
+    g.add_node("decoder.final_layernorm", kind="tail", order=next(order))
+    g.add_node("output_layer", kind="tail", order=next(order))
+
+    def to_layer(phase: str, src: str, layer: str) -> None:
+        g.add_edge(phase, src, layer)
+        for part in inner:
+            g.add_edge(phase, src, f"{layer}.{part}")
+
+    first, last = layer_names[0], layer_names[-1]
+    to_layer("fwd", "embedding", first)
+    for a, b in zip(layer_names, layer_names[1:], strict=False):
+        to_layer("fwd", a, b)
+    g.add_edge("fwd", last, "decoder.final_layernorm")
+    g.add_edge("fwd", last, "output_layer")
+    to_layer("bwd", "output_layer", last)
+    for a, b in zip(layer_names[1:], layer_names, strict=False):
+        to_layer("bwd", a, b)
+    g.add_edge("bwd", first, "embedding")
+    return g
+
+
+def _fsdp2_chain(layers: int) -> PrefetchGraph:
+    """`layers.{i}`, i -> i+1 forward and i -> i-1 backward, as in the FSDP2 examples."""
+    g = PrefetchGraph()
+    names = [f"layers.{i}" for i in range(layers)]
+    for i, name in enumerate(names):
+        g.add_node(name, kind="layer", order=i)
+    for a, b in zip(names, names[1:], strict=False):
+        g.add_edge("fwd", a, b)
+        g.add_edge("bwd", b, a)
+    return g
+
+
+def _torchtitan(layers: int) -> PrefetchGraph:
+    """The explicit chain torchtitan wires by hand: tok_embeddings, layers, norm, output."""
+    g = PrefetchGraph()
+    names = [f"layers.{i}" for i in range(layers)]
+    g.add_node("tok_embeddings", kind="embedding", order=0)
+    for i, name in enumerate(names):
+        g.add_node(name, kind="layer", order=i + 1)
+    g.add_node("norm", kind="tail", order=layers + 1)
+    g.add_node("output", kind="tail", order=layers + 2)
+    chain = ["tok_embeddings", *names]
+    for a, b in zip(chain, chain[1:], strict=False):
+        g.add_edge("fwd", a, b)
+    g.add_edge("fwd", names[-1], "norm")
+    g.add_edge("fwd", names[-1], "output")
+    g.add_edge("bwd", "output", names[-1])
+    for a, b in zip(reversed(chain), list(reversed(chain))[1:], strict=False):
+        g.add_edge("bwd", a, b)
+    return g
+
+
+POLICIES: dict[str, Callable[..., PrefetchGraph]] = {
+    "mindformers": _mindformers,
+    "fsdp2-chain": _fsdp2_chain,
+    "torchtitan": _torchtitan,
+}
+
+
+def from_policy(name: str, layers: int, *, inner: Iterable[str] = ()) -> PrefetchGraph:
+    if name not in POLICIES:
+        raise BisectPrefetchError(f"unknown policy {name!r} (one of {', '.join(POLICIES)})")
+    if layers < 1:
+        raise BisectPrefetchError(f"--layers must be at least 1, got {layers}")
+    if name == "mindformers":
+        return _mindformers(layers, inner)
+    if inner:
+        raise BisectPrefetchError(f"policy {name!r} has no inner units")
+    return POLICIES[name](layers)
+
+
+# -- renderings -----------------------------------------------------------
+def render_text(graph: PrefetchGraph) -> str:
+    lines = [f"{len(graph.nodes())} units, {len(graph)} prefetch edges"]
+    for phase, title in (("fwd", "forward"), ("bwd", "backward")):
+        edges = graph.edges(phase)
+        lines.append(f"{title} ({len(edges)}):")
+        for e in edges:
+            size = graph.node(e.dst)["shard_size"]
+            note = f"  [target shard size {size}]" if size is not None else ""
+            implicit = "  (implicit)" if graph.is_implicit(e) else ""
+            lines.append(f"  {e.id}{note}{implicit}")
+    return "\n".join(lines)
+
+
+def render_json(graph: PrefetchGraph) -> str:
+    return json.dumps(graph.to_dict(), indent=2)
+
+
+def _quote(name: str) -> str:
+    return json.dumps(name)
+
+
+def render_dot(graph: PrefetchGraph) -> str:
+    lines = ["digraph prefetch {", "  rankdir=LR;"]
+    for n in graph.nodes():
+        lines.append(f"  {_quote(n)} [shape=box];")
+    colour = {"fwd": "blue", "bwd": "red"}
+    for e in graph.edges():
+        lines.append(
+            f'  {_quote(e.src)} -> {_quote(e.dst)} [color={colour[e.phase]}, label="{e.phase}"];'
+        )
+    lines.append("}")
+    return "\n".join(lines)
+
+
+def render_mermaid(graph: PrefetchGraph) -> str:
+    ids = {n: f"n{i}" for i, n in enumerate(graph.nodes())}
+    lines = ["flowchart LR"]
+    for n, i in ids.items():
+        lines.append(f'  {i}["{n}"]')
+    for e in graph.edges():
+        arrow = "-->" if e.phase == "fwd" else "-.->"
+        lines.append(f"  {ids[e.src]} {arrow}|{e.phase}| {ids[e.dst]}")
+    return "\n".join(lines)
+
+
+def render_png(graph: PrefetchGraph, path: str | Path, *, highlight: Iterable[str] = ()) -> None:
+    """Layers left to right; fwd edges arc above, bwd below; highlighted edges thick."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.patches import FancyArrowPatch
+
+    highlight = set(highlight)
+    nodes = graph.nodes()
+    x = {n: i for i, n in enumerate(nodes)}
+    width = max(6.0, 0.9 * len(nodes))
+    fig, ax = plt.subplots(figsize=(width, 3.2))
+    for n in nodes:
+        ax.text(x[n], 0, n, rotation=90, ha="center", va="center", fontsize=7,
+                bbox={"boxstyle": "round", "fc": "white", "ec": "grey"})
+    colour = {"fwd": "tab:blue", "bwd": "tab:red"}
+    for e in graph.edges():
+        hot = e.id in highlight
+        rad = -0.4 if e.phase == "fwd" else 0.4
+        ax.add_patch(FancyArrowPatch(
+            (x[e.src], 0.35 if e.phase == "fwd" else -0.35),
+            (x[e.dst], 0.35 if e.phase == "fwd" else -0.35),
+            connectionstyle=f"arc3,rad={rad}", arrowstyle="-|>", mutation_scale=10,
+            color="black" if hot else colour[e.phase], lw=3 if hot else 1,
+        ))
+    ax.set_xlim(-1, len(nodes))
+    ax.set_ylim(-1.5, 1.5)
+    ax.axis("off")
+    ax.set_title("prefetch edges: forward (blue, above), backward (red, below)"
+                 + (", culprit in black" if highlight else ""), fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+RENDERERS: dict[str, Callable[[PrefetchGraph], str]] = {
+    "text": render_text,
+    "json": render_json,
+    "dot": render_dot,
+    "mermaid": render_mermaid,
+}

@@ -1,0 +1,128 @@
+"""Selectors, presets and masks over a graph's edge ids.
+
+A mask is the frozenset of ENABLED edge ids. A selector picks edge ids:
+an exact id, a glob over ids (`bwd:*`, `*->embedding`), or one of the words
+`all`, `none`, `fwd`, `bwd`. A preset turns selectors into a mask the way
+engineers run these experiments: `all-on`, `all-off`, `backward-off`,
+`forward-off`, `keep-only:SEL` (everything off but SEL), `drop-only:SEL`
+(everything on but SEL). A selector that matches nothing is an error that
+names the nearest edge ids: it never silently yields an empty mask.
+"""
+
+from __future__ import annotations
+
+import difflib
+import fnmatch
+from collections.abc import Iterable, Sequence
+
+from bisect_prefetch.errors import BisectPrefetchError
+
+Mask = frozenset[str]
+
+WORDS = ("all", "none", "fwd", "bwd")
+PRESETS = ("all-on", "all-off", "backward-off", "forward-off", "keep-only:SEL", "drop-only:SEL")
+_GLOB_CHARS = set("*?[")
+
+
+def _nearest(selector: str, edge_ids: Sequence[str], n: int = 3) -> str:
+    near = difflib.get_close_matches(selector, edge_ids, n=n, cutoff=0.0)
+    return ", ".join(near) if near else "(the graph has no edges)"
+
+
+def select(selector: str, edge_ids: Sequence[str]) -> list[str]:
+    """Edge ids matched by one selector, in graph order."""
+    sel = selector.strip()
+    if sel == "all":
+        return list(edge_ids)
+    if sel == "none":
+        return []
+    if sel in ("fwd", "bwd"):
+        return [e for e in edge_ids if e.startswith(sel + ":")]
+    if not sel:
+        raise BisectPrefetchError("empty selector (use an edge id, a glob, all, none, fwd or bwd)")
+    if _GLOB_CHARS & set(sel):
+        matched = [e for e in edge_ids if fnmatch.fnmatchcase(e, sel)]
+    else:
+        matched = [e for e in edge_ids if e == sel]
+    if not matched:
+        raise BisectPrefetchError(
+            f"selector {selector!r} matches no edge; nearest: {_nearest(sel, edge_ids)}"
+        )
+    return matched
+
+
+def select_many(selectors: Iterable[str], edge_ids: Sequence[str]) -> list[str]:
+    """Union of several selectors (comma-separated within one string too), in graph order."""
+    chosen: set[str] = set()
+    for selector in selectors:
+        for part in _split(selector):
+            chosen.update(select(part, edge_ids))
+    return [e for e in edge_ids if e in chosen]
+
+
+def _split(selector: str) -> list[str]:
+    return [p for p in (s.strip() for s in selector.split(",")) if p] or [selector]
+
+
+def preset_mask(preset: str, edge_ids: Sequence[str]) -> Mask:
+    """The enabled edges under a preset name."""
+    name, _, arg = preset.partition(":")
+    if name == "all-on" and not arg:
+        return frozenset(edge_ids)
+    if name == "all-off" and not arg:
+        return frozenset()
+    if name == "backward-off" and not arg:
+        return frozenset(e for e in edge_ids if not e.startswith("bwd:"))
+    if name == "forward-off" and not arg:
+        return frozenset(e for e in edge_ids if not e.startswith("fwd:"))
+    if name in ("keep-only", "drop-only"):
+        if not arg:
+            raise BisectPrefetchError(f"preset {name} needs a selector: {name}:SEL")
+        chosen = set(select_many([arg], edge_ids))
+        if name == "keep-only":
+            return frozenset(chosen)
+        return frozenset(e for e in edge_ids if e not in chosen)
+    raise BisectPrefetchError(f"unknown preset {preset!r} (one of {', '.join(PRESETS)})")
+
+
+def is_preset(text: str) -> bool:
+    name = text.partition(":")[0]
+    return text in ("all-on", "all-off", "backward-off", "forward-off") or name in (
+        "keep-only", "drop-only"
+    )
+
+
+def resolve_mask(specs: Sequence[str], edge_ids: Sequence[str]) -> Mask:
+    """`--mask` values -> mask. One preset, or selectors of the edges to ENABLE.
+
+    No spec at all means every edge on (the build as it is).
+    """
+    if not specs:
+        return frozenset(edge_ids)
+    presets = [s for s in specs if is_preset(s)]
+    if presets:
+        if len(specs) > 1:
+            raise BisectPrefetchError(
+                f"a preset ({presets[0]}) cannot be combined with other --mask values"
+            )
+        return preset_mask(presets[0], edge_ids)
+    return frozenset(select_many(specs, edge_ids))
+
+
+def describe(mask: Mask, edge_ids: Sequence[str]) -> str:
+    """Short human name for a mask: a preset name where one fits, else counts."""
+    n, on = len(edge_ids), [e for e in edge_ids if e in mask]
+    if len(on) == n:
+        return "all-on"
+    if not on:
+        return "all-off"
+    if set(on) == {e for e in edge_ids if e.startswith("fwd:")}:
+        return "backward-off"
+    if set(on) == {e for e in edge_ids if e.startswith("bwd:")}:
+        return "forward-off"
+    if len(on) <= 2:
+        return "keep-only:" + ",".join(on)
+    off = [e for e in edge_ids if e not in mask]
+    if len(off) <= 2:
+        return "drop-only:" + ",".join(off)
+    return f"{len(on)} of {n} on"
