@@ -7,7 +7,7 @@ found a problem), 2 a usage or input error (one line on stderr, no traceback).
 from __future__ import annotations
 
 import sys
-from enum import Enum
+from enum import Enum, StrEnum
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -118,6 +118,81 @@ def masks(
     console.print("disabled:", markup=False)
     for e in disabled:
         console.print(f"  - {e}", markup=False)
+
+
+class Guard(StrEnum):
+    none = "none"
+    size_one = "size-one"
+
+
+@app.command()
+def aa(
+    experiment: Annotated[Path, typer.Argument(help="Experiment YAML.")],
+    mask: Annotated[list[str] | None, typer.Option("--mask", help="Preset or selectors of the edges to enable (repeatable; default all-on).")] = None,
+    runs: Annotated[int, typer.Option("--runs", help="Runs in the group (at least 2).")] = 2,
+    steps: Annotated[int | None, typer.Option("--steps", help="Steps per run (default: the experiment's).")] = None,
+    guard: Annotated[Guard | None, typer.Option("--guard", help="Skip prefetches into shard-size-1 units (default: the experiment's).")] = None,
+    json_out: JsonOpt = None,
+    state_dir: StateDirOpt = Path(".bisect-prefetch"),
+) -> None:
+    """Run an A/A group under a mask: exit 0 consistent, 1 diverged."""
+    import json
+    import shlex
+
+    from bisect_prefetch.aa import run_aa
+    from bisect_prefetch.runs.atomic import write_text_atomic
+
+    try:
+        result = run_aa(experiment, masks=mask or [], runs=runs, steps=steps,
+                        guard=guard.value if guard else None, state_dir=state_dir, console=console)
+    except KeyboardInterrupt:
+        console.print("interrupted: finished runs are in the journal; to resume, run again:",
+                      markup=False)
+        console.print("  " + shlex.join(["bisect-prefetch", *sys.argv[1:]]), markup=False)
+        raise
+    if json_out is not None:
+        write_text_atomic(json_out, json.dumps(result.to_json(), indent=2) + "\n")
+        console.print(f"wrote {json_out}", markup=False)
+    if result.verdict == "error":
+        fail(f"no verdict: {result.reason}")
+    raise typer.Exit(0 if result.verdict == "consistent" else 1)
+
+
+@app.command()
+def matrix(
+    matrix_file: Annotated[Path, typer.Argument(metavar="MATRIX.yaml", help="Matrix YAML.")],
+    junit: Annotated[Path | None, typer.Option("--junit", help="Write JUnit XML here (a test case per cell).")] = None,
+    markdown: Annotated[Path | None, typer.Option("--markdown", help="Write the Markdown table here (also appended to $GITHUB_STEP_SUMMARY when set).")] = None,
+    json_out: JsonOpt = None,
+    state_dir: StateDirOpt = Path(".bisect-prefetch"),
+) -> None:
+    """Run an experiment matrix: exit 0 when every cell meets its expectation, 1 otherwise."""
+    import shlex
+
+    from bisect_prefetch.matrix import matrix_command
+
+    try:
+        result = matrix_command(matrix_file, state_dir=state_dir, console=console, junit=junit,
+                                markdown=markdown, json_out=json_out)
+    except KeyboardInterrupt:
+        console.print("interrupted: finished runs are in the journal; to resume, run again:",
+                      markup=False)
+        console.print("  " + shlex.join(["bisect-prefetch", *sys.argv[1:]]), markup=False)
+        raise
+    raise typer.Exit(result.exit_code)
+
+
+@app.command()
+def report(
+    state: Annotated[Path, typer.Argument(metavar="STATE_DIR", help="An experiment's state dir, e.g. .bisect-prefetch/NAME.")],
+    html_out: Annotated[Path | None, typer.Option("--html", help="Write the HTML here (default STATE_DIR/report.html).")] = None,
+) -> None:
+    """Rebuild the HTML report of a state dir from its journal and run dirs."""
+    from bisect_prefetch.report.html import build_report
+
+    if not state.is_dir():
+        fail(f"no such state dir: {state}")
+    console.print(f"wrote {build_report(state, html_out)}", markup=False)
 
 
 def main(argv: list[str] | None = None) -> int:

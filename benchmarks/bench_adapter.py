@@ -1,0 +1,224 @@
+"""Cost of the in-process adapter on the FSDP2 reference workload (torchrun, gloo, CPU).
+
+Step overhead is measured side by side inside ONE job, so that machine noise
+(other jobs on a shared box easily move step times by 2x between runs) hits
+every condition alike. The job runs under the launcher's setup (sitecustomize,
+plan with a mask that enables every edge, probe on) and cycles its steps
+through all orders of three conditions:
+
+- ``off``: adapter paused (``fsdp2.paused()``: the patched FSDP2 methods pass
+  straight through, no report_step), i.e. the workload without the adapter;
+- ``on``: mask + probe on every prefetch, report_step (metrics line, probe rewrite);
+- ``digests``: as ``on``, plus blake2b digests of every parameter's gradient.
+
+Overhead = median(on) / median(off) - 1; the digests' extra cost is reported
+on top of ``on``. Start-up (launch to the first step) and its share of a
+``--startup-steps`` run come from whole jobs with and without the adapter,
+alternated. Run: ``python -m benchmarks.bench_adapter [--json FILE]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import itertools
+import json
+import os
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+SITE = REPO / "bisect_prefetch" / "adapters" / "site"
+CONDITIONS = ("off", "on", "digests")
+WARMUP_STEPS = 3  # with the adapter on: discovery happens in the first step
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _write_plan(run_dir: Path, *, mask: list[str] | None) -> Path:
+    plan = {
+        "version": 1,
+        "experiment": "bench",
+        "run_id": run_dir.name,
+        "out_dir": str(run_dir),
+        "mask": mask,
+        "guard": "none",
+        "record": {"graph": True, "probe": True, "digests": None, "digest_every": 1},
+        "fault": None,
+    }
+    path = run_dir / "plan.json"
+    path.write_text(json.dumps(plan))
+    return path
+
+
+def _torchrun(
+    run_dir: Path, module_args: list[str], *, plan: Path | None, args: argparse.Namespace
+) -> float:
+    """Run one job under torchrun in its own process group; returns its launch time."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(REPO))
+    env.pop("BISECT_PREFETCH_PLAN", None)
+    if plan is not None:
+        env["PYTHONPATH"] = os.pathsep.join([str(SITE), str(REPO)])
+        env["BISECT_PREFETCH_PLAN"] = str(plan)
+    command = [
+        sys.executable, "-m", "torch.distributed.run",
+        f"--nproc_per_node={args.nproc}", f"--master_port={_free_port()}", "-m", *module_args,
+    ]  # fmt: skip
+    launched = time.time()
+    process = subprocess.Popen(
+        command, cwd=REPO, env=env, start_new_session=True,
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        _, stderr = process.communicate(timeout=args.timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        process.communicate()
+        raise
+    if process.returncode != 0:
+        raise RuntimeError(f"job failed ({process.returncode}):\n{stderr[-3000:]}")
+    return launched
+
+
+def _startup_run(run_dir: Path, *, plan: Path | None, args: argparse.Namespace) -> dict:
+    timings = run_dir / "timings.json"
+    workload = [
+        "bisect_prefetch.workloads.fsdp2", "--layers", str(args.layers),
+        "--steps", str(args.startup_steps), "--seed", "1234", "--timings", str(timings),
+    ]  # fmt: skip
+    launched = _torchrun(run_dir, workload, plan=plan, args=args)
+    wall = time.time() - launched
+    startup = json.loads(timings.read_text())["first_step_start"] - launched
+    return {"startup_s": startup, "wall_s": wall}
+
+
+def worker(out: str, layers: int, steps: int) -> None:
+    """Inside the job: train, cycling steps through the conditions; rank 0 writes the times."""
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from bisect_prefetch import adapters
+    from bisect_prefetch.adapters import fsdp2 as fsdp2_adapter
+    from bisect_prefetch.workloads import fsdp2 as workload
+
+    if fsdp2_adapter.adapter() is None:
+        raise SystemExit("the bench worker must run under the adapter (sitecustomize + plan)")
+    torch.set_num_threads(1)
+    torch.use_deterministic_algorithms(True)
+    dist.init_process_group("gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    torch.manual_seed(1234)
+    model = workload.TinyTransformer(vocab=64, dim=32, heads=2, layers=layers)
+    workload.apply_fsdp(model, init_device_mesh("cpu", (world,)))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    batch = workload.synthetic_batches(seed=1234, count=1, batch=8, seq=16, vocab=64)[0]
+    tokens = batch[rank * (8 // world) : (rank + 1) * (8 // world)]
+
+    # Every order of the conditions in turn, so none always follows another.
+    schedule = itertools.cycle(c for order in itertools.permutations(CONDITIONS) for c in order)
+    times: dict[str, list[float]] = {c: [] for c in CONDITIONS}
+    for step in range(1, steps + 1):
+        condition = "on" if step <= WARMUP_STEPS else next(schedule)
+        started = time.perf_counter()
+        paused = fsdp2_adapter.paused() if condition == "off" else contextlib.nullcontext()
+        with paused:
+            loss, grad_norm = workload.train_step(model, optimizer, tokens)
+        if condition != "off":
+            adapters.report_step(step, loss=loss, grad_norm=grad_norm)
+        if condition == "digests":
+            fsdp2_adapter.adapter().write_digests(step, "*")
+        if step > WARMUP_STEPS:
+            times[condition].append(time.perf_counter() - started)
+    if rank == 0:
+        Path(out).write_text(json.dumps(times))
+    dist.destroy_process_group()
+
+
+def main(argv: list[str] | None = None) -> dict:
+    parser = argparse.ArgumentParser(description="adapter overhead on the FSDP2 workload")
+    parser.add_argument("--steps", type=int, default=183, help="steps of the interleaved job")
+    parser.add_argument("--startup-rounds", type=int, default=3)
+    parser.add_argument("--startup-steps", type=int, default=20)
+    parser.add_argument("--layers", type=int, default=8)
+    parser.add_argument("--nproc", type=int, default=2)
+    parser.add_argument("--timeout", type=float, default=600)
+    parser.add_argument("--json", default=None, help="write the figures here")
+    parser.add_argument("--worker", default=None, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.worker:
+        worker(args.worker, args.layers, args.steps)
+        return {}
+
+    with tempfile.TemporaryDirectory(prefix="bench-adapter-") as tmp:
+        root = Path(tmp)
+        print("start-up: whole jobs with and without the adapter, alternated...", flush=True)
+        startup: dict[str, list[dict]] = {"bare": [], "adapter": []}
+        for i in range(args.startup_rounds):
+            for name in ("bare", "adapter") if i % 2 == 0 else ("adapter", "bare"):
+                run_dir = root / f"{name}-{i}"
+                run_dir.mkdir()
+                plan = _write_plan(run_dir, mask=None) if name == "adapter" else None
+                startup[name].append(_startup_run(run_dir, plan=plan, args=args))
+        graph = json.loads((root / "adapter-0" / "graph.rank0.json").read_text())
+        mask = [edge["id"] for edge in graph["edges"]]
+
+        print(f"step time: one job, {args.steps} steps cycling {CONDITIONS}...", flush=True)
+        run_dir = root / "interleaved"
+        run_dir.mkdir()
+        times_path = run_dir / "times.json"
+        worker_args = [
+            "benchmarks.bench_adapter", "--worker", str(times_path),
+            "--layers", str(args.layers), "--steps", str(args.steps),
+        ]  # fmt: skip
+        _torchrun(run_dir, worker_args, plan=_write_plan(run_dir, mask=mask), args=args)
+        times = json.loads(times_path.read_text())
+
+    median_ms = {c: 1000 * statistics.median(times[c]) for c in CONDITIONS}
+    startup_figures = {
+        name: {
+            "startup_s": statistics.median(r["startup_s"] for r in runs),
+            "wall_s": statistics.median(r["wall_s"] for r in runs),
+            "startup_share": statistics.median(r["startup_s"] / r["wall_s"] for r in runs),
+        }
+        for name, runs in startup.items()
+    }
+    result = {
+        "layers": args.layers,
+        "world_size": args.nproc,
+        "edges_in_mask": len(mask),
+        "median_step_ms": median_ms,
+        "steps_per_condition": {c: len(times[c]) for c in CONDITIONS},
+        "adapter_overhead_pct": 100 * (median_ms["on"] / median_ms["off"] - 1),
+        "digests_extra_pct": 100 * (median_ms["digests"] - median_ms["on"]) / median_ms["off"],
+        "startup": startup_figures,
+        "startup_steps": args.startup_steps,
+    }
+
+    print("\nmedian step (ms): " + ", ".join(f"{c} {m:.2f}" for c, m in median_ms.items()))
+    print(f"adapter overhead (mask + probe): {result['adapter_overhead_pct']:+.2f}% per step")
+    print(f"digests, extra on top:           {result['digests_extra_pct']:+.2f}% per step")
+    for name, f in startup_figures.items():
+        print(
+            f"start-up {name:<8} {f['startup_s']:.2f} s before the first step, "
+            f"{100 * f['startup_share']:.0f}% of a {args.startup_steps}-step run "
+            f"({f['wall_s']:.2f} s)"
+        )
+    if args.json:
+        Path(args.json).write_text(json.dumps(result, indent=1))
+    return result
+
+
+if __name__ == "__main__":
+    main()

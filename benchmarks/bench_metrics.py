@@ -1,0 +1,163 @@
+"""Benchmark of the metrics layer: compare two big runs, then their gradient digests.
+
+Generates, in a temporary directory, two runs of 100,000 steps x 8 ranks of
+MindFormers-format worker logs (msrun's log/worker_<rank>.log, with a few non-metric lines)
+that diverge late, and 1,000,000 digest records per run; then times
+1. compare of the metrics, parsing included (load_run on both runs + compare_trajectories),
+2. compare of the digest files,
+and prints each time, the peak Python memory of each (tracemalloc, in a second, untimed
+pass) and the log sizes, so that flat memory in the log size can be seen.
+"""
+
+from __future__ import annotations
+
+import resource
+import sys
+import tempfile
+import time
+import tracemalloc
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+
+from bisect_prefetch.metrics.compare import compare_trajectories, earliest
+from bisect_prefetch.metrics.digests import compare_digest_files
+from bisect_prefetch.metrics.parsers import load_run
+
+STEPS = 100_000
+RANKS = 8
+METRIC_DIVERGE_AT = 70_001
+DIGEST_STEPS, DIGEST_RANKS, DIGEST_PARAMS = 1_000, 2, 500  # 1,000,000 records a run
+DIGEST_DIVERGE_AT = 600
+PREFIX = "[INFO] 2026-01-01 10:{:02d}:{:02d},123 [mindformers/core/callback/callback.py:532] _print_log: "
+LINE = (
+    "{{ step:[{:6d}/{:6d}], consumed_samples: {:d}, global_batch_size: 8, loss: {:10.6f}, "
+    "per_step_time: {:5d}ms, load_balancing_loss: {:10.6f}, lr: 1.000000e-05, "
+    "grad_norm: {:10.6f}, throughput: {:6.2f}T }}\n"
+)
+NOISE = "[WARNING] 2026-01-01 10:00:00,123 [mindformers/trainer/base_trainer.py:88] checkpoint saved\n"
+
+
+def write_worker_log(path: Path, rank: int, run: int) -> None:
+    rng = np.random.default_rng(rank)  # the same numbers in both runs...
+    loss = 10.0 * rng.random(STEPS)
+    grad = 20.0 * rng.random(STEPS)
+    aux = rng.random(STEPS)
+    if run == 1:  # ... until the divergence
+        loss[METRIC_DIVERGE_AT - 1 :] += 1e-6
+        grad[METRIC_DIVERGE_AT - 1 :] += 1e-5
+    timing = np.random.default_rng(100 * run + rank).integers(690, 730, STEPS)  # differs per run
+    # Python numbers format several times faster than numpy scalars.
+    loss, grad, aux, timing = loss.tolist(), grad.tolist(), aux.tolist(), timing.tolist()
+    with open(path, "w") as f:
+        for start in range(0, STEPS, 10_000):
+            f.write(NOISE)
+            f.write(
+                "".join(
+                    PREFIX.format((i // 60) % 60, i % 60)
+                    + LINE.format(i + 1, STEPS, 8 * (i + 1), loss[i], timing[i], aux[i], grad[i], 25.92)
+                    for i in range(start, min(start + 10_000, STEPS))
+                )
+            )
+
+
+def write_digests(path: Path, run: int) -> None:
+    params = [f"model.layers.{i // 10}.block{i % 10}.weight" for i in range(DIGEST_PARAMS)]
+    first = {(0, params[53]), (1, params[53])}  # the story: one parameter on two ranks first
+    rng = np.random.default_rng(7)
+    with open(path, "w") as f:
+        for step in range(1, DIGEST_STEPS + 1):
+            digests = rng.integers(0, 2**63, DIGEST_RANKS * DIGEST_PARAMS).tolist()
+            lines = []
+            for rank in range(DIGEST_RANKS):
+                for i, param in enumerate(params):
+                    d = digests[rank * DIGEST_PARAMS + i]
+                    if run == 1 and (
+                        (step == DIGEST_DIVERGE_AT and (rank, param) in first)
+                        or (step == DIGEST_DIVERGE_AT + 1 and i % 10 == 3)
+                        or step > DIGEST_DIVERGE_AT + 1
+                    ):
+                        d ^= 1
+                    # What format_digest_line writes (json.dumps), spelled out: 10x faster.
+                    lines.append(f'{{"step": {step}, "rank": {rank}, "param": "{param}", "digest": "{d:016x}"}}')
+            f.write("\n".join(lines) + "\n")
+
+
+def generate(root: Path) -> tuple[Path, Path]:
+    runs = []
+    for run in (0, 1):
+        run_dir = root / f"run{run}"
+        (run_dir / "log").mkdir(parents=True)
+        for rank in range(RANKS):
+            write_worker_log(run_dir / "log" / f"worker_{rank}.log", rank, run)
+        write_digests(run_dir / "digests.jsonl", run)
+        runs.append(run_dir)
+    return runs[0], runs[1]
+
+
+def compare_metrics(a: Path, b: Path, workers: int | None = None) -> dict:
+    return compare_trajectories(load_run(a, workers=workers), load_run(b, workers=workers))
+
+
+def measure(fn: Callable[..., object], **in_process) -> tuple[float, float, int, object]:
+    """(wall seconds, CPU seconds of this process and its children, peak traced bytes, result).
+
+    Memory is measured in a second, untimed pass run with `in_process` keyword arguments
+    (workers=1: tracemalloc sees only this process).
+    """
+    cpu0 = _cpu()
+    t0 = time.perf_counter()
+    result = fn()
+    wall = time.perf_counter() - t0
+    cpu = _cpu() - cpu0
+    tracemalloc.start()
+    fn(**in_process)
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    return wall, cpu, peak, result
+
+
+def _cpu() -> float:
+    own = resource.getrusage(resource.RUSAGE_SELF)
+    kids = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime
+
+
+def main() -> int:
+    with tempfile.TemporaryDirectory(prefix="bench-metrics-") as tmp:
+        print(f"generating 2 runs: {STEPS:,} steps x {RANKS} ranks of mindformers logs, "
+              f"{DIGEST_STEPS * DIGEST_RANKS * DIGEST_PARAMS:,} digest records each ...", flush=True)
+        a, b = generate(Path(tmp))
+        log_bytes = sum(p.stat().st_size for run in (a, b) for p in (run / "log").glob("*.log"))
+        digest_bytes = sum((run / "digests.jsonl").stat().st_size for run in (a, b))
+
+        wall, cpu, peak, diffs = measure(lambda workers=None: compare_metrics(a, b, workers), workers=1)
+        found = earliest(diffs)
+        kept = 2 * RANKS * STEPS * 2 * 16  # the parsed numbers: step + value, 2 metrics
+        print(f"compare metrics ({log_bytes / 2**20:.0f} MiB of logs, parsing included): "
+              f"{wall:.2f} s wall, {cpu:.2f} s CPU; peak Python memory {peak / 2**20:.1f} MiB "
+              f"({kept / 2**20:.0f} MiB of it the parsed numbers) "
+              f"-> first diff at step {found[0] if found else None}")
+
+        wall, cpu, peak, digests = measure(
+            lambda: compare_digest_files(a / "digests.jsonl", b / "digests.jsonl", found[0] if found else None)
+        )
+        print(f"compare digests ({digest_bytes / 2**20:.0f} MiB, 2 x {DIGEST_STEPS * DIGEST_RANKS * DIGEST_PARAMS:,} records): "
+              f"{wall:.2f} s wall, {cpu:.2f} s CPU, peak Python memory {peak / 2**20:.1f} MiB "
+              f"-> first diff at step {digests.first_diff_step}, {len(digests.at_first)} record(s) there, "
+              f"{digests.records_differing:,} differing")
+        ok = (
+            found is not None
+            and found[0] == METRIC_DIVERGE_AT
+            and digests.first_diff_step == DIGEST_DIVERGE_AT
+            and len(digests.at_first) == 2
+        )
+        if not ok:
+            print("unexpected result: the benchmark's planted divergences were not found", file=sys.stderr)
+            return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,222 @@
+"""The in-process adapter: the part of bisect-prefetch that runs inside a training job.
+
+Importing this package imports only the standard library; a framework adapter
+is loaded only when the job itself imports that framework (see import_hook).
+
+For a job (a workload or a user's training script):
+
+- ``install(plan_path=None) -> Session``: read the plan (default: path in
+  $BISECT_PREFETCH_PLAN; none = record nothing, change nothing), start
+  recording, and arrange for the framework adapters to hook in when the job
+  imports their framework. Idempotent. The launcher's sitecustomize calls it.
+- ``report_step(step, **metrics)``: call after each optimizer step; writes a
+  metrics.jsonl line and closes the step for the probe (and digests). A no-op
+  when nothing is installed.
+- ``add_prefetch_listener(fn)``: ``fn(edge_id: str, target_module, issued: bool)``
+  is called after every enabled prefetch has really run (not for masked or
+  guarded ones). Reference workloads use it for planted faults.
+- ``current_plan() -> dict | None``: the raw plan, for reference workloads.
+
+For framework adapters (fsdp2, hyper_parallel, ...), through ``session()``:
+
+- ``Session.prefetch(edge_id, *, target_shard_size, target_module, run)``: the
+  gate every prefetch goes through. It applies the mask and the size-one guard,
+  calls ``run() -> bool`` (True when a real unshard was issued) only if the
+  edge may fire, tallies the outcome for the probe and notifies listeners.
+  Returns the outcome name.
+- ``Session.add_step_end_listener(fn(step))`` / ``add_exit_listener(fn())``:
+  per-step work (digests, graph rewrite) and last words at exit.
+- ``Session.recorder`` (None when the plan records nothing), ``Session.plan``,
+  ``Session.probe_extra`` (a dict merged into probe.rank{R}.json) and
+  ``Session.note_error(msg)`` (reported on stderr and listed in the probe).
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import sys
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from .import_hook import when_imported
+from .plan import Plan, load_plan
+from .recorder import ProbeTally, Recorder
+
+PrefetchListener = Callable[[str, Any, bool], None]
+
+# Frameworks with an adapter: module whose import activates it -> adapter module, which
+# defines ``activate(session)``. An adapter module that is not there is skipped. An
+# adapter module must import its framework inside activate(), not at its top: if the job
+# imported the adapter module first, the hook would otherwise fire while it is half-imported.
+FRAMEWORK_ADAPTERS = {
+    "torch.distributed.fsdp": "bisect_prefetch.adapters.fsdp2",
+    "hyper_parallel": "bisect_prefetch.adapters.hyper_parallel",
+    "mindformers": "bisect_prefetch.adapters.mindformers",
+}
+
+# After this many steps the probe file is rewritten at most once per interval:
+# its size grows with the step count, and long jobs must not pay for it each step.
+_PROBE_EVERY_STEP_UNTIL = 100
+_PROBE_MIN_INTERVAL_S = 2.0
+
+
+def rank_from_env() -> int:
+    """The job's global rank as launchers export it (torchrun: RANK; msrun: RANK_ID)."""
+    for name in ("RANK", "RANK_ID", "OMPI_COMM_WORLD_RANK"):
+        value = os.environ.get(name)
+        if value and value.isdigit():
+            return int(value)
+    return 0
+
+
+class Session:
+    """One job process under a plan: the prefetch gate, the probe and the recorder."""
+
+    def __init__(self, plan: Plan | None, rank: int) -> None:
+        self.plan = plan
+        self.rank = rank
+        self.recorder = Recorder(plan.out_dir, rank) if plan and plan.out_dir else None
+        self.tally = ProbeTally()
+        self.probe_extra: dict[str, Any] = {}
+        self.errors: list[str] = []
+        self.last_step: int | None = None
+        self._prefetch_listeners: list[PrefetchListener] = []
+        self._step_end_listeners: list[Callable[[int], None]] = []
+        self._exit_listeners: list[Callable[[], None]] = []
+        self._guard_size_one = plan is not None and plan.guard == "size-one"
+        self._mask = plan.mask if plan is not None else None
+        self._last_probe_write = 0.0
+        self._lock = threading.Lock()
+
+    # -- the prefetch gate ------------------------------------------------------------
+    def prefetch(
+        self,
+        edge_id: str,
+        *,
+        target_shard_size: int,
+        target_module: Any,
+        run: Callable[[], bool],
+    ) -> str:
+        if self._mask is not None and edge_id not in self._mask:
+            outcome = "masked"
+        elif self._guard_size_one and target_shard_size == 1:
+            outcome = "guarded"
+        else:
+            issued = run()
+            outcome = "issued" if issued else "noop"
+            for listener in self._prefetch_listeners:
+                listener(edge_id, target_module, issued)
+        with self._lock:
+            self.tally.count(edge_id, outcome)
+        return outcome
+
+    # -- listeners ----------------------------------------------------------------------
+    def add_prefetch_listener(self, fn: PrefetchListener) -> None:
+        self._prefetch_listeners.append(fn)
+
+    def add_step_end_listener(self, fn: Callable[[int], None]) -> None:
+        self._step_end_listeners.append(fn)
+
+    def add_exit_listener(self, fn: Callable[[], None]) -> None:
+        self._exit_listeners.append(fn)
+
+    def note_error(self, message: str) -> None:
+        self.errors.append(message)
+        print(f"bisect-prefetch: {message}", file=sys.stderr, flush=True)
+
+    # -- steps and files ----------------------------------------------------------------
+    def report_step(self, step: int, metrics: dict[str, Any]) -> None:
+        if self.recorder is not None:
+            self.recorder.metrics(step, metrics)
+        with self._lock:
+            self.tally.end_step(step)
+        self.last_step = step
+        for listener in self._step_end_listeners:
+            listener(step)
+        if step <= _PROBE_EVERY_STEP_UNTIL or (
+            time.monotonic() - self._last_probe_write >= _PROBE_MIN_INTERVAL_S
+        ):
+            self.write_probe()
+
+    def write_probe(self) -> None:
+        if self.recorder is None or not self.plan.record_probe:
+            return
+        with self._lock:
+            probe = {"plan_hash": self.plan.hash, **self.tally.to_json()}
+        probe.update(self.probe_extra)
+        if self.errors:
+            probe["errors"] = list(self.errors)
+        self.recorder.probe(probe)
+        self._last_probe_write = time.monotonic()
+
+    def close(self) -> None:
+        for listener in self._exit_listeners:
+            try:
+                listener()
+            except Exception as e:  # last words must not hide the job's own exit status
+                self.note_error(f"exit listener failed: {e!r}")
+        # A process that saw no step and no prefetch writes nothing: launcher processes
+        # (torchrun's agent, msrun) inherit the plan too and must not clobber rank 0's files.
+        if self.tally.edges or self.last_step is not None or self.errors:
+            self.write_probe()
+        if self.recorder is not None:
+            self.recorder.close()
+
+
+_session: Session | None = None
+_install_lock = threading.Lock()
+
+
+def _activate(adapter_name: str) -> Callable[[Any], None]:
+    def activate(_module: Any) -> None:
+        import importlib
+        import importlib.util
+
+        if importlib.util.find_spec(adapter_name) is None:
+            return
+        try:
+            importlib.import_module(adapter_name).activate(session())
+        except Exception as e:  # the job runs on; the probe says the adapter is missing
+            session().note_error(f"cannot activate {adapter_name}: {e!r}")
+
+    return activate
+
+
+def install(plan_path: str | None = None) -> Session:
+    """Start the adapter in this process (idempotent); see the module docstring."""
+    global _session
+    with _install_lock:
+        if _session is not None:
+            return _session
+        _session = Session(load_plan(plan_path), rank_from_env())
+        atexit.register(_session.close)
+    for framework, adapter_name in FRAMEWORK_ADAPTERS.items():
+        when_imported(framework, _activate(adapter_name))
+    return _session
+
+
+def session() -> Session | None:
+    """The installed session, or None."""
+    return _session
+
+
+def current_plan() -> dict[str, Any] | None:
+    """The raw plan dict of the installed session, or None."""
+    return _session.plan.raw if _session is not None and _session.plan is not None else None
+
+
+def report_step(step: int, **metrics: Any) -> None:
+    """Record one finished optimizer step (no-op when the adapter is not installed)."""
+    if _session is not None:
+        _session.report_step(step, metrics)
+
+
+def add_prefetch_listener(fn: PrefetchListener) -> None:
+    """Call ``fn(edge_id, target_module, issued)`` after each enabled prefetch ran.
+
+    Installs the adapter (without a plan, if none is set) when it is not yet installed.
+    """
+    install().add_prefetch_listener(fn)

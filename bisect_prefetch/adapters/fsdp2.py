@@ -1,0 +1,387 @@
+"""The adapter for PyTorch FSDP2 (``torch.distributed.fsdp.fully_shard``), torch 2.13.
+
+Activated by ``bisect_prefetch.adapters.install()`` when the job imports
+``torch.distributed.fsdp``: that is before any ``fully_shard`` call, which
+matters because FSDP2 registers its forward pre-hooks as bound methods at
+``fully_shard`` time, so only methods patched before then are seen.
+
+What it patches (class attributes, once per process):
+
+- ``FSDPState._lazy_init``: after the root's lazy init (first root forward,
+  after every ``fully_shard`` and ``set_modules_to_*_prefetch`` call, before
+  the first unshard) it names every FSDP state by module fqn (the root, whose
+  fqn is empty, is ``root``), reads the explicit prefetch lists and each unit's
+  shard size, and checks that all ranks run the same plan.
+- ``FSDPState._pre_forward`` / ``_pre_backward``: note which state is running,
+  the source of any prefetch issued inside (a thread-local stack).
+- ``FSDPParamGroup._record_post_forward``: the post-forward order of the
+  first iteration, which gives node order and FSDP2's implicit backward
+  prefetch (reverse post-forward order, for states without an explicit
+  backward list); the graph is written when the first backward starts.
+- ``FSDPParamGroup._prefetch_unshard(target, pass_type)``: the single choke
+  point of explicit and implicit prefetches. Each call is named
+  ``fwd|bwd:SRC->DST`` and sent through ``Session.prefetch``, which masks,
+  guards, probes and notifies listeners. An empty backward list does not
+  switch prefetch off in FSDP2 (it falls back to the implicit one), so the
+  mask is applied here, not by editing the lists.
+
+At each step end it rewrites the graph if a prefetch edge not yet in it was
+seen, and writes gradient digests when the plan asks for them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import fnmatch
+import hashlib
+import threading
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+
+import torch
+import torch.distributed as dist
+
+if TYPE_CHECKING:
+    from torch.distributed.fsdp._fully_shard._fsdp_param_group import FSDPParamGroup
+    from torch.distributed.fsdp._fully_shard._fsdp_state import FSDPState
+
+ROOT_NAME = "root"
+UNKNOWN_NAME = "?"
+
+_adapter: _Fsdp2Adapter | None = None
+
+
+def _group_shard_size(group: FSDPParamGroup) -> int:
+    """Size of the mesh dimension the group's params are sharded over (1: replicated)."""
+    # FSDPMeshInfo (and HSDP's) has shard_mesh_size; DDP's replicate-only mesh has none.
+    return getattr(group.mesh_info, "shard_mesh_size", 1)
+
+
+def _node_kind(name: str, order: int | None, unit_names: list[str], first_layer: int | None) -> str:
+    if name == ROOT_NAME:
+        return "root"
+    if any(name.startswith(other + ".") for other in unit_names if other != ROOT_NAME):
+        return "inner"
+    if name.rsplit(".", 1)[-1].isdigit():
+        return "layer"
+    if order is not None and first_layer is not None and order < first_layer:
+        return "embedding"
+    return "tail"
+
+
+class _Fsdp2Adapter:
+    """Names FSDP states, builds the graph and routes prefetches through the session."""
+
+    def __init__(self, session: Any) -> None:
+        self.session = session
+        self.roots: list[FSDPState] = []
+        self.states: list[FSDPState] = []
+        self.state_names: dict[FSDPState, str] = {}
+        self.group_states: dict[FSDPParamGroup, FSDPState] = {}
+        self.group_shard_sizes: dict[FSDPParamGroup, int] = {}
+        self.edges: dict[str, dict[str, Any]] = {}
+        self.post_forward_sequence: list[FSDPState] = []
+        self.graph_final = False
+        self.graph_dirty = False
+        self._local = threading.local()
+        self._unknown_source_reported = False
+
+    # -- prefetch sources -------------------------------------------------------------
+    def sources(self) -> list[FSDPState]:
+        stack = getattr(self._local, "stack", None)
+        if stack is None:
+            stack = self._local.stack = []
+        return stack
+
+    def name_of(self, state: FSDPState | None) -> str:
+        if state is None:
+            return UNKNOWN_NAME
+        return self.state_names.get(state, UNKNOWN_NAME)
+
+    # -- discovery --------------------------------------------------------------------
+    def discover(self, root: FSDPState) -> None:
+        """Name the root's states and read their explicit prefetch lists."""
+        self.roots.append(root)
+        root_module = root._modules[0]
+        fqns: dict[torch.nn.Module, str] = {}
+        for fqn, module in root_module.named_modules():
+            fqns.setdefault(module, fqn)
+        for state in root._state_ctx.all_states:
+            if state in self.state_names:
+                continue
+            names = [fqns.get(module, UNKNOWN_NAME) or ROOT_NAME for module in state._modules]
+            self.state_names[state] = "+".join(names)
+            self.states.append(state)
+            for group in state._fsdp_param_groups:
+                self.group_states[group] = state
+                self.group_shard_sizes[group] = _group_shard_size(group)
+        for state in root._state_ctx.all_states:
+            for phase, targets in (
+                ("fwd", state._states_to_forward_prefetch),
+                ("bwd", state._states_to_backward_prefetch),
+            ):
+                for target in targets:
+                    self.add_edge(phase, self.name_of(state), self.name_of(target), implicit=False)
+        self.check_plan_agreement()
+
+    def check_plan_agreement(self) -> None:
+        """Every rank records all ranks' plan hashes; different plans would make collectives diverge."""
+        plan = self.session.plan
+        if plan is None or not (dist.is_available() and dist.is_initialized()):
+            return
+        if "plan_hashes" in self.session.probe_extra:
+            return
+        hashes: list[Any] = [None] * dist.get_world_size()
+        dist.all_gather_object(hashes, plan.hash)
+        self.session.probe_extra["plan_hashes"] = hashes
+        if len(set(hashes)) > 1:
+            self.session.note_error(f"ranks run with different plans: {hashes}")
+            self.session.write_probe()
+            raise RuntimeError(f"bisect-prefetch: ranks run with different plans: {hashes}")
+
+    def add_edge(self, phase: str, src: str, dst: str, *, implicit: bool) -> str:
+        edge_id = f"{phase}:{src}->{dst}"
+        if edge_id not in self.edges:
+            self.edges[edge_id] = {
+                "id": edge_id,
+                "phase": phase,
+                "src": src,
+                "dst": dst,
+                "implicit": implicit,
+            }
+            self.graph_dirty = True
+        return edge_id
+
+    def finalize_graph(self) -> None:
+        """After the first forward: node order and the implicit backward edges it implies."""
+        if self.graph_final:
+            return
+        self.graph_final = True
+        sequence = self.post_forward_sequence
+        for k, state in enumerate(sequence):
+            if state._states_to_backward_prefetch:
+                continue  # an explicit list replaces the implicit default
+            j = k - 1
+            while j >= 0 and sequence[j] is state:  # a state's own groups are not an edge
+                j -= 1
+            if j >= 0:
+                self.add_edge("bwd", self.name_of(state), self.name_of(sequence[j]), implicit=True)
+        self.write_graph()
+
+    def graph(self) -> dict[str, Any]:
+        order: dict[FSDPState, int] = {}
+        for state in self.post_forward_sequence:
+            order.setdefault(state, len(order))
+        names = [self.name_of(state) for state in self.states]
+        layer_orders = [
+            order[s]
+            for s in self.states
+            if s in order and self.name_of(s).rsplit(".", 1)[-1].isdigit()
+        ]
+        first_layer = min(layer_orders, default=None)
+        nodes = []
+        for state in self.states:
+            name = self.name_of(state)
+            sizes = [self.group_shard_sizes[g] for g in state._fsdp_param_groups]
+            nodes.append(
+                {
+                    "name": name,
+                    "kind": _node_kind(name, order.get(state), names, first_layer),
+                    "order": order.get(state),
+                    "shard_size": max(sizes, default=1),
+                }
+            )
+        nodes.sort(key=lambda n: (n["order"] is None, n["order"] or 0))
+        return {"nodes": nodes, "edges": list(self.edges.values())}
+
+    def write_graph(self) -> None:
+        self.graph_dirty = False
+        recorder = self.session.recorder
+        if recorder is not None and self.session.plan.record_graph:
+            recorder.graph(self.graph())
+
+    # -- the prefetch choke point -----------------------------------------------------
+    def prefetch(self, original, target: FSDPParamGroup, pass_type: str) -> None:
+        sources = self.sources()
+        source = sources[-1] if sources else None
+        if source is None and not self._unknown_source_reported:
+            self._unknown_source_reported = True
+            self.session.note_error(
+                "prefetch from an unknown FSDP state: was the adapter installed after fully_shard?"
+            )
+        phase = "fwd" if pass_type == "forward" else "bwd"
+        target_state = self.group_states.get(target)
+        edge_id = f"{phase}:{self.name_of(source)}->{self.name_of(target_state)}"
+        if edge_id not in self.edges:
+            implicit = (
+                phase == "bwd" and source is not None and not source._states_to_backward_prefetch
+            )
+            self.add_edge(
+                phase, self.name_of(source), self.name_of(target_state), implicit=implicit
+            )
+
+        def run() -> bool:
+            # Issued: this call started the unshard (FSDP2 returns early when the target is
+            # already unsharded or its all-gather is pending).
+            pending_before = target._all_gather_result
+            unsharded_before = target.is_unsharded
+            original(target, pass_type)
+            return (
+                not unsharded_before
+                and pending_before is None
+                and target._all_gather_result is not None
+            )
+
+        self.session.prefetch(
+            edge_id,
+            target_shard_size=self.group_shard_sizes.get(target, _group_shard_size(target)),
+            target_module=target_state._modules[0] if target_state is not None else None,
+            run=run,
+        )
+
+    # -- step end and exit ------------------------------------------------------------
+    def on_step_end(self, step: int) -> None:
+        if not self.roots:
+            return
+        self.finalize_graph()
+        if self.graph_dirty:
+            self.write_graph()
+        plan = self.session.plan
+        if plan is not None and plan.digest_glob and step % plan.digest_every == 0:
+            self.write_digests(step, plan.digest_glob)
+
+    def on_exit(self) -> None:
+        if self.roots:
+            self.finalize_graph()
+            if self.graph_dirty:
+                self.write_graph()
+
+    def write_digests(self, step: int, glob: str) -> None:
+        """blake2b of each matching parameter's local gradient shard.
+
+        All shards are packed into one byte tensor so the host copy (and, on an
+        accelerator, the only sync) happens once per step, after the step.
+        """
+        recorder = self.session.recorder
+        if recorder is None:
+            return
+        selected: list[tuple[str, torch.Tensor]] = []
+        for state in self.states:
+            for group in state._fsdp_param_groups:
+                for fsdp_param in group.fsdp_params:
+                    name = fsdp_param._param_fqn
+                    grad = fsdp_param.sharded_param.grad
+                    if grad is None or not fnmatch.fnmatchcase(name, glob):
+                        continue
+                    local = grad.to_local() if hasattr(grad, "to_local") else grad
+                    selected.append((name, local.detach().reshape(-1).view(torch.uint8)))
+        if not selected:
+            return
+        packed = torch.cat([t for _, t in selected]).cpu()
+        data = ctypes.string_at(packed.data_ptr(), packed.numel()) if packed.numel() else b""
+        items, offset = [], 0
+        for name, t in selected:
+            chunk = data[offset : offset + t.numel()]
+            offset += t.numel()
+            items.append((name, hashlib.blake2b(chunk, digest_size=16).hexdigest()))
+        recorder.digests(step, items)
+
+
+def _patch_torch() -> None:
+    """Wrap the FSDP2 internals listed in the module docstring (once per process)."""
+    # Imported here, not at the top: importing this module must not import
+    # torch.distributed.fsdp, whose import hook would activate it half-imported.
+    from torch.distributed.fsdp._fully_shard._fsdp_common import _dynamo_disable
+    from torch.distributed.fsdp._fully_shard._fsdp_param_group import FSDPParamGroup
+    from torch.distributed.fsdp._fully_shard._fsdp_state import FSDPState
+
+    if getattr(FSDPState, "_bisect_prefetch_patched", False):
+        return
+    FSDPState._bisect_prefetch_patched = True
+
+    original_lazy_init = FSDPState._lazy_init
+    original_pre_forward = FSDPState._pre_forward
+    original_pre_backward = FSDPState._pre_backward
+    original_record_post_forward = FSDPParamGroup._record_post_forward
+    original_prefetch_unshard = FSDPParamGroup._prefetch_unshard
+
+    def _lazy_init(self: FSDPState) -> None:
+        original_lazy_init(self)
+        adapter = _adapter
+        if adapter is not None and self._is_root and self not in adapter.roots:
+            adapter.discover(self)
+
+    @_dynamo_disable
+    def _pre_forward(self: FSDPState, module, args, kwargs):
+        adapter = _adapter
+        if adapter is None:
+            return original_pre_forward(self, module, args, kwargs)
+        sources = adapter.sources()
+        sources.append(self)
+        try:
+            return original_pre_forward(self, module, args, kwargs)
+        finally:
+            sources.pop()
+
+    @_dynamo_disable
+    def _pre_backward(self: FSDPState, grad: torch.Tensor) -> torch.Tensor:
+        adapter = _adapter
+        if adapter is None:
+            return original_pre_backward(self, grad)
+        if not adapter.graph_final and adapter.roots:
+            adapter.finalize_graph()  # the first forward is complete: its order is known
+        sources = adapter.sources()
+        sources.append(self)
+        try:
+            return original_pre_backward(self, grad)
+        finally:
+            sources.pop()
+
+    def _record_post_forward(self: FSDPParamGroup) -> None:
+        original_record_post_forward(self)
+        adapter = _adapter
+        if adapter is not None and not adapter.graph_final:
+            state = adapter.group_states.get(self)
+            if state is not None:
+                adapter.post_forward_sequence.append(state)
+
+    def _prefetch_unshard(target: FSDPParamGroup, pass_type: str) -> None:
+        adapter = _adapter
+        if adapter is None:
+            original_prefetch_unshard(target, pass_type)
+        else:
+            adapter.prefetch(original_prefetch_unshard, target, pass_type)
+
+    FSDPState._lazy_init = _lazy_init
+    FSDPState._pre_forward = _pre_forward
+    FSDPState._pre_backward = _pre_backward
+    FSDPParamGroup._record_post_forward = _record_post_forward
+    FSDPParamGroup._prefetch_unshard = staticmethod(_prefetch_unshard)
+
+
+def activate(session: Any) -> None:
+    """Hook FSDP2 for this session (called by install() when torch.distributed.fsdp is imported)."""
+    global _adapter
+    if _adapter is not None:
+        return
+    _patch_torch()
+    _adapter = _Fsdp2Adapter(session)
+    session.add_step_end_listener(_adapter.on_step_end)
+    session.add_exit_listener(_adapter.on_exit)
+
+
+def adapter() -> _Fsdp2Adapter | None:
+    """The active adapter, or None."""
+    return _adapter
+
+
+@contextlib.contextmanager
+def paused() -> Iterator[None]:
+    """Inside, the patched FSDP2 methods pass straight through (to measure the adapter's cost)."""
+    global _adapter
+    saved, _adapter = _adapter, None
+    try:
+        yield
+    finally:
+        _adapter = saved

@@ -1,0 +1,117 @@
+"""The plan file: what the orchestrator asks of one run, read inside the job.
+
+The launcher writes ``<run_dir>/plan.json`` and passes its path in the
+environment variable ``BISECT_PREFETCH_PLAN``. Version 1::
+
+    {"version": 1, "experiment": str, "run_id": str,
+     "out_dir": str,                 # absolute run dir: where the recorder writes
+     "mask": [edge ids] | null,      # enabled edges; null = change nothing, only record
+     "guard": "none" | "size-one",   # size-one: skip prefetches into shard-size-1 units
+     "record": {"graph": bool, "probe": bool,
+                "digests": null | glob over parameter names, "digest_every": int},
+     "fault": null | {"edge": str, "hazard": float, "mode": "nudge"},  # reference workloads only
+     "seed": int, "steps": int}
+
+API: ``load_plan(path=None) -> Plan | None`` (None when no plan is set),
+``parse_plan(dict) -> Plan`` (raises ``PlanError``), ``plan_hash(dict) -> str``
+(sha256 hex of the canonical JSON; the orchestrator may use it too), and
+``Plan.allows(edge_id)``. Standard library only.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from dataclasses import dataclass
+from typing import Any
+
+PLAN_ENV = "BISECT_PREFETCH_PLAN"
+PLAN_VERSION = 1
+GUARDS = ("none", "size-one")
+
+
+class PlanError(ValueError):
+    """The plan file is missing, unreadable or malformed."""
+
+
+def plan_hash(plan: dict[str, Any]) -> str:
+    """sha256 of the plan's canonical JSON (sorted keys, no spaces)."""
+    canonical = json.dumps(plan, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(canonical.encode("utf-8")).hexdigest()
+
+
+@dataclass(frozen=True)
+class Plan:
+    """A validated plan. ``raw`` is the dict as read; other fields are derived from it."""
+
+    raw: dict[str, Any]
+    hash: str
+    out_dir: str | None
+    mask: frozenset[str] | None
+    guard: str
+    record_graph: bool
+    record_probe: bool
+    digest_glob: str | None
+    digest_every: int
+    fault: dict[str, Any] | None
+
+    def allows(self, edge_id: str) -> bool:
+        """Whether the mask lets this edge prefetch (no mask: every edge)."""
+        return self.mask is None or edge_id in self.mask
+
+
+def parse_plan(data: Any) -> Plan:
+    """Validate a plan dict and return a Plan; PlanError names what is wrong."""
+    if not isinstance(data, dict):
+        raise PlanError(f"plan must be a JSON object, got {type(data).__name__}")
+    if data.get("version") != PLAN_VERSION:
+        raise PlanError(f"plan version must be {PLAN_VERSION}, got {data.get('version')!r}")
+    out_dir = data.get("out_dir")
+    if out_dir is not None and not isinstance(out_dir, str):
+        raise PlanError("plan out_dir must be a string")
+    mask = data.get("mask")
+    if mask is not None:
+        if not isinstance(mask, list) or not all(isinstance(e, str) for e in mask):
+            raise PlanError("plan mask must be a list of edge ids or null")
+        mask = frozenset(mask)
+    guard = data.get("guard", "none")
+    if guard not in GUARDS:
+        raise PlanError(f"plan guard must be one of {GUARDS}, got {guard!r}")
+    record = data.get("record") or {}
+    if not isinstance(record, dict):
+        raise PlanError("plan record must be an object")
+    digest_glob = record.get("digests")
+    if digest_glob is not None and not isinstance(digest_glob, str):
+        raise PlanError("plan record.digests must be a glob string or null")
+    digest_every = record.get("digest_every", 1)
+    if not isinstance(digest_every, int) or digest_every < 1:
+        raise PlanError("plan record.digest_every must be an integer >= 1")
+    fault = data.get("fault")
+    if fault is not None and not (isinstance(fault, dict) and isinstance(fault.get("edge"), str)):
+        raise PlanError("plan fault must be null or an object with an 'edge'")
+    return Plan(
+        raw=data,
+        hash=plan_hash(data),
+        out_dir=out_dir,
+        mask=mask,
+        guard=guard,
+        record_graph=bool(record.get("graph", True)),
+        record_probe=bool(record.get("probe", True)),
+        digest_glob=digest_glob,
+        digest_every=digest_every,
+        fault=fault,
+    )
+
+
+def load_plan(path: str | None = None) -> Plan | None:
+    """Read the plan at ``path`` (default: $BISECT_PREFETCH_PLAN); None if neither is set."""
+    path = path or os.environ.get(PLAN_ENV)
+    if not path:
+        return None
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = json.load(f)
+    except (OSError, ValueError) as e:
+        raise PlanError(f"cannot read plan {path}: {e}") from e
+    return parse_plan(data)

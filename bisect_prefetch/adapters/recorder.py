@@ -1,0 +1,141 @@
+"""What one rank of a job records, and the files it writes into the run dir.
+
+Files (all in the plan's ``out_dir``; R is the rank):
+
+- ``metrics.jsonl``: ``{"step": int, "rank": int, NAME: float, ...}`` per
+  reported step and rank. Floats keep their full repr (NaN and Infinity as
+  Python's json writes them). Each line is one ``os.write`` on an O_APPEND
+  descriptor, so ranks sharing the file never tear each other's lines, and it
+  is on disk (page cache) as soon as it is written: the engine tails it live.
+- ``digests.jsonl``: ``{"step", "rank", "param", "digest"}`` lines, same writing rule.
+- ``graph.rank{R}.json``: ``{"nodes": [{"name", "kind", "order", "shard_size"}],
+  "edges": [{"id", "phase", "src", "dst", "implicit"}]}``, written atomically.
+- ``probe.rank{R}.json``: ``{"rank", "plan_hash", "edges": {EDGE: {"fired",
+  "issued", "noop", "masked", "guarded"}}, "steps": [{"step", "issued": [...],
+  "noop": [...], "masked": [...], "guarded": [...]}], ...}``, rewritten
+  atomically (temp file + rename) so a reader never sees half a file.
+
+Probe outcomes of one prefetch attempt: ``issued`` (it started a real
+unshard/all-gather), ``noop`` (target already unsharded or its all-gather
+pending), ``masked`` (blocked by the mask), ``guarded`` (skipped by the
+size-one guard). ``fired`` counts attempts: fired = issued + noop + masked +
+guarded. Per-step lists name each edge once, in first-occurrence order.
+
+API: ``Recorder(out_dir, rank)`` with ``metrics(step, values)``,
+``digests(step, items)``, ``graph(dict)``, ``probe(dict)``, ``close()``;
+``ProbeTally`` with ``count(edge_id, outcome)``, ``end_step(step)``,
+``to_json()``. Standard library only.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+OUTCOMES = ("issued", "noop", "masked", "guarded")
+
+
+def _to_json_number(value: Any) -> Any:
+    """json default: 0-d tensors and numpy scalars become floats."""
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return str(value)
+
+
+class ProbeTally:
+    """Counts prefetch outcomes per edge, in total and per step."""
+
+    def __init__(self) -> None:
+        self.edges: dict[str, dict[str, int]] = {}
+        self.steps: list[dict[str, Any]] = []
+        self._reset_current()
+
+    def _reset_current(self) -> None:
+        self._current: dict[str, list[str]] = {outcome: [] for outcome in OUTCOMES}
+        self._current_seen: dict[str, set[str]] = {outcome: set() for outcome in OUTCOMES}
+
+    def count(self, edge_id: str, outcome: str) -> None:
+        counts = self.edges.get(edge_id)
+        if counts is None:
+            counts = self.edges[edge_id] = dict.fromkeys(("fired", *OUTCOMES), 0)
+        counts["fired"] += 1
+        counts[outcome] += 1
+        seen = self._current_seen[outcome]
+        if edge_id not in seen:
+            seen.add(edge_id)
+            self._current[outcome].append(edge_id)
+
+    def has_pending(self) -> bool:
+        """Whether prefetches were counted since the last step end."""
+        return any(self._current.values())
+
+    def end_step(self, step: int) -> None:
+        """Close the current step: what was counted since the last end belongs to ``step``."""
+        self.steps.append({"step": step, **self._current})
+        self._reset_current()
+
+    def to_json(self) -> dict[str, Any]:
+        steps = list(self.steps)
+        if self.has_pending():
+            # Prefetches after the last reported step (or in a job that never reports).
+            last = steps[-1]["step"] if steps else 0
+            steps.append({"step": last + 1, "partial": True, **self._current})
+        return {"edges": self.edges, "steps": steps}
+
+
+class Recorder:
+    """Writes one rank's files into the run dir (see the module docstring)."""
+
+    def __init__(self, out_dir: str, rank: int) -> None:
+        self.out_dir = out_dir
+        self.rank = rank
+        self._fds: dict[str, int] = {}
+        os.makedirs(out_dir, exist_ok=True)
+
+    def _append(self, filename: str, text: str) -> None:
+        fd = self._fds.get(filename)
+        if fd is None:
+            flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC
+            fd = self._fds[filename] = os.open(os.path.join(self.out_dir, filename), flags, 0o644)
+        data = text.encode("utf-8")
+        written = os.write(fd, data)
+        while written < len(data):  # only on a full disk or a signal; best effort
+            written += os.write(fd, data[written:])
+
+    def _replace(self, filename: str, payload: dict[str, Any], *, indent: int | None) -> None:
+        path = os.path.join(self.out_dir, filename)
+        tmp = f"{path}.tmp{os.getpid()}"
+        text = json.dumps(payload, indent=indent, default=_to_json_number)
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.write(text)
+        os.replace(tmp, path)
+
+    def metrics(self, step: int, values: dict[str, Any]) -> None:
+        if "step" in values or "rank" in values:
+            raise ValueError("'step' and 'rank' are reserved metric names")
+        line = json.dumps({"step": step, "rank": self.rank, **values}, default=_to_json_number)
+        self._append("metrics.jsonl", line + "\n")
+
+    def digests(self, step: int, items: list[tuple[str, str]]) -> None:
+        """One write for all of a step's (param, digest) pairs."""
+        if not items:
+            return
+        lines = "".join(
+            json.dumps({"step": step, "rank": self.rank, "param": param, "digest": digest}) + "\n"
+            for param, digest in items
+        )
+        self._append("digests.jsonl", lines)
+
+    def graph(self, graph: dict[str, Any]) -> None:
+        self._replace(f"graph.rank{self.rank}.json", graph, indent=1)
+
+    def probe(self, probe: dict[str, Any]) -> None:
+        # Compact: rewritten every step, and it grows with the step count.
+        self._replace(f"probe.rank{self.rank}.json", {"rank": self.rank, **probe}, indent=None)
+
+    def close(self) -> None:
+        for fd in self._fds.values():
+            os.close(fd)
+        self._fds.clear()

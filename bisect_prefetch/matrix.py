@@ -1,0 +1,276 @@
+"""The experiment matrix: A/A groups over cells (topology x mask x guard), each with an expectation.
+
+Cells run in the matrix file's order, each as one A/A group through a group
+runner. The real runner goes through the run store, so a matrix that stops
+half-way resumes where it stopped: runs already in the journal are reused,
+never run again. Tests inject a fake runner (any function from a CellRequest to
+the aa JSON dict).
+
+An expectation is met when the verdict is the expected one; `any` accepts
+`consistent` and `diverged` but not a group whose runs failed (verdict
+`error`): a cell that could not run says nothing about drift, and CI must see it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+
+from bisect_prefetch.errors import BisectPrefetchError
+from bisect_prefetch.experiment import Cell, Experiment, Matrix, load_matrix
+from bisect_prefetch.report.progress import RunProgress
+from bisect_prefetch.runs.atomic import write_text_atomic
+from bisect_prefetch.runs.store import JOURNAL
+from bisect_prefetch.select import resolve_mask
+
+VERDICTS = ("consistent", "diverged")
+USABLE = ("ok", "stopped-early")  # run outcomes that enter a verdict (runs.execute)
+
+
+@dataclass(frozen=True)
+class CellRequest:
+    """What a group runner is asked to run for one cell."""
+
+    name: str
+    experiment: Experiment  # with the cell's overrides applied
+    mask: list[str]  # preset or selectors, as in the matrix file
+    guard: str
+    runs: int
+    purpose: str  # run-store key part: runs of different cells never mix
+
+
+GroupRunner = Callable[[CellRequest], dict[str, Any]]
+
+
+def expectation_met(expect: str, verdict: str) -> bool:
+    if expect == "any":
+        return verdict in VERDICTS
+    return verdict == expect
+
+
+def count_divergences(group: dict[str, Any]) -> int:
+    """Runs of the group that differ from its reference run (the first usable one).
+
+    Without per-run details, a diverged group counts one (at least one run differs).
+    """
+    details = group.get("run_details")
+    if isinstance(details, list):
+        return sum(1 for run in details
+                   if run.get("outcome") in USABLE and run.get("first_diff_step") is not None)
+    return 1 if group.get("verdict") == "diverged" else 0
+
+
+@dataclass
+class CellResult:
+    name: str
+    expect: str
+    mask_spec: list[str]
+    guard: str
+    overrides: dict[str, Any]
+    group: dict[str, Any]  # the aa JSON of the cell's group
+    seconds: float = 0.0
+
+    @property
+    def verdict(self) -> str:
+        return self.group.get("verdict", "error")
+
+    @property
+    def expectation_met(self) -> bool:
+        return expectation_met(self.expect, self.verdict)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "expect": self.expect,
+            "verdict": self.verdict,
+            "expectation_met": self.expectation_met,
+            "first_diff_step": self.group.get("first_diff_step"),
+            "metrics": self.group.get("metrics") or {},
+            "runs": self.group.get("runs", 0),
+            "divergences": count_divergences(self.group),
+            "mask_spec": self.mask_spec,
+            "mask": self.group.get("mask") or [],
+            "guard": self.guard,
+            "overrides": self.overrides,
+            "seconds": round(self.seconds, 3),
+            "group": self.group,
+        }
+
+
+@dataclass
+class MatrixResult:
+    name: str
+    experiment: str
+    cells: list[CellResult] = field(default_factory=list)
+
+    @property
+    def failed(self) -> list[str]:
+        return [c.name for c in self.cells if not c.expectation_met]
+
+    @property
+    def ok(self) -> bool:
+        return not self.failed
+
+    @property
+    def exit_code(self) -> int:
+        """0 when every expectation is met, 1 otherwise (a finding, for CI to gate on)."""
+        return 0 if self.ok else 1
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "matrix": self.name,
+            "experiment": self.experiment,
+            "ok": self.ok,
+            "failed": self.failed,
+            "cells": [c.to_json() for c in self.cells],
+        }
+
+
+def cell_request(matrix: Matrix, cell: Cell) -> CellRequest:
+    experiment = matrix.experiment_for(cell)
+    return CellRequest(
+        name=cell.name,
+        experiment=experiment,
+        mask=cell.mask_specs(),
+        guard=cell.guard or experiment.guard,
+        runs=cell.runs,
+        purpose=f"matrix:{cell.name}",
+    )
+
+
+def cell_verdict_line(cell: CellResult) -> str:
+    """`-> diverged at step 4 (2 of 3 runs); expected diverged: ok`."""
+    data = cell.to_json()
+    if cell.verdict == "diverged":
+        what = f"diverged at step {data['first_diff_step']}"
+    elif cell.verdict == "consistent":
+        what = "consistent"
+    else:
+        what = f"error: {cell.group.get('reason', '')}".rstrip(": ")
+    met = "ok" if cell.expectation_met else "FAILED"
+    return (f"-> {what} ({data['divergences']} of {data['runs']} runs diverged); "
+            f"expected {cell.expect}: {met}")
+
+
+def run_matrix(
+    matrix: Matrix,
+    run_group: GroupRunner,
+    *,
+    name: str = "matrix",
+    console: Console | None = None,
+    clock: Callable[[], float] = time.monotonic,
+) -> MatrixResult:
+    """Run every cell in file order and collect verdicts and expectations.
+
+    With a console, each cell is narrated: what it runs, then its verdict line.
+    """
+    result = MatrixResult(name=name, experiment=matrix.experiment.name)
+    for number, cell in enumerate(matrix.cells, start=1):
+        request = cell_request(matrix, cell)
+        if console is not None:
+            overrides = ", ".join(f"{k}={v}" for k, v in cell.overrides.items())
+            console.print(
+                f"cell {number}/{len(matrix.cells)} {cell.name}: mask {' '.join(request.mask)}, "
+                f"guard {request.guard}" + (f", {overrides}" if overrides else "")
+                + f", up to {cell.runs} runs, expect {cell.expect}", markup=False)
+        started = clock()
+        group = run_group(request)
+        cell_result = CellResult(
+            name=cell.name, expect=cell.expect, mask_spec=request.mask, guard=request.guard,
+            overrides=dict(cell.overrides), group=group, seconds=clock() - started,
+        )
+        result.cells.append(cell_result)
+        if console is not None:
+            console.print(cell_verdict_line(cell_result), markup=False)
+    return result
+
+
+def engine_group_runner(
+    *, state_dir: str | Path, console: Console | None = None,
+    progress: RunProgress | None = None,
+) -> GroupRunner:
+    """The real group runner: the run store under state_dir, graph discovery, the A/A group.
+
+    The state dir's lock is held per cell, so cells that override the
+    experiment's name run in their own state dirs.
+    """
+    from bisect_prefetch.runs.discover import discover_graph
+    from bisect_prefetch.runs.execute import Runner
+    from bisect_prefetch.runs.group import run_group
+    from bisect_prefetch.runs.store import StateDir
+
+    def run(request: CellRequest) -> dict[str, Any]:
+        experiment = request.experiment
+        with StateDir(state_dir, experiment.name) as state:
+            runner = Runner(experiment, state)
+            edge_ids = discover_graph(runner, console).edge_ids()
+            try:
+                mask = resolve_mask(request.mask, edge_ids)
+            except BisectPrefetchError as exc:
+                raise BisectPrefetchError(f"cell {request.name!r}: {exc}") from None
+            group = run_group(runner, mask=mask, runs=request.runs, steps=experiment.steps,
+                              guard=request.guard, purpose=request.purpose, name=request.name,
+                              progress=progress)
+        return group.to_json()
+
+    return run
+
+
+def matrix_name(path: str | Path) -> str:
+    """A matrix's name is its file's stem."""
+    return Path(path).stem
+
+
+def matrix_command(
+    path: str | Path,
+    *,
+    state_dir: str | Path,
+    console: Console,
+    junit: Path | None = None,
+    markdown: Path | None = None,
+    json_out: Path | None = None,
+    run_group: GroupRunner | None = None,
+    env: Mapping[str, str] = os.environ,
+) -> MatrixResult:
+    """`bisect-prefetch matrix`: run the cells, print the table, write every output asked for.
+
+    Also leaves matrix.json (with the command that reruns it) and the HTML
+    report next to the journal of the matrix's experiment.
+    """
+    from bisect_prefetch.report.html import MATRIX_FILE, build_report
+    from bisect_prefetch.report.junit import write_junit
+    from bisect_prefetch.report.markdown import publish_markdown
+    from bisect_prefetch.report.table import print_matrix
+
+    matrix = load_matrix(path)
+    total = sum(cell.runs for cell in matrix.cells)
+    console.print(f"matrix {matrix_name(path)}: {len(matrix.cells)} cells, up to {total} runs, "
+                  f"experiment {matrix.experiment.name}", markup=False)
+    with RunProgress(console, total_runs=total) as progress:
+        runner = run_group or engine_group_runner(state_dir=state_dir, console=console,
+                                                  progress=progress)
+        result = run_matrix(matrix, runner, name=matrix_name(path), console=console)
+    data = result.to_json()
+    print_matrix(data, console)
+    for written in publish_markdown(data, markdown, env=env):
+        console.print(f"wrote {written}", markup=False)
+    if junit is not None:
+        write_junit(data, junit)
+        console.print(f"wrote {junit}", markup=False)
+    if json_out is not None:
+        write_text_atomic(json_out, json.dumps(data, indent=2) + "\n")
+        console.print(f"wrote {json_out}", markup=False)
+    experiment_dir = Path(state_dir) / matrix.experiment.name
+    saved = {**data, "command": shlex.join(["bisect-prefetch", "matrix", str(path)])}
+    write_text_atomic(experiment_dir / MATRIX_FILE, json.dumps(saved, indent=2) + "\n")
+    if (experiment_dir / JOURNAL).is_file():
+        console.print(f"wrote {build_report(experiment_dir)}", markup=False)
+    return result

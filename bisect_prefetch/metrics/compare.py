@@ -1,0 +1,397 @@
+"""Comparing runs: two trajectories, a group of runs, a run in flight against a reference.
+
+Equality is bitwise: two values are the same only if their float64 bits are, except that
+every NaN equals every NaN at the same step (so 0.0 and -0.0 differ, NaN and 1.0 differ).
+Statistics are over the steps both runs have (the common steps), on |a - b|:
+
+- a step whose values are the same counts 0; an infinity against anything else counts inf;
+- NaN against a number is a difference (counted in steps_differing) without a size, so it
+  is left out of mae, p95 and max_abs (``nan_mismatches`` counts such steps);
+- p95 is numpy's default (linear interpolation) percentile;
+- steps only one run has are reported (missing_in_a / missing_in_b and the first such
+  step), never dropped silently.
+
+In JSON the statistics stay floats, so an infinite one is written as Python's json writes
+it (Infinity), like the recorder's NaN/Infinity tokens.
+
+A metric's ``first_diff_step`` is the earliest differing step on any rank both runs have
+(``first_diff_rank`` says which); the statistics are over the metrics rank.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from itertools import combinations
+from pathlib import Path
+
+import numpy as np
+
+from bisect_prefetch.errors import BisectPrefetchError
+from bisect_prefetch.metrics.digests import DigestResult, compare_digest_files
+from bisect_prefetch.metrics.parsers import (
+    EMPTY_SERIES,
+    Series,
+    Trajectory,
+    load_run,
+    parse_jsonl_line,
+)
+
+
+def same_bits(a: float, b: float) -> bool:
+    """Bitwise equality of two floats, with every NaN equal to every NaN."""
+    if a == b:
+        return a != 0.0 or math.copysign(1.0, a) == math.copysign(1.0, b)
+    return a != a and b != b
+
+
+@dataclass
+class MetricDiff:
+    """How one metric of run B differs from run A."""
+
+    name: str
+    first_diff_step: int | None
+    mae: float | None  # None when no step could be compared
+    p95: float | None
+    max_abs: float | None
+    steps_compared: int
+    steps_differing: int
+    missing_in_a: int = 0  # steps run B has and run A lacks
+    missing_in_b: int = 0
+    first_missing_in_a: int | None = None
+    first_missing_in_b: int | None = None
+    nan_mismatches: int = 0
+    first_diff_rank: int | None = None
+    rank_first_diff: dict[int, int] = field(default_factory=dict)  # every rank that differs
+
+    @property
+    def differs(self) -> bool:
+        return self.first_diff_step is not None
+
+    @property
+    def complete(self) -> bool:
+        """Both runs have the same steps (neither stopped early nor skipped any)."""
+        return self.missing_in_a == 0 and self.missing_in_b == 0
+
+    def to_json(self) -> dict:
+        return {
+            "first_diff_step": self.first_diff_step,
+            "mae": self.mae,
+            "p95": self.p95,
+            "max_abs": self.max_abs,
+            "steps_compared": self.steps_compared,
+            "steps_differing": self.steps_differing,
+            "missing_in_a": self.missing_in_a,
+            "missing_in_b": self.missing_in_b,
+            "first_missing_in_a": self.first_missing_in_a,
+            "first_missing_in_b": self.first_missing_in_b,
+            "nan_mismatches": self.nan_mismatches,
+            "first_diff_rank": self.first_diff_rank,
+            "rank_first_diff": {str(r): s for r, s in sorted(self.rank_first_diff.items())},
+        }
+
+
+def _p95(d: np.ndarray) -> float:
+    if not np.isinf(d).any():
+        return float(np.percentile(d, 95))
+    # numpy's interpolation gives NaN next to inf; the same rule, with inf kept.
+    d = np.sort(d)
+    k = 0.95 * (len(d) - 1)
+    lo, hi = math.floor(k), math.ceil(k)
+    if lo == hi or d[lo] == d[hi]:
+        return float(d[lo])
+    if math.isinf(d[hi]):
+        return math.inf
+    return float(d[lo] + (d[hi] - d[lo]) * (k - lo))
+
+
+def _align(a: Series, b: Series) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Common steps and both runs' values there."""
+    if len(a.steps) == len(b.steps) and np.array_equal(a.steps, b.steps):
+        return a.steps, a.values, b.values
+    common, ia, ib = np.intersect1d(a.steps, b.steps, assume_unique=True, return_indices=True)
+    return common, a.values[ia], b.values[ib]
+
+
+def _differing(va: np.ndarray, vb: np.ndarray) -> np.ndarray:
+    same_bits_ = va.view(np.int64) == vb.view(np.int64)
+    return ~(same_bits_ | (np.isnan(va) & np.isnan(vb)))
+
+
+def first_diff(a: Series, b: Series) -> int | None:
+    """The first common step where a and b are not bitwise equal."""
+    common, va, vb = _align(a, b)
+    differ = _differing(va, vb)
+    return int(common[np.argmax(differ)]) if differ.any() else None
+
+
+def compare_series(a: Series, b: Series, name: str = "") -> MetricDiff:
+    """Compare one metric's series of run A and run B."""
+    common, va, vb = _align(a, b)
+    differ = _differing(va, vb)
+    n_differ = int(differ.sum())
+    with np.errstate(invalid="ignore", over="ignore"):
+        d = np.abs(va - vb)
+    d[~differ] = 0.0
+    sized = d[~np.isnan(d)]
+    mae = p95 = max_abs = None
+    if len(sized):
+        with np.errstate(invalid="ignore", over="ignore"):
+            mae = float(np.mean(sized))
+        p95 = _p95(sized)
+        max_abs = float(np.max(sized))
+    diff = MetricDiff(
+        name=name,
+        first_diff_step=int(common[np.argmax(differ)]) if n_differ else None,
+        mae=mae,
+        p95=p95,
+        max_abs=max_abs,
+        steps_compared=len(common),
+        steps_differing=n_differ,
+        missing_in_a=len(b) - len(common),
+        missing_in_b=len(a) - len(common),
+        nan_mismatches=int(len(d) - len(sized)),
+    )
+    if diff.missing_in_a:
+        diff.first_missing_in_a = int(np.setdiff1d(b.steps, common, assume_unique=True)[0])
+    if diff.missing_in_b:
+        diff.first_missing_in_b = int(np.setdiff1d(a.steps, common, assume_unique=True)[0])
+    return diff
+
+
+def compare_trajectories(
+    a: Trajectory, b: Trajectory, names: Sequence[str] | None = None
+) -> dict[str, MetricDiff]:
+    """Compare each metric of two runs (default: every metric either run has).
+
+    Statistics come from the metrics rank; first_diff_step is the earliest difference
+    on any rank both runs have.
+    """
+    if names is None:
+        names = list(dict.fromkeys([*a, *b]))
+    out: dict[str, MetricDiff] = {}
+    for name in names:
+        diff = compare_series(a.get(name, EMPTY_SERIES), b.get(name, EMPTY_SERIES), name)
+        if diff.first_diff_step is not None:
+            rank = a.series_rank.get(name, b.series_rank.get(name))
+            diff.rank_first_diff[rank] = diff.first_diff_step
+        for rank in a.ranks_with(name):
+            if rank == a.series_rank.get(name) or name not in b.per_rank.get(rank, {}):
+                continue
+            step = first_diff(a.per_rank[rank][name], b.per_rank[rank][name])
+            if step is not None:
+                diff.rank_first_diff[rank] = step
+        if diff.rank_first_diff:
+            rank, step = min(diff.rank_first_diff.items(), key=lambda rs: (rs[1], rs[0]))
+            diff.first_diff_step, diff.first_diff_rank = step, rank
+        out[name] = diff
+    return out
+
+
+def earliest(diffs: Mapping[str, MetricDiff]) -> tuple[int, str] | None:
+    """(step, metric) of the earliest difference over all metrics, None if none differ."""
+    found = [(d.first_diff_step, n) for n, d in diffs.items() if d.first_diff_step is not None]
+    return min(found) if found else None
+
+
+# --------------------------------------------------------------------------- groups
+
+
+@dataclass
+class PairResult:
+    a: int  # indexes into the group
+    b: int
+    metrics: dict[str, MetricDiff]
+
+    @property
+    def first_diff_step(self) -> int | None:
+        found = earliest(self.metrics)
+        return found[0] if found else None
+
+
+@dataclass
+class GroupResult:
+    """All pairs of k runs under one mask: k(k-1)/2 comparisons for the cost of k runs."""
+
+    runs: int
+    pairs: list[PairResult]
+
+    @property
+    def diverged(self) -> bool:
+        return any(p.first_diff_step is not None for p in self.pairs)
+
+    @property
+    def first(self) -> tuple[int, PairResult, str] | None:
+        """(step, pair, metric) of the earliest difference in the group."""
+        best = None
+        for pair in self.pairs:
+            found = earliest(pair.metrics)
+            if found and (best is None or found[0] < best[0]):
+                best = (found[0], pair, found[1])
+        return best
+
+    @property
+    def first_diff_step(self) -> int | None:
+        return self.first[0] if self.first else None
+
+    @property
+    def first_pair(self) -> tuple[int, int] | None:
+        return (self.first[1].a, self.first[1].b) if self.first else None
+
+    def to_json(self) -> dict:
+        first = self.first
+        return {
+            "runs": self.runs,
+            "diverged": self.diverged,
+            "first_diff_step": first[0] if first else None,
+            "first_pair": [first[1].a, first[1].b] if first else None,
+            "first_metric": first[2] if first else None,
+            "pairs": [
+                {
+                    "a": p.a,
+                    "b": p.b,
+                    "first_diff_step": p.first_diff_step,
+                    "metrics": {n: d.to_json() for n, d in p.metrics.items()},
+                }
+                for p in self.pairs
+            ],
+        }
+
+
+def compare_group(trajectories: Sequence[Trajectory], names: Sequence[str] | None = None) -> GroupResult:
+    """Compare every pair of runs; the group diverged if any pair differs."""
+    pairs = [
+        PairResult(i, j, compare_trajectories(trajectories[i], trajectories[j], names))
+        for i, j in combinations(range(len(trajectories)), 2)
+    ]
+    return GroupResult(len(trajectories), pairs)
+
+
+# --------------------------------------------------------------------------- early stop
+
+
+class StreamingComparator:
+    """Compares a run in flight, line by line, against a reference trajectory.
+
+    feed() returns the first differing step as soon as a value differs from the reference
+    at the same rank, metric and step (bitwise, NaN equal to NaN), else None; once a
+    difference is seen it keeps returning the earliest one. Values at steps, ranks or of
+    metrics the reference lacks cannot be compared and are counted in ``unmatched``;
+    metrics outside `names` are ignored. Cost per line: a dict lookup and a float
+    comparison per metric. feed_line() takes whole lines only (a tailer holds back a line
+    until its newline is written).
+    """
+
+    def __init__(self, reference: Trajectory, names: Iterable[str] | None = None):
+        wanted = set(names) if names is not None else None
+        self._names = wanted
+        self._ref: dict[tuple[int, str], dict[int, float]] = {}
+        for rank, metrics in reference.per_rank.items():
+            for name, s in metrics.items():
+                if wanted is None or name in wanted:
+                    self._ref[(rank, name)] = dict(zip(s.steps.tolist(), s.values.tolist(), strict=True))
+        self.first_diff_step: int | None = None
+        self.first_diff: tuple[int, str] | None = None  # (rank, metric)
+        self.lines_fed = 0
+        self.lines_unread = 0
+        self.unmatched = 0
+
+    @property
+    def diverged(self) -> bool:
+        return self.first_diff_step is not None
+
+    def feed(self, rank: int, step: int, metrics: Mapping[str, float]) -> int | None:
+        self.lines_fed += 1
+        for name, value in metrics.items():
+            if self._names is not None and name not in self._names:
+                continue
+            ref = self._ref.get((rank, name))
+            expected = ref.get(step) if ref is not None else None
+            if expected is None:
+                self.unmatched += 1
+            elif not same_bits(value, expected):
+                if self.first_diff_step is None or step < self.first_diff_step:
+                    self.first_diff_step = step
+                    self.first_diff = (rank, name)
+        return self.first_diff_step
+
+    def feed_line(self, line: str | bytes) -> int | None:
+        """Feed one line of a metrics.jsonl being written; unreadable lines are counted."""
+        record = parse_jsonl_line(line)
+        if record is None:
+            if line.strip():
+                self.lines_unread += 1
+            return self.first_diff_step
+        return self.feed(*record)
+
+
+# --------------------------------------------------------------------------- the compare command
+
+
+@dataclass
+class CompareResult:
+    a: str
+    b: str
+    metrics: dict[str, MetricDiff]
+    digests: DigestResult | None
+    lines_unread: tuple[int, int] = (0, 0)
+    unread_samples: list[tuple[str, int, str]] = field(default_factory=list)
+
+    @property
+    def first_diff_step(self) -> int | None:
+        found = earliest(self.metrics)
+        return found[0] if found else None
+
+    @property
+    def differs(self) -> bool:
+        return self.first_diff_step is not None or bool(self.digests and self.digests.first_diff_step is not None)
+
+    def to_json(self) -> dict:
+        return {
+            "a": self.a,
+            "b": self.b,
+            "metrics": {n: d.to_json() for n, d in self.metrics.items()},
+            "digests": self.digests.to_json() if self.digests else None,
+            "first_diff_step": self.first_diff_step,
+            "lines_unread": {"a": self.lines_unread[0], "b": self.lines_unread[1]},
+        }
+
+
+def _digest_file(path: Path) -> Path | None:
+    candidate = path / "digests.jsonl" if path.is_dir() else None
+    return candidate if candidate is not None and candidate.is_file() else None
+
+
+def compare_paths(
+    a: str | Path,
+    b: str | Path,
+    fmt: str | None = None,
+    names: Sequence[str] | None = None,
+    *,
+    pattern: str | None = None,
+) -> CompareResult:
+    """`bisect-prefetch compare A B`: two run directories or two log files.
+
+    The format is detected unless given. Gradient digests are compared when both run
+    directories hold a digests.jsonl.
+    """
+    a, b = Path(a), Path(b)
+    ta = load_run(a, fmt, names, pattern=pattern)
+    tb = load_run(b, fmt, names, pattern=pattern)
+    metrics = compare_trajectories(ta, tb, names)
+    if not metrics:
+        raise BisectPrefetchError(f"no metric in common to compare between {a} and {b}")
+    digests = None
+    da, db = _digest_file(a), _digest_file(b)
+    if da and db:
+        found = earliest(metrics)
+        digests = compare_digest_files(da, db, metric_first_diff=found[0] if found else None)
+    return CompareResult(
+        a=str(a),
+        b=str(b),
+        metrics=metrics,
+        digests=digests,
+        lines_unread=(ta.lines_unread, tb.lines_unread),
+        unread_samples=ta.unread_samples + tb.unread_samples,
+    )

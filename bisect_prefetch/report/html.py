@@ -1,0 +1,372 @@
+"""The self-contained HTML report of a state dir: verdict, graph, evidence, plots, reproduction.
+
+`build_report(state_dir)` rebuilds it at any time from what the state dir
+holds: the journal (every finished run, grouped here by protocol, mask,
+guard and step count), the run dirs (metrics for the plots, graph.json for
+the picture), and the result JSON a command left next to the journal
+(bisect.json, matrix.json) for what the journal cannot say (the expectation of
+a matrix cell, the bisection's confidence). Images are embedded as base64, so
+the one file can be mailed or attached to an issue; the PNGs are also left in
+`report/` beside it.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from bisect_prefetch.errors import BisectPrefetchError
+from bisect_prefetch.report import plots
+from bisect_prefetch.report.table import fmt_step, matrix_rows, matrix_summary
+from bisect_prefetch.runs.atomic import write_text_atomic
+from bisect_prefetch.runs.store import JOURNAL, read_journal
+
+REPORT_FILE = "report.html"
+PLOTS_DIR = "report"
+BISECT_FILE = "bisect.json"
+MATRIX_FILE = "matrix.json"
+USABLE = ("ok", "stopped-early")  # run outcomes that enter a verdict (runs.execute)
+MAX_PLOTTED_GROUPS = 12  # a long bisection has many groups; the diverged ones tell the story
+
+
+@dataclass
+class RunGroup:
+    """Journal records of one protocol step's runs: same purpose, mask, guard and steps."""
+
+    purpose: str
+    mask: list[str] | None
+    guard: str
+    steps: int
+    records: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def usable(self) -> list[dict[str, Any]]:
+        return [r for r in self.records if r.get("outcome") in USABLE]
+
+    @property
+    def diverged_runs(self) -> list[dict[str, Any]]:
+        return [r for r in self.usable if r.get("first_diff_step") is not None]
+
+    @property
+    def first_diff_step(self) -> int | None:
+        return min((r["first_diff_step"] for r in self.diverged_runs), default=None)
+
+    @property
+    def verdict(self) -> str:
+        if self.diverged_runs:
+            return "diverged"  # a divergence is conclusive, even in a group of one run
+        compared = [r for r in self.usable if r.get("reference") is not None]
+        return "consistent" if compared else "error" if not self.usable else "reference"
+
+    def first_divergence(self) -> dict[str, Any] | None:
+        runs = sorted(self.diverged_runs, key=lambda r: r["first_diff_step"])
+        return runs[0] if runs else None
+
+
+def journal_groups(records: list[dict[str, Any]]) -> list[RunGroup]:
+    """Group journal records, in the order their first run finished."""
+    groups: dict[tuple, RunGroup] = {}
+    for record in records:
+        # The variant is `purpose@fingerprint`: an edited experiment starts new groups.
+        variant = str(record.get("variant", "?"))
+        mask = record.get("mask")
+        key = (variant, None if mask is None else tuple(mask), record.get("guard", "none"),
+               record.get("steps", 0))
+        if key not in groups:
+            groups[key] = RunGroup(variant.split("@", 1)[0], None if mask is None else list(mask),
+                                   key[2], key[3])
+        groups[key].records.append(record)
+    return list(groups.values())
+
+
+# -- reading the state dir ----------------------------------------------------
+def _read_json(path: Path) -> dict[str, Any] | None:
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as exc:
+        raise BisectPrefetchError(f"cannot read {path}: {exc}") from None
+    return data if isinstance(data, dict) else None
+
+
+def _find_graph(state_dir: Path, records: list[dict[str, Any]]):
+    """The prefetch graph of the newest run dir that recorded one."""
+    from bisect_prefetch.graph import PrefetchGraph
+
+    for record in reversed(records):
+        path = state_dir / "runs" / str(record.get("run_id")) / "graph.json"
+        if path.is_file():
+            return PrefetchGraph.load(path)
+    return None
+
+
+def _mask_label(mask: list[str] | None, edge_ids: list[str] | None) -> str:
+    if mask is None:
+        return "unchanged (recording only)"
+    if edge_ids:
+        from bisect_prefetch.select import describe
+
+        return describe(frozenset(mask), edge_ids)
+    return f"{len(mask)} edges on"
+
+
+def _earliest_differing_ranks(a, b) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Per metric, both runs' series on the rank where they differ first.
+
+    A rank-local metric (each rank's own loss) can differ on one rank steps
+    before the metrics rank shows it, and a run stopped at its first
+    difference may never show it on the metrics rank at all.
+    """
+    out_a, out_b = {}, {}
+    for name in a:
+        if name not in b:
+            continue
+        best = None  # (first differing step or None, rank)
+        for rank in sorted(set(a.per_rank) & set(b.per_rank)):
+            sa, sb = a.per_rank[rank].get(name), b.per_rank[rank].get(name)
+            if sa is None or sb is None:
+                continue
+            step = plots.first_differing_step(sa, sb)
+            if best is None or (step is not None and (best[0] is None or step < best[0])):
+                best = (step, rank)
+        if best is None:
+            continue
+        rank = best[1]
+        label = name if len(a.per_rank) == 1 else f"{name} (rank {rank})"
+        out_a[label], out_b[label] = a.per_rank[rank][name], b.per_rank[rank][name]
+    return out_a, out_b
+
+
+def _plot_group(state_dir: Path, group: RunGroup, title: str, out_dir: Path,
+                index: int) -> list[tuple[str, Path]]:
+    """The diverged group's first divergence against its reference, and its digests."""
+    from bisect_prefetch.metrics.digests import read_digests
+    from bisect_prefetch.metrics.parsers import load_run
+
+    run = group.first_divergence()
+    if run is None or not run.get("reference"):
+        return []
+    dir_a = state_dir / "runs" / run["reference"]
+    dir_b = state_dir / "runs" / run["run_id"]
+    try:
+        a, b = load_run(dir_a), load_run(dir_b)
+    except BisectPrefetchError:
+        return []  # a run dir cleaned away: the tables still say what happened
+    series_a, series_b = _earliest_differing_ranks(a, b)
+    path = plots.plot_group(
+        series_a, series_b, out_dir / f"group-{index:02d}.png",
+        title=title, labels=(run["reference"], run["run_id"]),
+    )
+    found = [(f"{title}: {run['reference']} vs {run['run_id']}", path)]
+    digests_a, digests_b = dir_a / "digests.jsonl", dir_b / "digests.jsonl"
+    if digests_a.is_file() and digests_b.is_file():
+        heat = plots.plot_digest_heatmap(read_digests(digests_a), read_digests(digests_b),
+                                         out_dir / f"digests-{index:02d}.png")
+        found.append((f"{title}: gradient digests", heat))
+    return found
+
+
+# -- rendering ------------------------------------------------------------------
+STYLE = """
+body { font-family: sans-serif; margin: 2em; max-width: 1200px; }
+table { border-collapse: collapse; margin: 1em 0; font-size: 0.9em; }
+th, td { border: 1px solid #ccc; padding: 3px 8px; text-align: left; }
+td.num { text-align: right; font-family: monospace; }
+tr.bad td { background: #fde2e2; }
+.verdict { font-size: 1.4em; font-weight: bold; }
+pre { background: #f4f4f4; padding: 0.8em; overflow-x: auto; }
+figure { margin: 1em 0; } img { max-width: 100%; }
+"""
+
+
+def _esc(value: Any) -> str:
+    return html.escape(str(value))
+
+
+def _table(headers: list[str], rows: list[list[Any]], bad: list[bool] | None = None) -> str:
+    out = ["<table>", "<tr>" + "".join(f"<th>{_esc(h)}</th>" for h in headers) + "</tr>"]
+    for i, row in enumerate(rows):
+        cls = ' class="bad"' if bad and bad[i] else ""
+        cells = "".join(
+            f'<td class="num">{_esc(v)}</td>' if isinstance(v, int | float) else f"<td>{_esc(v)}</td>"
+            for v in row
+        )
+        out.append(f"<tr{cls}>{cells}</tr>")
+    out.append("</table>")
+    return "\n".join(out)
+
+
+def _image(path: Path, alt: str) -> str:
+    data = base64.b64encode(Path(path).read_bytes()).decode("ascii")
+    return f'<img alt="{_esc(alt)}" src="data:image/png;base64,{data}">'
+
+
+def render_html(
+    *,
+    title: str,
+    verdict: str,
+    facts: list[str],
+    graph_png: Path | None,
+    culprits: list[str],
+    evidence: tuple[list[str], list[list[Any]]],
+    matrix: dict[str, Any] | None,
+    figures: list[tuple[str, Path]],
+    reproduce: list[str],
+) -> str:
+    """The report page; every argument is plain data, images are PNG files to embed."""
+    parts = [
+        "<!DOCTYPE html>", '<html lang="en"><head><meta charset="utf-8">',
+        f"<title>{_esc(title)}</title><style>{STYLE}</style></head><body>",
+        f"<h1>{_esc(title)}</h1>",
+        f'<p class="verdict">verdict: {_esc(verdict)}</p>',
+    ]
+    if facts:
+        parts.append("<ul>" + "".join(f"<li>{_esc(f)}</li>" for f in facts) + "</ul>")
+    if graph_png is not None or culprits:
+        parts.append("<h2>Prefetch graph</h2>")
+        if culprits:
+            parts.append("<p>culprit edges: " + ", ".join(
+                f"<code>{_esc(e)}</code>" for e in culprits) + "</p>")
+        if graph_png is not None:
+            parts.append(f"<figure>{_image(graph_png, 'prefetch graph')}</figure>")
+    if matrix is not None:
+        headers, rows = matrix_rows(matrix)
+        parts.append("<h2>Matrix</h2>")
+        parts.append(f"<p>{_esc(matrix_summary(matrix))}</p>")
+        parts.append(_table(headers, rows, [not c["expectation_met"] for c in matrix["cells"]]))
+    headers, rows = evidence
+    if rows:
+        parts.append("<h2>Evidence</h2>")
+        parts.append(_table(headers, rows, [r[headers.index("verdict")] == "diverged"
+                                            for r in rows] if "verdict" in headers else None))
+    if figures:
+        parts.append("<h2>Plots</h2>")
+        for caption, path in figures:
+            parts.append(f"<figure>{_image(path, caption)}"
+                         f"<figcaption>{_esc(caption)}</figcaption></figure>")
+    if reproduce:
+        parts.append("<h2>Reproduce</h2>")
+        parts.append("<pre>" + "\n".join(_esc(c) for c in reproduce) + "</pre>")
+    parts.append("</body></html>")
+    return "\n".join(parts) + "\n"
+
+
+# -- building -------------------------------------------------------------------
+def _bisect_evidence(bisect: dict[str, Any]) -> tuple[list[str], list[list[Any]]]:
+    headers = ["step", "mask", "edges", "runs", "divergences", "errors", "first diff steps",
+               "verdict"]
+    rows = [[e.get("step", ""), e.get("mask", ""), e.get("edges", ""), e.get("runs", 0),
+             e.get("divergences", 0), e.get("errors", 0),
+             ", ".join(str(s) for s in e.get("first_diff_steps", [])) or "-",
+             e.get("verdict", "")] for e in bisect.get("evidence", [])]
+    return headers, rows
+
+
+def _group_evidence(groups: list[RunGroup], edge_ids: list[str] | None):
+    headers = ["runs of", "mask", "guard", "steps", "runs", "divergences", "errors",
+               "first diff step", "verdict"]
+    rows = [[g.purpose, _mask_label(g.mask, edge_ids), g.guard, g.steps, len(g.records),
+             len(g.diverged_runs), len(g.records) - len(g.usable), fmt_step(g.first_diff_step),
+             g.verdict] for g in groups]
+    return headers, rows
+
+
+def _matrix_from_journal(groups: list[RunGroup], saved: dict[str, Any] | None) -> dict | None:
+    """Matrix cells rebuilt from the journal; expectations from matrix.json when it is there."""
+    from bisect_prefetch.matrix import expectation_met
+
+    latest = {g.purpose.removeprefix("matrix:"): g for g in groups
+              if g.purpose.startswith("matrix:")}  # a cell run again: its newest group
+    if not latest:
+        return None
+    saved_cells = {c["name"]: c for c in (saved or {}).get("cells", [])}
+    # The matrix file's order where it is known, then any other cells the journal has.
+    names = [n for n in saved_cells if n in latest] + [n for n in latest if n not in saved_cells]
+    out = []
+    for name in names:
+        group = latest[name]
+        before = saved_cells.get(name, {})
+        expect = before.get("expect", "any")
+        verdict = group.verdict if group.verdict != "reference" else "error"
+        out.append({
+            "name": name, "verdict": verdict, "expect": expect,
+            "expectation_met": expectation_met(expect, verdict),
+            "first_diff_step": group.first_diff_step,
+            # Statistics need every pair of runs compared: the matrix run computed them.
+            "metrics": before.get("metrics", {}) if before.get("verdict") == verdict else {},
+            "runs": len(group.records), "divergences": len(group.diverged_runs),
+            "mask": group.mask or [], "seconds": sum(r.get("wall_s") or 0 for r in group.records),
+        })
+    return {"matrix": (saved or {}).get("matrix", "matrix"), "cells": out}
+
+
+def build_report(state_dir: str | Path, out: str | Path | None = None) -> Path:
+    """Write the HTML report of a state dir (default `<state_dir>/report.html`); return its path."""
+    state_dir = Path(state_dir)
+    journal = read_journal(state_dir / JOURNAL)
+    if not journal.records:
+        raise BisectPrefetchError(
+            f"no finished runs in {state_dir / JOURNAL}: nothing to report"
+        )
+    records = journal.records
+    groups = journal_groups(records)
+    graph = _find_graph(state_dir, records)
+    edge_ids = graph.edge_ids() if graph is not None else None
+    bisect = _read_json(state_dir / BISECT_FILE)
+    saved_matrix = _read_json(state_dir / MATRIX_FILE)
+    matrix = _matrix_from_journal(groups, saved_matrix)
+    out_dir = state_dir / PLOTS_DIR
+    out_dir.mkdir(parents=True, exist_ok=True)
+
+    culprits = list(bisect.get("minimal_set", [])) if bisect else []
+    graph_png = None
+    if graph is not None:
+        from bisect_prefetch.graph import render_png
+
+        graph_png = out_dir / "graph.png"
+        render_png(graph, graph_png, highlight=culprits)
+
+    facts = [f"{len(records)} runs in {len(groups)} groups, "
+             f"{sum(len(g.diverged_runs) for g in groups)} diverged from their reference"]
+    reproduce: list[str] = []
+    if bisect:
+        verdict = bisect.get("verdict", "?")
+        if culprits:
+            facts.append("minimal set: " + ", ".join(culprits))
+        if bisect.get("confidence") is not None:
+            facts.append(f"confidence {bisect['confidence']}")
+        facts += list(bisect.get("facts", []))
+        evidence = _bisect_evidence(bisect)
+        if bisect.get("reproduce"):
+            reproduce.append(bisect["reproduce"])
+    else:
+        evidence = _group_evidence(groups, edge_ids)
+        if matrix is not None:
+            verdict = matrix_summary(matrix)
+        else:
+            decided = [g for g in groups if g.verdict in ("diverged", "consistent")]
+            verdict = decided[-1].verdict if decided else "no group decided"
+    if saved_matrix and saved_matrix.get("command"):
+        reproduce.append(saved_matrix["command"])
+
+    figures: list[tuple[str, Path]] = []
+    for index, group in enumerate(g for g in groups if g.verdict == "diverged"):
+        if index >= MAX_PLOTTED_GROUPS:
+            break
+        title = f"{group.purpose}, {_mask_label(group.mask, edge_ids)}"
+        figures += _plot_group(state_dir, group, title, out_dir, index)
+
+    page = render_html(
+        title=f"bisect-prefetch report: {state_dir.name}", verdict=verdict, facts=facts,
+        graph_png=graph_png, culprits=culprits, evidence=evidence, matrix=matrix,
+        figures=figures, reproduce=reproduce,
+    )
+    target = Path(out) if out is not None else state_dir / REPORT_FILE
+    write_text_atomic(target, page)
+    return target
+

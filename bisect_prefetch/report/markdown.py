@@ -1,0 +1,59 @@
+"""Markdown for a matrix result, for files and for GitHub's job summary.
+
+When `$GITHUB_STEP_SUMMARY` names a file, the table is appended to it (GitHub
+renders that file on the job page); other writers may share it, so never
+overwrite.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from pathlib import Path
+
+from bisect_prefetch.errors import BisectPrefetchError
+from bisect_prefetch.report.table import matrix_rows, matrix_summary
+from bisect_prefetch.runs.atomic import write_text_atomic
+
+SUMMARY_ENV = "GITHUB_STEP_SUMMARY"
+
+
+def _escape(text: str) -> str:
+    # A pipe would split the cell; a newline would end the row.
+    return text.replace("\\", "\\\\").replace("|", "\\|").replace("\n", " ")
+
+
+def matrix_markdown(result: dict) -> str:
+    headers, rows = matrix_rows(result)
+    title = f"### bisect-prefetch matrix {result.get('matrix', '')}".rstrip()
+    lines = [title, "", matrix_summary(result), ""]
+    lines.append("| " + " | ".join(_escape(h) for h in headers) + " |")
+    lines.append("|" + "|".join("---" for _ in headers) + "|")
+    for row in rows:
+        lines.append("| " + " | ".join(_escape(v) for v in row) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def publish_markdown(
+    result: dict, path: Path | None = None, *, env: Mapping[str, str] = os.environ
+) -> list[Path]:
+    """Write the Markdown to PATH (if given) and append it to the step summary (if set).
+
+    Returns the files written to.
+    """
+    text = matrix_markdown(result)
+    written = []
+    if path is not None:
+        write_text_atomic(path, text)
+        written.append(Path(path))
+    summary = env.get(SUMMARY_ENV)
+    if summary:
+        try:
+            with open(summary, "a", encoding="utf-8") as f:
+                f.write(text + "\n")
+        except OSError as exc:
+            raise BisectPrefetchError(
+                f"cannot append to ${SUMMARY_ENV} ({summary}): {exc.strerror}"
+            ) from None
+        written.append(Path(summary))
+    return written

@@ -1,0 +1,71 @@
+"""The prefetch graph of an experiment: from a static policy, or learned from a real run.
+
+graph: {source: runtime} runs the job once for a step under the recorder with
+no mask (change nothing, only record) and reads the graph the ranks agreed
+on. The run is journaled like any other, so the graph is learned once per
+experiment and reused afterwards.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from rich.console import Console
+
+from bisect_prefetch import graph as graphs
+from bisect_prefetch.errors import BisectPrefetchError
+from bisect_prefetch.experiment import Experiment, load_experiment
+from bisect_prefetch.runs.execute import Runner
+from bisect_prefetch.runs.merge import GRAPH_FILE
+from bisect_prefetch.runs.store import StateDir
+
+DISCOVERY_STEPS = 1
+
+
+def static_graph(experiment: Experiment) -> graphs.PrefetchGraph:
+    source = experiment.graph
+    layers = source.layers or (experiment.workload.layers if experiment.workload else None)
+    if layers is None:
+        raise BisectPrefetchError("graph source static needs graph.layers (no built-in workload)")
+    return graphs.from_policy(source.policy, layers, inner=source.inner)
+
+
+def discover_graph(runner: Runner, console: Console | None = None) -> graphs.PrefetchGraph:
+    """The experiment's graph; for a runtime source, one short recorded run (or its journal)."""
+    experiment = runner.experiment
+    if experiment.graph.source == "static":
+        return static_graph(experiment)
+    key = runner.key("discover", mask=None, guard="none", steps=DISCOVERY_STEPS, index=0)
+    if console is not None and runner.state.find(key) is None:
+        console.print(f"discovering the prefetch graph: one {DISCOVERY_STEPS}-step run "
+                      "under the recorder...", markup=False)
+    out = runner.run(key, label="discover")
+    run_dir = runner.state.run_dir(out.run_id)
+    if not out.usable:
+        raise BisectPrefetchError(
+            f"graph discovery run {out.run_id} ended in {out.outcome} ({out.reason}); "
+            f"see {run_dir / 'stderr.log'}"
+        )
+    path = run_dir / GRAPH_FILE
+    if not path.is_file():
+        raise BisectPrefetchError(
+            f"graph discovery run {out.run_id} recorded no prefetch graph: is the job using a "
+            f"supported FSDP engine with the adapter loaded? see {run_dir / 'stderr.log'}"
+        )
+    graph = graphs.PrefetchGraph.load(path)
+    if console is not None:
+        how = "from the journal" if out.reused else f"in {out.wall_s:.1f}s"
+        console.print(f"-> {len(graph.nodes())} units, {len(graph)} edges "
+                      f"(run {out.run_id}, {how})", markup=False)
+    return graph
+
+
+def graph_for_experiment(
+    path: str | Path, *, state_dir: str | Path, console: Console | None = None
+) -> graphs.PrefetchGraph:
+    """`bisect-prefetch graph EXPERIMENT.yaml`: load, take the state dir's lock, discover."""
+    experiment = load_experiment(path)
+    if experiment.graph.source == "static":
+        return static_graph(experiment)
+    with StateDir(state_dir, experiment.name) as state:
+        return discover_graph(Runner(experiment, state), console)

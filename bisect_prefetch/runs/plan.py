@@ -1,0 +1,58 @@
+"""The plan file one run's in-process adapter reads (path in BISECT_PREFETCH_PLAN).
+
+Format version 1 is documented in bisect_prefetch/adapters/plan.py, which
+parses it inside the job. Every rank records the plan's hash; the engine
+checks them all against the hash of the plan it wrote.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from bisect_prefetch.adapters.plan import PLAN_ENV, PLAN_VERSION, plan_hash
+from bisect_prefetch.experiment import Experiment
+from bisect_prefetch.runs.atomic import write_text_atomic
+
+PLAN_FILE = "plan.json"
+
+__all__ = ["PLAN_ENV", "PLAN_FILE", "build_plan", "plan_hash", "write_plan"]
+
+
+def build_plan(
+    *,
+    experiment: Experiment,
+    run_id: str,
+    out_dir: Path,
+    mask: Iterable[str] | None,
+    guard: str,
+    steps: int,
+    digests: str | None = None,
+    digest_every: int = 1,
+) -> dict[str, Any]:
+    """The plan of one run. mask None: change nothing, only record."""
+    fault = None
+    if experiment.workload is not None and experiment.workload.fault is not None:
+        fault = experiment.workload.fault.model_dump(mode="json")
+    return {
+        "version": PLAN_VERSION,
+        "experiment": experiment.name,
+        "run_id": run_id,
+        "out_dir": str(Path(out_dir).resolve()),
+        "mask": None if mask is None else sorted(mask),
+        "guard": guard,
+        "record": {"graph": True, "probe": True, "digests": digests,
+                   "digest_every": digest_every},
+        "fault": fault,
+        "seed": experiment.seed,
+        "steps": steps,
+    }
+
+
+def write_plan(run_dir: Path, plan: dict[str, Any]) -> Path:
+    """Write plan.json atomically into the run dir; returns its path."""
+    path = Path(run_dir) / PLAN_FILE
+    write_text_atomic(path, json.dumps(plan, indent=1, sort_keys=True) + "\n")
+    return path

@@ -1,0 +1,228 @@
+"""The run store: `<state-dir>/<experiment>/` with its lock, run dirs and journal.
+
+The journal (`journal.jsonl`) is the raw record: one JSON line per finished
+run, format version "v": 1, flushed and fsynced before the next run starts.
+Everything else (verdicts, search state, reports) is rebuilt from it, so a
+resumed command re-runs nothing that finished. A SIGKILL can tear only the
+last line; that line is reported and cut off, never fatal.
+
+One orchestrator at a time: the state dir holds an exclusive flock, released
+by the kernel when the process dies, however it dies.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from bisect_prefetch.errors import BisectPrefetchError
+
+JOURNAL_VERSION = 1
+JOURNAL = "journal.jsonl"
+LOCK = "lock"
+
+
+@dataclass(frozen=True)
+class RunKey:
+    """What makes two runs the same run: a finished one is never run again.
+
+    variant says which protocol asked for the run (aa, search, golden, a
+    matrix cell) and the experiment fingerprint; index is the run's place in
+    its group (the k-th request for that mask); attempt counts retries.
+    """
+
+    variant: str
+    mask: tuple[str, ...] | None
+    guard: str
+    steps: int
+    index: int
+    attempt: int = 0
+
+    @classmethod
+    def of(cls, *, variant: str, mask: Iterable[str] | None, guard: str, steps: int,
+           index: int, attempt: int = 0) -> RunKey:
+        return cls(variant, None if mask is None else tuple(sorted(mask)), guard, steps, index,
+                   attempt)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"variant": self.variant, "mask": None if self.mask is None else list(self.mask),
+                "guard": self.guard, "steps": self.steps, "index": self.index,
+                "attempt": self.attempt}
+
+    @classmethod
+    def from_record(cls, record: dict[str, Any]) -> RunKey:
+        return cls.of(variant=record["variant"], mask=record["mask"], guard=record["guard"],
+                      steps=record["steps"], index=record["index"],
+                      attempt=record.get("attempt", 0))
+
+
+@dataclass
+class Journal:
+    records: list[dict[str, Any]]
+    torn_line: str | None  # the unparsable last line, if a kill tore it
+
+
+def read_journal(path: Path) -> Journal:
+    """All records; a torn last line is returned apart, a bad line elsewhere is an error."""
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        return Journal([], None)
+    except OSError as exc:
+        raise BisectPrefetchError(f"cannot read journal {path}: {exc.strerror}") from None
+    lines = text.split("\n")
+    # The file ends with "\n" when every write completed: the last piece is then empty.
+    records, torn = [], None
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+            if not isinstance(record, dict):
+                raise ValueError("not an object")
+        except ValueError:
+            if number == len(lines):
+                torn = line
+                continue
+            raise BisectPrefetchError(
+                f"journal {path} line {number} is corrupt (not a JSON object); "
+                "move the file away to start over"
+            ) from None
+        if record.get("v") != JOURNAL_VERSION:
+            raise BisectPrefetchError(
+                f"journal {path} line {number} has format version {record.get('v')!r}; "
+                f"this tool reads version {JOURNAL_VERSION}"
+            )
+        records.append(record)
+    return Journal(records, torn)
+
+
+_SLUG = re.compile(r"[^A-Za-z0-9._-]+")
+
+
+class StateDir:
+    """One experiment's state. Use as a context manager to hold its lock."""
+
+    def __init__(self, root: str | Path, name: str) -> None:
+        self.path = Path(root).resolve() / name
+        self.journal_path = self.path / JOURNAL
+        self.runs_path = self.path / "runs"
+        self.torn_line: str | None = None
+        self._lock_fd: int | None = None
+        self._index: dict[RunKey, dict[str, Any]] = {}
+        self._records: list[dict[str, Any]] = []
+
+    # -- lock -------------------------------------------------------------
+    def lock(self) -> StateDir:
+        """Take the exclusive lock, then load the journal (repairing a torn tail)."""
+        try:
+            self.path.mkdir(parents=True, exist_ok=True)
+            fd = os.open(self.path / LOCK, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        except OSError as exc:
+            raise BisectPrefetchError(
+                f"cannot use state dir {self.path}: {exc.strerror or exc}"
+            ) from None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.read(fd, 64).decode(errors="replace").strip() or "?"
+            os.close(fd)
+            raise BisectPrefetchError(
+                f"state dir {self.path} is in use by another bisect-prefetch (pid {holder}); "
+                "wait for it to finish or give a different --state-dir"
+            ) from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        self._lock_fd = fd
+        self._load()
+        return self
+
+    def unlock(self) -> None:
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)  # closing the descriptor releases the flock
+            self._lock_fd = None
+
+    def __enter__(self) -> StateDir:
+        return self.lock()
+
+    def __exit__(self, *exc: object) -> None:
+        self.unlock()
+
+    def _require_lock(self) -> None:
+        if self._lock_fd is None:
+            raise RuntimeError("StateDir used without holding its lock")
+
+    # -- journal ----------------------------------------------------------
+    def _load(self) -> None:
+        journal = read_journal(self.journal_path)
+        self.torn_line = journal.torn_line
+        if journal.torn_line is not None:
+            self._cut_torn_tail()
+        self._records = journal.records
+        self._index = {}
+        for record in self._records:
+            self._index[RunKey.from_record(record)] = record
+
+    def _cut_torn_tail(self) -> None:
+        # Appending after a torn line would glue the next record onto it.
+        data = self.journal_path.read_bytes()
+        keep = data.rfind(b"\n") + 1
+        with open(self.journal_path, "r+b") as f:
+            f.truncate(keep)
+            f.flush()
+            os.fsync(f.fileno())
+
+    def records(self) -> list[dict[str, Any]]:
+        return list(self._records)
+
+    def find(self, key: RunKey) -> dict[str, Any] | None:
+        """The journal record of a finished run with this key, if there is one."""
+        return self._index.get(key)
+
+    def append(self, key: RunKey, record: dict[str, Any]) -> dict[str, Any]:
+        """Journal one finished run: one line, flushed and fsynced before returning."""
+        self._require_lock()
+        full = {"v": JOURNAL_VERSION, **record, **key.to_json()}
+        line = json.dumps(full, sort_keys=True, allow_nan=True) + "\n"
+        new_file = not self.journal_path.exists()
+        with open(self.journal_path, "a", encoding="utf-8") as f:
+            f.write(line)
+            f.flush()
+            os.fsync(f.fileno())
+        if new_file:
+            _fsync_dir(self.path)
+        self._records.append(full)
+        self._index[key] = full
+        return full
+
+    # -- run dirs ---------------------------------------------------------
+    def new_run_dir(self, label: str) -> tuple[str, Path]:
+        """A fresh run dir `runs/<NNNN>-<label>/`; numbers never repeat, even after a kill."""
+        self._require_lock()
+        self.runs_path.mkdir(parents=True, exist_ok=True)
+        taken = [int(p.name[:4]) for p in self.runs_path.iterdir() if p.name[:4].isdigit()]
+        number = max(taken, default=0) + 1
+        run_id = f"{number:04d}-{_SLUG.sub('_', label).strip('_') or 'run'}"
+        path = self.runs_path / run_id
+        try:
+            path.mkdir()
+        except OSError as exc:
+            raise BisectPrefetchError(f"cannot create run dir {path}: {exc.strerror}") from None
+        return run_id, path
+
+    def run_dir(self, run_id: str) -> Path:
+        return self.runs_path / run_id
+
+
+def _fsync_dir(directory: Path) -> None:
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

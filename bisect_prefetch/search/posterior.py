@@ -1,0 +1,282 @@
+"""Posterior over which prefetch edges cause drift, and the information each test would give.
+
+Noise model. Exactly one hypothesis holds:
+  - none:   drift needs no prefetch edge (background drift: every mask, all-off too, can diverge);
+  - single: one edge e; a run can diverge only if e is enabled;
+  - pair:   two edges needed together; a run can diverge only if both are enabled.
+Under the true hypothesis h, a run of a mask that enables every edge of h diverges with
+an unknown per-run chance q (the same for every such mask), any other run never
+diverges, and runs are independent. So a divergence rules out every hypothesis its
+mask does not enable; a clean run weighs only against those it enables, by (1 - q).
+One softening: a divergence of a mask that enables an edge already ruled out may
+come from a second cause there (several disjoint sets can cause drift), so it
+strikes the hypotheses it does not enable (odds times SECOND_CAUSE) instead of
+ruling them out.
+
+q gets a Beta(1, 1) prior and is integrated out per hypothesis: with D divergences
+of masks enabling h and E clean runs enabling h, P(data | h) = B(1 + D, 1 + E) / B(1, 1).
+A clean run cut short counts as the fraction of a run it completed (a constant
+per-step hazard).
+
+Prior mass: none 0.02, single 0.93, pair 0.05, each spread evenly. Sets of three
+or more edges needed together are outside the model (the protocol's ddmin
+fallback handles them).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from bisect_prefetch.search.stats import binary_entropy, log_beta
+
+PRIOR = {"none": 0.02, "single": 0.93, "pair": 0.05}
+Q_PRIOR = (1.0, 1.0)
+# The chance that a divergence of a mask enabling a ruled-out edge comes from a
+# second cause there rather than from the hypothesis in question.
+SECOND_CAUSE = 0.05
+
+
+@dataclass(frozen=True)
+class Probabilities:
+    none: float
+    single: np.ndarray  # per edge
+    pair: np.ndarray  # upper triangle [a, b], a < b
+
+
+@dataclass(frozen=True)
+class Hypothesis:
+    kind: str  # "none" | "single" | "pair"
+    edges: tuple[int, ...]  # edge indices; () for none
+    probability: float
+
+
+class EdgePosterior:
+    def __init__(self, n_edges: int) -> None:
+        n = n_edges
+        self.n = n
+        self.divergences = 0
+        # Per hypothesis: divergences of masks enabling it, clean runs enabling it,
+        # and soft strikes (see observe).
+        self.none_exposure = 0.0
+        self.single_divergences = np.zeros(n)
+        self.single_exposure = np.zeros(n)
+        self.single_strikes = np.zeros(n)
+        self.single_dead = np.zeros(n, dtype=bool)
+        self.pair_divergences = np.zeros((n, n))
+        self.pair_exposure = np.zeros((n, n))
+        self.pair_strikes = np.zeros((n, n))
+        # Only a < b are hypotheses; the rest stay dead for good.
+        self.pair_dead = ~np.triu(np.ones((n, n), dtype=bool), k=1)
+        self._cached: Probabilities | None = None
+
+    # -- evidence ---------------------------------------------------------
+    def observe(self, enabled: np.ndarray, diverged: bool, fraction: float = 1.0) -> None:
+        """One completed run of the mask `enabled` (bool per edge).
+
+        A divergence rules out the hypotheses the mask does not enable, except when
+        the mask enables an edge an earlier divergence ruled out: a second cause
+        among those edges could explain it (several disjoint sets can cause drift),
+        so it only strikes them, each strike multiplying their odds by SECOND_CAUSE.
+        """
+        both = np.outer(enabled, enabled)
+        if diverged:
+            self.divergences += 1
+            self.single_divergences += enabled
+            self.pair_divergences += both
+            if (enabled & self.single_dead).any():
+                self.single_strikes += ~enabled
+                self.pair_strikes += ~both
+            else:
+                self.single_dead |= ~enabled
+                self.pair_dead |= ~both
+        else:
+            self.none_exposure += fraction
+            self.single_exposure += fraction * enabled
+            self.pair_exposure += fraction * both
+        self._cached = None
+
+    @property
+    def alive(self) -> np.ndarray:
+        """Edges no divergence has ruled out (each diverging mask enabled them all)."""
+        return ~self.single_dead
+
+    # -- posterior ----------------------------------------------------------
+    def _log_evidence(self, divergences, exposure, strikes) -> np.ndarray:
+        a, b = Q_PRIOR
+        return log_beta(a + np.asarray(divergences, dtype=float),
+                        b + np.asarray(exposure, dtype=float)) + strikes * np.log(SECOND_CAUSE)
+
+    @staticmethod
+    def predictive(divergences, exposure) -> np.ndarray:
+        """Posterior mean per-run chance given the runs that enabled a hypothesis."""
+        a, b = Q_PRIOR
+        d = np.asarray(divergences, dtype=float)
+        return (a + d) / (a + b + d + np.asarray(exposure, dtype=float))
+
+    def probabilities(self) -> Probabilities:
+        if self._cached is not None:
+            return self._cached
+        n = self.n
+        n_pairs = n * (n - 1) // 2
+        log_none = np.log(PRIOR["none"]) + self._log_evidence(
+            self.divergences, self.none_exposure, 0.0
+        )
+        log_single = np.full(n, -np.inf)
+        live = self.alive
+        log_single[live] = np.log(PRIOR["single"] / n) + self._log_evidence(
+            self.single_divergences[live], self.single_exposure[live], self.single_strikes[live]
+        )
+        log_pair = np.full((n, n), -np.inf)
+        if n_pairs:
+            live = ~self.pair_dead
+            log_pair[live] = np.log(PRIOR["pair"] / n_pairs) + self._log_evidence(
+                self.pair_divergences[live], self.pair_exposure[live], self.pair_strikes[live]
+            )
+        top = max(float(log_none), float(log_single.max()), float(log_pair.max()))
+        none = float(np.exp(log_none - top))
+        single = np.exp(log_single - top)
+        pair = np.exp(log_pair - top)
+        total = none + single.sum() + pair.sum()
+        self._cached = Probabilities(none / total, single / total, pair / total)
+        return self._cached
+
+    def top(self) -> Hypothesis:
+        """The most probable hypothesis."""
+        p = self.probabilities()
+        best = Hypothesis("none", (), p.none)
+        i = int(np.argmax(p.single))
+        if p.single[i] > best.probability:
+            best = Hypothesis("single", (i,), float(p.single[i]))
+        if self.n > 1:
+            a, b = np.unravel_index(int(np.argmax(p.pair)), p.pair.shape)
+            if p.pair[a, b] > best.probability:
+                best = Hypothesis("pair", (int(a), int(b)), float(p.pair[a, b]))
+        return best
+
+    def ranked(self, limit: int = 5) -> list[Hypothesis]:
+        """The most probable hypotheses, best first (for reports)."""
+        p = self.probabilities()
+        out = [Hypothesis("none", (), p.none)]
+        out += [Hypothesis("single", (int(i),), float(p.single[i])) for i in np.flatnonzero(p.single)]
+        a_idx, b_idx = np.nonzero(p.pair)
+        out += [
+            Hypothesis("pair", (int(a), int(b)), float(p.pair[a, b]))
+            for a, b in zip(a_idx, b_idx, strict=True)
+        ]
+        out.sort(key=lambda h: -h.probability)
+        return out[:limit]
+
+    def probability_of(self, edges: tuple[int, ...]) -> float:
+        p = self.probabilities()
+        if not edges:
+            return p.none
+        if len(edges) == 1:
+            return float(p.single[edges[0]])
+        if len(edges) == 2:
+            return float(p.pair[min(edges), max(edges)])
+        return 0.0
+
+    def chance_estimate(self, edges: tuple[int, ...]) -> float:
+        """Posterior mean per-run chance if these edges are the cause."""
+        if not edges:
+            return float(self.predictive(self.divergences, self.none_exposure))
+        if len(edges) == 1:
+            i = edges[0]
+            return float(self.predictive(self.single_divergences[i], self.single_exposure[i]))
+        a, b = min(edges), max(edges)
+        return float(self.predictive(self.pair_divergences[a, b], self.pair_exposure[a, b]))
+
+    def miss_chance(self, edges: tuple[int, ...], clean_runs: float) -> float:
+        """Chance that clean_runs runs all miss a cause as strong as this set: E[(1-q)^n].
+
+        The expectation is over the set's posterior per-run chance, not a point estimate.
+        """
+        a, b = Q_PRIOR
+        if len(edges) == 1:
+            d, e = self.single_divergences[edges[0]], self.single_exposure[edges[0]]
+        elif len(edges) == 2:
+            i, j = min(edges), max(edges)
+            d, e = self.pair_divergences[i, j], self.pair_exposure[i, j]
+        else:
+            d, e = self.divergences, self.none_exposure
+        return float(np.exp(log_beta(a + d, b + e + clean_runs) - log_beta(a + d, b + e)))
+
+    # -- choosing a test -------------------------------------------------------
+    def information(self, enabled: np.ndarray) -> float:
+        """Expected information (bits) one run of this mask gives about the hypothesis.
+
+        I = H(outcome) - E_h[H(outcome | h)]: the divergence chance is the sum of
+        p_h q_h over the hypotheses the mask enables, each q_h its predictive chance.
+        """
+        p = self.probabilities()
+        both = np.outer(enabled, enabled)
+        chance, spread = self._terms(p.none, self.divergences, self.none_exposure)
+        for probs, div, exposure in (
+            (p.single[enabled], self.single_divergences[enabled], self.single_exposure[enabled]),
+            (p.pair[both], self.pair_divergences[both], self.pair_exposure[both]),
+        ):
+            c, s = self._terms(probs, div, exposure)
+            chance, spread = chance + c.sum(), spread + s.sum()
+        return float(binary_entropy(chance) - spread)
+
+    def _terms(self, probs, divergences, exposure) -> tuple[np.ndarray, np.ndarray]:
+        q = self.predictive(divergences, exposure)
+        return probs * q, probs * binary_entropy(q)
+
+    def ranked_tests(self, limit: int = 8) -> list[tuple[float, np.ndarray]]:
+        """The most informative masks of one family, best first, as (bits, enabled).
+
+        The family: enable a contiguous run of the surviving edges (in graph order),
+        or every surviving edge but such a run. Edges already ruled out stay off.
+        Sums over runs come from prefix sums, so all of them are scored at once.
+        """
+        p = self.probabilities()
+        alive_idx = np.flatnonzero(self.alive)
+        k = len(alive_idx)
+        if k == 0:
+            return []
+        s_chance, s_spread = self._terms(
+            p.single[alive_idx], self.single_divergences[alive_idx], self.single_exposure[alive_idx]
+        )
+        sub = np.ix_(alive_idx, alive_idx)
+        p_chance, p_spread = self._terms(p.pair[sub], self.pair_divergences[sub], self.pair_exposure[sub])
+        n_chance, n_spread = self._terms(p.none, self.divergences, self.none_exposure)
+
+        starts, ends = np.triu_indices(k + 1, k=1)  # runs [start, end) of surviving edges
+        families = []
+        for single, pair, base in ((s_chance, p_chance, n_chance), (s_spread, p_spread, n_spread)):
+            inside, outside = _run_sums(single, pair, starts, ends)
+            families.append((base + inside, base + outside))
+        keep = binary_entropy(families[0][0]) - families[1][0]
+        drop = binary_entropy(families[0][1]) - families[1][1]
+        scores = np.concatenate([keep, drop])
+        order = np.argsort(-scores, kind="stable")[:limit]
+        out = []
+        for o in order:
+            r = o % len(starts)
+            run = np.zeros(k, dtype=bool)
+            run[starts[r]:ends[r]] = True
+            chosen = run if o < len(starts) else ~run
+            enabled = np.zeros(self.n, dtype=bool)
+            enabled[alive_idx[chosen]] = True
+            out.append((float(scores[o]), enabled))
+        return out
+
+
+def _run_sums(single: np.ndarray, pair: np.ndarray, starts: np.ndarray, ends: np.ndarray):
+    """Sums over each run [start, end) and over its complement: singles in it, pairs in it."""
+    k = len(single)
+    line = np.concatenate([[0.0], np.cumsum(single)])
+    table = np.zeros((k + 1, k + 1))
+    table[1:, 1:] = np.cumsum(np.cumsum(pair, axis=0), axis=1)
+
+    def rect(r0, r1, c0, c1):
+        return table[r1, c1] - table[r0, c1] - table[r1, c0] + table[r0, c0]
+
+    inside = line[ends] - line[starts] + rect(starts, ends, starts, ends)
+    # pair[a, b] is nonzero only for a < b, so the corner block before x after counts once.
+    outside_pairs = rect(0, starts, 0, starts) + rect(ends, k, ends, k) + rect(0, starts, ends, k)
+    outside = line[k] - (line[ends] - line[starts]) + outside_pairs
+    return inside, outside

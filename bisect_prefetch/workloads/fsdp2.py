@@ -1,0 +1,225 @@
+"""Reference workload: a tiny transformer trained with real PyTorch FSDP2 on CPU (gloo).
+
+Run with torch's own launcher, world size 1 to 4::
+
+    python -m torch.distributed.run --nproc_per_node=2 --master_port=29500 \\
+        -m bisect_prefetch.workloads.fsdp2 --layers 8 --steps 30 --seed 1234
+
+Model: embedding, N pre-norm transformer layers, final norm, output head.
+``fully_shard`` wraps each layer and the root; layers get the MindFormers-style
+explicit chain (forward ``layers.i -> layers.i+1``, backward ``layers.i ->
+layers.i-1``), so the root keeps FSDP2's implicit backward prefetch of the last
+layer. AdamW on fixed synthetic data; seeded, deterministic algorithms, one
+CPU thread (the result changes with the thread count), so two runs with the
+same seed are bitwise identical.
+
+After each optimizer step it calls ``bisect_prefetch.adapters.report_step(step,
+loss=..., grad_norm=...)`` (steps count from 1; loss is the rank's local loss,
+grad_norm the global norm before clipping) and rank 0 prints ``step N loss X
+grad_norm Y`` with full float reprs. Without the adapter installed
+(no sitecustomize, no plan) it trains the same way.
+
+FAULT INJECTION (off by default; for validating the tool, never for real use):
+``--fault-edge EDGE --fault-hazard H`` (or the plan's ``fault``) registers a
+prefetch listener. Each time prefetch edge EDGE issues a real unshard, with
+probability H drawn from OS entropy (random.SystemRandom, not the seed) it
+nudges one randomly chosen element of the target unit's local shard by one ulp
+(torch.nextafter, random direction). Runs then diverge at random steps, as a
+race would make them; masking EDGE off removes the fault.
+
+``--timings FILE`` (rank 0) writes ``{"first_step_start": unix time,
+"step_s": [seconds per step]}`` for the benchmarks.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import random
+import time
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import fully_shard
+from torch.distributed.tensor import DTensor
+
+
+class Block(nn.Module):
+    """Pre-norm causal self-attention and MLP."""
+
+    def __init__(self, dim: int, heads: int) -> None:
+        super().__init__()
+        self.heads = heads
+        self.attn_norm = nn.LayerNorm(dim)
+        self.qkv = nn.Linear(dim, 3 * dim)
+        self.proj = nn.Linear(dim, dim)
+        self.mlp_norm = nn.LayerNorm(dim)
+        self.up = nn.Linear(dim, 4 * dim)
+        self.down = nn.Linear(4 * dim, dim)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        batch, seq, dim = x.shape
+        q, k, v = self.qkv(self.attn_norm(x)).chunk(3, dim=-1)
+        q, k, v = (t.reshape(batch, seq, self.heads, -1).transpose(1, 2) for t in (q, k, v))
+        scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
+        causal = torch.ones(seq, seq, dtype=torch.bool).triu(1)
+        attn = scores.masked_fill(causal, float("-inf")).softmax(dim=-1) @ v
+        x = x + self.proj(attn.transpose(1, 2).reshape(batch, seq, dim))
+        return x + self.down(F.gelu(self.up(self.mlp_norm(x))))
+
+
+class TinyTransformer(nn.Module):
+    def __init__(self, *, vocab: int, dim: int, heads: int, layers: int) -> None:
+        super().__init__()
+        self.embedding = nn.Embedding(vocab, dim)
+        self.layers = nn.ModuleList(Block(dim, heads) for _ in range(layers))
+        self.norm = nn.LayerNorm(dim)
+        self.output = nn.Linear(dim, vocab, bias=False)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        x = self.embedding(tokens)
+        for layer in self.layers:
+            x = layer(x)
+        return self.output(self.norm(x))
+
+
+def synthetic_batches(
+    *, seed: int, count: int, batch: int, seq: int, vocab: int
+) -> list[torch.Tensor]:
+    """Fixed token sequences that follow a learnable rule (next = 3 * token + 1 mod vocab)."""
+    generator = torch.Generator().manual_seed(seed)
+    batches = []
+    for _ in range(count):
+        tokens = torch.empty(batch, seq + 1, dtype=torch.long)
+        tokens[:, 0] = torch.randint(vocab, (batch,), generator=generator)
+        for t in range(seq):
+            tokens[:, t + 1] = (3 * tokens[:, t] + 1) % vocab
+        noise = torch.rand(batch, seq + 1, generator=generator) < 0.1  # some unpredictability
+        tokens[noise] = torch.randint(vocab, (int(noise.sum()),), generator=generator)
+        batches.append(tokens)
+    return batches
+
+
+def apply_fsdp(model: TinyTransformer, mesh) -> None:
+    """fully_shard each layer, then the root; then the explicit prefetch chain."""
+    for layer in model.layers:
+        fully_shard(layer, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    # After fully_shard, before the first forward (the adapter reads the lists then).
+    layers = list(model.layers)
+    for i, layer in enumerate(layers):
+        if i + 1 < len(layers):
+            layer.set_modules_to_forward_prefetch([layers[i + 1]])
+        if i > 0:
+            layer.set_modules_to_backward_prefetch([layers[i - 1]])
+
+
+def make_fault(edge: str, hazard: float):
+    """Prefetch listener that nudges the target's local shard by one ulp (fault injection)."""
+    entropy = random.SystemRandom()
+
+    def nudge(edge_id: str, target_module: nn.Module, issued: bool) -> None:
+        if edge_id != edge or not issued or entropy.random() >= hazard:
+            return
+        with torch.no_grad():
+            shards = [
+                p.to_local() if isinstance(p, DTensor) else p for p in target_module.parameters()
+            ]
+            shards = [s for s in shards if s.numel() > 0]
+            if not shards:
+                return
+            flat = entropy.choice(shards).view(-1)
+            i = entropy.randrange(flat.numel())
+            toward = torch.tensor(entropy.choice((math.inf, -math.inf)), dtype=flat.dtype)
+            flat[i] = torch.nextafter(flat[i], toward)
+
+    return nudge
+
+
+def train_step(model: TinyTransformer, optimizer, tokens: torch.Tensor) -> tuple[float, float]:
+    """One optimizer step on a batch; returns (local loss, global grad norm before clipping)."""
+    optimizer.zero_grad(set_to_none=True)  # grads stay until the next step: digests read them
+    logits = model(tokens[:, :-1])
+    loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), tokens[:, 1:].reshape(-1))
+    loss.backward()
+    grad_norm = nn.utils.clip_grad_norm_(model.parameters(), max_norm=1.0)
+    if isinstance(grad_norm, DTensor):
+        grad_norm = grad_norm.full_tensor()
+    optimizer.step()
+    return loss.item(), grad_norm.item()
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--layers", type=int, default=8)
+    parser.add_argument("--steps", type=int, default=30)
+    parser.add_argument("--seed", type=int, default=1234)
+    parser.add_argument("--dim", type=int, default=32)
+    parser.add_argument("--heads", type=int, default=2)
+    parser.add_argument("--seq", type=int, default=16)
+    parser.add_argument("--batch", type=int, default=8, help="global batch size")
+    parser.add_argument("--vocab", type=int, default=64)
+    parser.add_argument("--lr", type=float, default=3e-3)
+    parser.add_argument(
+        "--fault-edge", default=None, help="FAULT INJECTION: edge to plant drift on"
+    )
+    parser.add_argument("--fault-hazard", type=float, default=0.0, help="chance per firing")
+    parser.add_argument("--timings", default=None, help="rank 0 writes step timings here")
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    try:  # the adapter is optional: without it the workload trains the same way
+        from bisect_prefetch import adapters
+    except ImportError:
+        adapters = None
+
+    torch.set_num_threads(1)
+    torch.use_deterministic_algorithms(True)
+    dist.init_process_group("gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    if args.batch % world:
+        raise SystemExit(f"--batch {args.batch} must be divisible by the world size {world}")
+
+    fault_edge, hazard = args.fault_edge, args.fault_hazard
+    plan = adapters.current_plan() if adapters is not None else None
+    if fault_edge is None and plan and plan.get("fault"):
+        fault_edge, hazard = plan["fault"]["edge"], float(plan["fault"].get("hazard", 0.0))
+    if fault_edge is not None and hazard > 0:
+        if adapters is None:
+            raise SystemExit("fault injection needs bisect_prefetch.adapters")
+        adapters.add_prefetch_listener(make_fault(fault_edge, hazard))
+
+    torch.manual_seed(args.seed)
+    model = TinyTransformer(vocab=args.vocab, dim=args.dim, heads=args.heads, layers=args.layers)
+    apply_fsdp(model, init_device_mesh("cpu", (world,)))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.01)
+    batches = synthetic_batches(
+        seed=args.seed, count=4, batch=args.batch, seq=args.seq, vocab=args.vocab
+    )
+    per_rank = args.batch // world
+
+    timings = {"first_step_start": time.time(), "step_s": []}
+    for step in range(1, args.steps + 1):
+        started = time.perf_counter()
+        tokens = batches[(step - 1) % len(batches)][rank * per_rank : (rank + 1) * per_rank]
+        loss_value, grad_norm_value = train_step(model, optimizer, tokens)
+        if adapters is not None:
+            adapters.report_step(step, loss=loss_value, grad_norm=grad_norm_value)
+        if rank == 0:
+            print(f"step {step} loss {loss_value!r} grad_norm {grad_norm_value!r}", flush=True)
+        timings["step_s"].append(time.perf_counter() - started)  # reporting included
+
+    if args.timings and rank == 0:
+        with open(args.timings, "w", encoding="utf-8") as f:
+            json.dump(timings, f)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

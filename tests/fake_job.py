@@ -1,0 +1,59 @@
+"""A tiny stand-in training job for engine tests: reads the plan, writes metrics.jsonl.
+
+Its numbers follow the mask the way a prefetch fault would, without torch:
+- `bwd:layers.1->layers.0` enabled: from step 3 on, a random nudge (OS
+  entropy, like a race), so two runs differ;
+- `fwd:layers.0->layers.1` enabled with mode `det`: every value shifted by a
+  constant (a mask that changes the math deterministically).
+Modes (argv[1]): clean, det, crash, crash-when-fwd, hang, rank-graphs-differ, wrong-plan-hash.
+"""
+
+import json
+import os
+import random
+import sys
+import time
+
+# The launcher puts this package on the job's PYTHONPATH, as for a real adapter.
+from bisect_prefetch.adapters.plan import plan_hash
+
+RANDOM_EDGE = "bwd:layers.1->layers.0"
+DETERMINISTIC_EDGE = "fwd:layers.0->layers.1"
+
+
+def main() -> None:
+    mode = sys.argv[1] if len(sys.argv) > 1 else "clean"
+    with open(os.environ["BISECT_PREFETCH_PLAN"]) as f:
+        plan = json.load(f)
+    out = plan["out_dir"]
+    mask = set(plan["mask"] or [])
+    if mode == "crash" or (mode == "crash-when-fwd" and DETERMINISTIC_EDGE in mask):
+        raise SystemExit(3)
+    if mode == "hang":
+        time.sleep(600)
+    graph = {"nodes": [{"name": f"layers.{i}", "kind": "layer", "order": i, "shard_size": 2}
+                       for i in range(2)], "edges": []}
+    for rank in (0, 1):
+        ranked = dict(graph, edges=[{"rank": rank}]) if mode == "rank-graphs-differ" else graph
+        with open(os.path.join(out, f"graph.rank{rank}.json"), "w") as f:
+            json.dump(ranked, f)
+        recorded = "0" * 64 if mode == "wrong-plan-hash" and rank == 1 else plan_hash(plan)
+        with open(os.path.join(out, f"probe.rank{rank}.json"), "w") as f:
+            json.dump({"rank": rank, "plan_hash": recorded,
+                       "edges": {e: {"fired": 1, "issued": 1} for e in sorted(mask)}}, f)
+    rng = random.SystemRandom()
+    loss = 2.0
+    with open(os.path.join(out, "metrics.jsonl"), "a") as f:
+        for step in range(1, plan["steps"] + 1):
+            loss *= 0.9
+            if RANDOM_EDGE in mask and step >= 3:
+                loss += 1e-9 * (1 + rng.random())
+            value = loss + 0.5 if mode == "det" and DETERMINISTIC_EDGE in mask else loss
+            for rank in (0, 1):
+                f.write(json.dumps({"step": step, "rank": rank, "loss": value}) + "\n")
+            f.flush()
+            time.sleep(0.02)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,280 @@
+"""The launcher with small real jobs: exits, crashes, hangs, stubborn children, early stop."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from bisect_prefetch.errors import BisectPrefetchError
+from bisect_prefetch.runs.launcher import (
+    ADAPTER_SITE,
+    PACKAGE_PARENT,
+    JobSpec,
+    free_port,
+    job_env,
+    run_job,
+)
+from bisect_prefetch.runs.procs import kill_leftovers, marked_processes
+
+
+def _alive(pid: int) -> bool:
+    """Running, not a zombie waiting to be reaped."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return False
+    return "\nState:\tZ" not in status
+
+
+def _job(tmp_path: Path, body: str, **kw) -> JobSpec:
+    script = tmp_path / "job.py"
+    script.write_text(textwrap.dedent(body))
+    run_dir = tmp_path / "run"
+    run_dir.mkdir(exist_ok=True)
+    kw.setdefault("timeout_s", 20)
+    kw.setdefault("grace_s", 1.0)
+    return JobSpec(argv=[sys.executable, str(script)], run_dir=run_dir, env=dict(os.environ), **kw)
+
+
+WRITE_METRICS = """
+import json, sys
+with open("metrics.jsonl", "a") as f:
+    for step in range(1, 4):
+        f.write(json.dumps({"step": step, "rank": 0, "loss": 1.0 / step}) + "\\n")
+print("trained")
+"""
+
+
+def test_ok_job_records_status_and_logs(tmp_path):
+    spec = _job(tmp_path, WRITE_METRICS)
+    result = run_job(spec)
+    assert result.outcome == "ok"
+    assert result.exit_code == 0
+    assert result.first_progress_s is not None and result.first_progress_s <= result.wall_s
+    assert (spec.run_dir / "stdout.log").read_text() == "trained\n"
+    status = json.loads((spec.run_dir / "status.json").read_text())
+    assert status["outcome"] == "ok" and status["argv"] == spec.argv
+
+
+def test_crash_is_an_error(tmp_path):
+    spec = _job(tmp_path, WRITE_METRICS + "\nraise SystemExit(3)\n")
+    result = run_job(spec)
+    assert result.outcome == "error"
+    assert result.exit_code == 3
+    assert "exit code 3" in result.reason
+
+
+def test_exit_zero_without_metrics_is_an_error(tmp_path):
+    result = run_job(_job(tmp_path, "print('nothing to see')\n"))
+    assert result.outcome == "error"
+    assert result.reason == "no metrics written"
+
+
+def test_wall_timeout_kills_a_hang(tmp_path):
+    spec = _job(tmp_path, "import time\ntime.sleep(60)\n", timeout_s=0.5)
+    start = time.monotonic()
+    result = run_job(spec)
+    assert result.outcome == "timeout"
+    assert "timed out" in result.reason
+    assert time.monotonic() - start < 5
+
+
+STUBBORN = """
+import os, signal, subprocess, sys, time
+signal.signal(signal.SIGTERM, signal.SIG_IGN)
+child = subprocess.Popen([sys.executable, "-c",
+    "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(120)"])
+with open("pids", "w") as f:
+    f.write(f"{os.getpid()} {child.pid}\\n")
+time.sleep(120)
+"""
+
+
+def test_timeout_kills_the_whole_group_even_ignoring_sigterm(tmp_path):
+    spec = _job(tmp_path, STUBBORN, timeout_s=1.5, grace_s=0.3)
+    result = run_job(spec)
+    assert result.outcome == "timeout"
+    pids = [int(p) for p in (spec.run_dir / "pids").read_text().split()]
+    assert len(pids) == 2
+    assert not any(_alive(p) for p in pids), "a process of the job survived"
+
+
+ORPHAN = """
+import json, os, subprocess, sys
+child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+open("pids", "w").write(str(child.pid))
+with open("metrics.jsonl", "a") as f:
+    f.write(json.dumps({"step": 1, "rank": 0, "loss": 1.0}) + "\\n")
+"""
+
+
+def test_children_left_behind_by_a_finished_job_are_killed(tmp_path):
+    spec = _job(tmp_path, ORPHAN)
+    result = run_job(spec)
+    assert result.outcome == "ok"
+    child = int((spec.run_dir / "pids").read_text())
+    deadline = time.monotonic() + 2
+    while _alive(child) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not _alive(child)
+
+
+def test_no_progress_timeout(tmp_path):
+    body = WRITE_METRICS + "\nimport time\ntime.sleep(60)\n"
+    spec = _job(tmp_path, body, timeout_s=30, no_progress_timeout_s=1.0)
+    result = run_job(spec)
+    assert result.outcome == "timeout"
+    assert "no progress" in result.reason
+    assert result.wall_s < 10
+
+
+SLOW_STEPS = """
+import json, time
+for step in range(1, 200):
+    with open("metrics.jsonl", "a") as f:
+        f.write(json.dumps({"step": step, "rank": 0, "loss": 1.0}) + "\\n")
+    time.sleep(0.05)
+"""
+
+
+def test_should_stop_stops_early(tmp_path):
+    spec = _job(tmp_path, SLOW_STEPS)
+    metrics = spec.run_dir / "metrics.jsonl"
+
+    def lines() -> int:
+        return len(metrics.read_text().splitlines()) if metrics.exists() else 0
+
+    result = run_job(spec, should_stop=lambda: lines() >= 3)
+    assert result.outcome == "stopped-early"
+    time.sleep(0.3)
+    assert lines() < 20, "the job kept running after the stop"
+
+
+def test_command_that_does_not_exist(tmp_path):
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    spec = JobSpec(argv=["no-such-command-xyz", "--flag"], run_dir=run_dir,
+                   env=dict(os.environ), timeout_s=5)
+    with pytest.raises(BisectPrefetchError, match="command not found: no-such-command-xyz"):
+        run_job(spec)
+
+
+def test_run_dir_that_is_not_writable(tmp_path):
+    not_a_dir = tmp_path / "file"
+    not_a_dir.write_text("")
+    spec = JobSpec(argv=[sys.executable, "-c", "pass"], run_dir=not_a_dir,
+                   env=dict(os.environ), timeout_s=5)
+    with pytest.raises(BisectPrefetchError, match="not writable"):
+        run_job(spec)
+
+
+def test_job_env_pins_threads_and_puts_the_adapter_first():
+    base = {"PATH": "/bin", "OMP_NUM_THREADS": "8", "PYTHONPATH": "/users/lib"}
+    env = job_env(plan_path=Path("/r/plan.json"), experiment_env={}, base=base)
+    assert env["OMP_NUM_THREADS"] == "1"
+    assert env["BISECT_PREFETCH_PLAN"] == "/r/plan.json"
+    assert env["PYTHONPATH"].split(os.pathsep) == [str(ADAPTER_SITE), str(PACKAGE_PARENT), "/users/lib"]
+
+
+def test_job_env_experiment_settings_win_over_pins():
+    env = job_env(plan_path=Path("p"), base={"PYTHONPATH": "/shell"},
+                  experiment_env={"OMP_NUM_THREADS": "4", "PYTHONPATH": "/exp"})
+    assert env["OMP_NUM_THREADS"] == "4"
+    assert env["PYTHONPATH"].split(os.pathsep)[2:] == ["/exp"]
+
+
+def test_free_ports_are_usable():
+    port = free_port()
+    assert 1024 <= port <= 65535
+
+
+ESCAPING_CHILD = """
+import os, signal, subprocess, sys, time
+# Like torchrun's and msrun's workers: a session of its own, deaf to SIGTERM.
+child = subprocess.Popen([sys.executable, "-c",
+    "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(120)"],
+    start_new_session=True)
+open("pids", "w").write(str(child.pid))
+time.sleep(120)
+"""
+
+
+def _with_plan(spec: JobSpec) -> JobSpec:
+    # The launcher marks a run's processes with its plan path; give this job one.
+    spec.env["BISECT_PREFETCH_PLAN"] = str(spec.run_dir / "plan.json")
+    return spec
+
+
+def _wait_for(path: Path, timeout: float = 10) -> None:
+    deadline = time.monotonic() + timeout
+    while not (path.exists() and path.read_text()) and time.monotonic() < deadline:
+        time.sleep(0.05)
+
+
+def test_workers_in_their_own_session_are_killed_too(tmp_path):
+    spec = _with_plan(_job(tmp_path, ESCAPING_CHILD, timeout_s=1.5, grace_s=0.3))
+    result = run_job(spec)
+    assert result.outcome == "timeout"
+    child = int((spec.run_dir / "pids").read_text())
+    assert not _alive(child), "a worker in its own session survived"
+
+
+ORCHESTRATOR = """
+import os, sys
+from pathlib import Path
+from bisect_prefetch.runs.launcher import JobSpec, run_job
+run_dir = Path(sys.argv[1])
+env = dict(os.environ, BISECT_PREFETCH_PLAN=str(run_dir / "plan.json"))
+run_job(JobSpec(argv=[sys.executable, sys.argv[2]], run_dir=run_dir, env=env,
+                timeout_s=60, grace_s=0.5))
+"""
+
+
+def test_ctrl_c_of_the_orchestrator_kills_the_job(tmp_path):
+    spec = _job(tmp_path, ESCAPING_CHILD)
+    orchestrator = tmp_path / "orchestrator.py"
+    orchestrator.write_text(ORCHESTRATOR)
+    proc = subprocess.Popen([sys.executable, str(orchestrator), str(spec.run_dir), spec.argv[1]],
+                            stderr=subprocess.PIPE, text=True)
+    _wait_for(spec.run_dir / "pids")
+    child = int((spec.run_dir / "pids").read_text())
+    assert _alive(child)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=20)
+    assert "KeyboardInterrupt" in err
+    assert not _alive(child)
+
+
+def test_leftovers_of_a_killed_orchestrator_are_found_by_their_plan(tmp_path):
+    runs = tmp_path / "state" / "runs"
+    env = dict(os.environ, BISECT_PREFETCH_PLAN=str(runs / "0001-x" / "plan.json"))
+    orphan = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"], env=env,
+                              start_new_session=True)
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"],
+                             env=dict(os.environ, BISECT_PREFETCH_PLAN=str(tmp_path / "elsewhere")),
+                             start_new_session=True)
+    try:
+        deadline = time.monotonic() + 10
+        while orphan.pid not in marked_processes(f"BISECT_PREFETCH_PLAN={runs}/", prefix=True):
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        killed = kill_leftovers(f"BISECT_PREFETCH_PLAN={runs}/")
+        assert killed == [orphan.pid]
+        assert orphan.wait(timeout=10) != 0
+        assert other.poll() is None
+    finally:
+        for p in (orphan, other):
+            p.kill()
+            p.wait()
