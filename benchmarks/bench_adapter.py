@@ -12,7 +12,8 @@ through all orders of three conditions:
 - ``digests``: as ``on``, plus blake2b digests of every parameter's gradient.
 
 Overhead = median(on) / median(off) - 1; the digests' extra cost is reported
-on top of ``on``. Start-up (launch to the first step) and its share of a
+on top of ``on``, both for wall time and for the CPU time of rank 0's step
+thread (which a loaded machine disturbs less). Start-up (launch to the first step) and its share of a
 ``--startup-steps`` run come from whole jobs with and without the adapter,
 alternated. Run: ``python -m benchmarks.bench_adapter [--json FILE]``.
 """
@@ -129,9 +130,10 @@ def worker(out: str, layers: int, steps: int) -> None:
     # Every order of the conditions in turn, so none always follows another.
     schedule = itertools.cycle(c for order in itertools.permutations(CONDITIONS) for c in order)
     times: dict[str, list[float]] = {c: [] for c in CONDITIONS}
+    cpu_times: dict[str, list[float]] = {c: [] for c in CONDITIONS}
     for step in range(1, steps + 1):
         condition = "on" if step <= WARMUP_STEPS else next(schedule)
-        started = time.perf_counter()
+        started, cpu_started = time.perf_counter(), time.thread_time()
         paused = fsdp2_adapter.paused() if condition == "off" else contextlib.nullcontext()
         with paused:
             loss, grad_norm = workload.train_step(model, optimizer, tokens)
@@ -141,8 +143,9 @@ def worker(out: str, layers: int, steps: int) -> None:
             fsdp2_adapter.adapter().write_digests(step, "*")
         if step > WARMUP_STEPS:
             times[condition].append(time.perf_counter() - started)
+            cpu_times[condition].append(time.thread_time() - cpu_started)
     if rank == 0:
-        Path(out).write_text(json.dumps(times))
+        Path(out).write_text(json.dumps({"wall": times, "cpu": cpu_times}))
     dist.destroy_process_group()
 
 
@@ -185,7 +188,8 @@ def main(argv: list[str] | None = None) -> dict:
         _torchrun(run_dir, worker_args, plan=_write_plan(run_dir, mask=mask), args=args)
         times = json.loads(times_path.read_text())
 
-    median_ms = {c: 1000 * statistics.median(times[c]) for c in CONDITIONS}
+    median_ms = {c: 1000 * statistics.median(times["wall"][c]) for c in CONDITIONS}
+    cpu_ms = {c: 1000 * statistics.median(times["cpu"][c]) for c in CONDITIONS}
     startup_figures = {
         name: {
             "startup_s": statistics.median(r["startup_s"] for r in runs),
@@ -199,16 +203,26 @@ def main(argv: list[str] | None = None) -> dict:
         "world_size": args.nproc,
         "edges_in_mask": len(mask),
         "median_step_ms": median_ms,
-        "steps_per_condition": {c: len(times[c]) for c in CONDITIONS},
+        "median_step_cpu_ms": cpu_ms,
+        "steps_per_condition": {c: len(times["wall"][c]) for c in CONDITIONS},
         "adapter_overhead_pct": 100 * (median_ms["on"] / median_ms["off"] - 1),
         "digests_extra_pct": 100 * (median_ms["digests"] - median_ms["on"]) / median_ms["off"],
+        "adapter_overhead_cpu_pct": 100 * (cpu_ms["on"] / cpu_ms["off"] - 1),
+        "digests_extra_cpu_pct": 100 * (cpu_ms["digests"] - cpu_ms["on"]) / cpu_ms["off"],
         "startup": startup_figures,
         "startup_steps": args.startup_steps,
     }
 
     print("\nmedian step (ms): " + ", ".join(f"{c} {m:.2f}" for c, m in median_ms.items()))
-    print(f"adapter overhead (mask + probe): {result['adapter_overhead_pct']:+.2f}% per step")
-    print(f"digests, extra on top:           {result['digests_extra_pct']:+.2f}% per step")
+    print("median step CPU (ms): " + ", ".join(f"{c} {m:.2f}" for c, m in cpu_ms.items()))
+    print(
+        f"adapter overhead (mask + probe): {result['adapter_overhead_pct']:+.2f}% per step "
+        f"(CPU of rank 0's step: {result['adapter_overhead_cpu_pct']:+.2f}%)"
+    )
+    print(
+        f"digests, extra on top:           {result['digests_extra_pct']:+.2f}% per step "
+        f"(CPU: {result['digests_extra_cpu_pct']:+.2f}%)"
+    )
     for name, f in startup_figures.items():
         print(
             f"start-up {name:<8} {f['startup_s']:.2f} s before the first step, "

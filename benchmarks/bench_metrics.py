@@ -11,6 +11,7 @@ pass) and the log sizes, so that flat memory in the log size can be seen.
 
 from __future__ import annotations
 
+import os
 import resource
 import sys
 import tempfile
@@ -132,6 +133,8 @@ def main() -> int:
         log_bytes = sum(p.stat().st_size for run in (a, b) for p in (run / "log").glob("*.log"))
         digest_bytes = sum((run / "digests.jsonl").stat().st_size for run in (a, b))
 
+        print(f"machine: {os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f} "
+              "(target: under 2 s wall each on an idle 2-core machine)")
         wall, cpu, peak, diffs = measure(lambda workers=None: compare_metrics(a, b, workers), workers=1)
         found = earliest(diffs)
         kept = 2 * RANKS * STEPS * 2 * 16  # the parsed numbers: step + value, 2 metrics

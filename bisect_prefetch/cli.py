@@ -148,7 +148,10 @@ def aa(
     except KeyboardInterrupt:
         console.print("interrupted: finished runs are in the journal; to resume, run again:",
                       markup=False)
-        console.print("  " + shlex.join(["bisect-prefetch", *sys.argv[1:]]), markup=False)
+        again = ["bisect-prefetch", "aa", str(experiment), *(f"--mask={m}" for m in mask or []),
+                 f"--runs={runs}", *([f"--steps={steps}"] if steps else []),
+                 *([f"--guard={guard.value}"] if guard else []), f"--state-dir={state_dir}"]
+        console.print("  " + shlex.join(again), markup=False)
         raise
     if json_out is not None:
         write_text_atomic(json_out, json.dumps(result.to_json(), indent=2) + "\n")
@@ -177,7 +180,10 @@ def matrix(
     except KeyboardInterrupt:
         console.print("interrupted: finished runs are in the journal; to resume, run again:",
                       markup=False)
-        console.print("  " + shlex.join(["bisect-prefetch", *sys.argv[1:]]), markup=False)
+        again = ["bisect-prefetch", "aa", str(experiment), *(f"--mask={m}" for m in mask or []),
+                 f"--runs={runs}", *([f"--steps={steps}"] if steps else []),
+                 *([f"--guard={guard.value}"] if guard else []), f"--state-dir={state_dir}"]
+        console.print("  " + shlex.join(again), markup=False)
         raise
     raise typer.Exit(result.exit_code)
 

@@ -256,12 +256,19 @@ def _inner_model(annotation: Any) -> Any:
     return None
 
 
+def _key_text(part: str | int) -> str:
+    """A key as it reads in a message: quoted when it holds odd characters."""
+    if isinstance(part, str) and not part.isprintable():
+        return repr(part)
+    return str(part)
+
+
 def _describe(exc: ValidationError, model: type[BaseModel]) -> str:
     """One line for all of pydantic's errors."""
     parts = []
     for err in exc.errors():
         loc = tuple(err["loc"])
-        where = ".".join(str(p) for p in loc)
+        where = ".".join(_key_text(p) for p in loc)
         if err["type"] == "extra_forbidden":
             parent = _model_at(model, loc[:-1])
             allowed = ", ".join(parent.model_fields) if parent else "?"
@@ -273,7 +280,8 @@ def _describe(exc: ValidationError, model: type[BaseModel]) -> str:
             got = err.get("input")
             shown = "" if isinstance(got, dict | list) or got is None else f" (got {got!r})"
             parts.append(f"{where}: {msg}{shown}" if where else f"{msg}")
-    return "; ".join(parts)
+    # One line, whatever the keys and values hold.
+    return "; ".join(parts).replace("\n", "\\n").replace("\r", "\\r")
 
 
 def _validate_experiment(data: Any, *, source: str, base_dir: Path) -> Experiment:

@@ -180,7 +180,7 @@ def run_matrix(
             console.print(
                 f"cell {number}/{len(matrix.cells)} {cell.name}: mask {' '.join(request.mask)}, "
                 f"guard {request.guard}" + (f", {overrides}" if overrides else "")
-                + f", up to {cell.runs} runs, expect {cell.expect}", markup=False)
+                + f", up to {cell.runs} runs, expect {cell.expect}", markup=False, soft_wrap=True)
         started = clock()
         group = run_group(request)
         cell_result = CellResult(
@@ -189,7 +189,7 @@ def run_matrix(
         )
         result.cells.append(cell_result)
         if console is not None:
-            console.print(cell_verdict_line(cell_result), markup=False)
+            console.print(cell_verdict_line(cell_result), markup=False, soft_wrap=True)
     return result
 
 
@@ -207,11 +207,16 @@ def engine_group_runner(
     from bisect_prefetch.runs.group import run_group
     from bisect_prefetch.runs.store import StateDir
 
+    edge_ids_of: dict[tuple[str, ...], list[str]] = {}  # cells of one experiment share a graph
+
     def run(request: CellRequest) -> dict[str, Any]:
         experiment = request.experiment
         with StateDir(state_dir, experiment.name) as state:
             runner = Runner(experiment, state)
-            edge_ids = discover_graph(runner, console).edge_ids()
+            known = (experiment.name, experiment.fingerprint(), experiment.graph.model_dump_json())
+            if known not in edge_ids_of:
+                edge_ids_of[known] = discover_graph(runner, console).edge_ids()
+            edge_ids = edge_ids_of[known]
             try:
                 mask = resolve_mask(request.mask, edge_ids)
             except BisectPrefetchError as exc:

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -124,6 +126,33 @@ def test_rerun_reuses_the_journal_and_launches_nothing(tmp_path, capsys):
     assert (tmp_path / "state" / "fake" / "journal.jsonl").read_text() == journal
     assert all(run["reused"] for run in again["run_details"])
     assert "reused from the journal" in capsys.readouterr().out
+
+
+def test_sigkill_of_the_orchestrator_loses_no_finished_run(tmp_path, capsys):
+    experiment = _experiment(tmp_path, steps=100)
+    journal = tmp_path / "state" / "fake" / "journal.jsonl"
+    args = ["aa", str(experiment), "--state-dir", str(tmp_path / "state"), "--runs", "3",
+            "--mask", "all-off"]
+    proc = subprocess.Popen([sys.executable, "-m", "bisect_prefetch.cli", *args],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        # Kill it hard once the first run is journaled and the second has started.
+        deadline = time.monotonic() + 60
+        while not (journal.exists() and journal.read_text().count("\n") >= 1
+                   and len(_run_dirs(tmp_path)) >= 2):
+            assert time.monotonic() < deadline and proc.poll() is None
+            time.sleep(0.05)
+        proc.kill()
+    finally:
+        proc.wait(timeout=10)
+    first_run = json.loads(journal.read_text().splitlines()[0])["run_id"]
+    code, result = _aa(tmp_path, experiment, "--runs", "3", "--mask", "all-off")
+    assert code == 0 and result["verdict"] == "consistent"
+    details = result["run_details"]
+    assert details[0]["run_id"] == first_run and details[0]["reused"]
+    assert [d["reused"] for d in details[1:]] == [False, False]
+    assert len(journal.read_text().splitlines()) == 3
+    assert _job_processes(str(tmp_path / "state")) == []
 
 
 def test_second_orchestrator_on_the_same_state_is_refused(tmp_path, capsys):

@@ -8,6 +8,7 @@ import random
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from bisect_prefetch.metrics import digests
 from bisect_prefetch.metrics.digests import (
     DigestRecord,
     compare_digest_files,
@@ -124,3 +125,32 @@ def test_escaped_parameter_names(tmp_path):
     assert [parse_digest_line(format_digest_line(r)) for r in a] == a
     result = compare_digest_files(write(tmp_path / "a.jsonl", a), write(tmp_path / "b.jsonl", b))
     assert result.at_first == sorted((0, p) for p in odd) and result.lines_unread == (0, 0)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    changes=st.sets(st.integers(0, 47), max_size=6),
+    keep_a=st.integers(0, 48),
+    keep_b=st.integers(0, 48),
+    newline_a=st.booleans(),
+    newline_b=st.booleans(),
+    block=st.sampled_from([7, 64, 1 << 20]),
+)
+def test_files_agree_with_records(tmp_path_factory, changes, keep_a, keep_b, newline_a, newline_b, block):
+    # Runs stopped at any record, last line with or without its newline, identical prefixes
+    # skipped in blocks of any size: the file walk must agree with the record comparison.
+    a = run()[:keep_a]
+    b = [d._replace(digest="zz") if i in changes else d for i, d in enumerate(run())][:keep_b]
+    tmp = tmp_path_factory.mktemp("files")
+    paths = []
+    for name, records, newline in (("a", a, newline_a), ("b", b, newline_b)):
+        text = "\n".join(format_digest_line(r) for r in records) + ("\n" if newline and records else "")
+        paths.append(tmp / f"{name}.jsonl")
+        paths[-1].write_text(text)
+    old = digests.PREFIX_BLOCK
+    digests.PREFIX_BLOCK = block
+    try:
+        from_files = compare_digest_files(*paths)
+    finally:
+        digests.PREFIX_BLOCK = old
+    assert from_files == compare_digests(a, b)

@@ -12,14 +12,15 @@ from __future__ import annotations
 from types import SimpleNamespace
 from unittest import mock
 
+import numpy as np
 import pytest
 
-pytest.importorskip("mindspore")
+ms = pytest.importorskip("mindspore")
 
 from bisect_prefetch.adapters import Session  # noqa: E402
 from bisect_prefetch.adapters import hyper_parallel as hp  # noqa: E402
 from bisect_prefetch.adapters.plan import parse_plan  # noqa: E402
-from bisect_prefetch.workloads.hsdp_double import HSDPStateDouble  # noqa: E402
+from bisect_prefetch.workloads.hsdp_double import HSDPParamDouble, HSDPStateDouble  # noqa: E402
 
 EDGE = "bwd:decoder.layers.1->decoder.layers.0"
 
@@ -188,3 +189,36 @@ def test_prefetch_into_an_unsharded_state_is_a_noop():
     unshard.assert_not_called()
     assert session.tally.edges[EDGE]["noop"] == 1
     assert session.probe_extra["hyper_parallel"]["edges"][EDGE]["already_unsharded"] == 1
+
+
+def test_double_size_one_prefetch_is_a_local_copy_that_the_own_unshard_repeats():
+    # The mechanism of the report, on real MindSpore tensors (one process, no collective).
+    full = ms.Parameter(ms.Tensor(np.arange(6, dtype=np.float32).reshape(2, 3)), name="w")
+    param = HSDPParamDouble(full, shard_world_size=1, shard_rank=0)
+    state = HSDPStateDouble([param])
+    copies = []
+    get_data = param._get_unsharded_param_data
+
+    def counted(async_op):
+        copies.append(async_op)
+        return get_data(async_op)
+
+    param._get_unsharded_param_data = counted
+    state.prefetch()
+    assert (copies, param.prefetch_handle, state.is_shard) == ([True], None, True)
+    state.unshard()  # the unit's own pre-hook: no handle pending, so it copies again
+    assert copies == [True, False]
+    assert state.is_shard is False
+    np.testing.assert_array_equal(full.asnumpy(), param.sharded_param.asnumpy())
+    assert (param.shard_size, param.is_sharded) == (1, False)
+
+
+def test_double_parameter_lines():
+    def make(source):
+        full = ms.Parameter(ms.Tensor(np.zeros((4, 2), dtype=np.float32)), name="w")
+        return HSDPParamDouble(full, shard_world_size=1, shard_rank=0, shard_size_source=source)
+
+    assert make("shard_size").shard_size == 1
+    refactored = make("shard_world_size")
+    assert not hasattr(refactored, "shard_size")
+    assert (refactored.shard_world_size, refactored.is_sharded) == (1, False)

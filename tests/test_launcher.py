@@ -102,9 +102,16 @@ time.sleep(120)
 """
 
 
+def _pids_written(spec: JobSpec):
+    """Progress = the pid file: the hang timer starts once the job has written it, however slow
+    its start-up on a loaded machine."""
+    pids = spec.run_dir / "pids"
+    return lambda: pids.stat().st_size if pids.exists() else 0
+
+
 def test_timeout_kills_the_whole_group_even_ignoring_sigterm(tmp_path):
-    spec = _job(tmp_path, STUBBORN, timeout_s=1.5, grace_s=0.3)
-    result = run_job(spec)
+    spec = _job(tmp_path, STUBBORN, no_progress_timeout_s=1.0, grace_s=0.3)
+    result = run_job(spec, progress=_pids_written(spec))
     assert result.outcome == "timeout"
     pids = [int(p) for p in (spec.run_dir / "pids").read_text().split()]
     assert len(pids) == 2
@@ -224,8 +231,8 @@ def _wait_for(path: Path, timeout: float = 10) -> None:
 
 
 def test_workers_in_their_own_session_are_killed_too(tmp_path):
-    spec = _with_plan(_job(tmp_path, ESCAPING_CHILD, timeout_s=1.5, grace_s=0.3))
-    result = run_job(spec)
+    spec = _with_plan(_job(tmp_path, ESCAPING_CHILD, no_progress_timeout_s=1.0, grace_s=0.3))
+    result = run_job(spec, progress=_pids_written(spec))
     assert result.outcome == "timeout"
     child = int((spec.run_dir / "pids").read_text())
     assert not _alive(child), "a worker in its own session survived"
@@ -278,3 +285,54 @@ def test_leftovers_of_a_killed_orchestrator_are_found_by_their_plan(tmp_path):
         for p in (orphan, other):
             p.kill()
             p.wait()
+
+
+def _builtin(tmp_path: Path, workload: str):
+    from bisect_prefetch.experiment import load_experiment
+
+    path = tmp_path / "exp.yaml"
+    path.write_text(f"name: w\nworkload: {workload}\nseed: 7\n")
+    return load_experiment(path)
+
+
+def test_fsdp2_argv_runs_torchrun_with_the_fault(tmp_path):
+    from bisect_prefetch.runs.workloads import argv_template, render_argv
+
+    exp = _builtin(tmp_path, '{builtin: fsdp2, layers: 4, world_size: 2, '
+                             'fault: {edge: "bwd:layers.1->layers.0", hazard: 0.5}}')
+    argv = render_argv(argv_template(exp, steps=12), {"port": 29555})
+    assert argv[:3] == [sys.executable, "-m", "torch.distributed.run"]
+    assert "--nproc_per_node=2" in argv and "--master_port=29555" in argv
+    tail = argv[argv.index("bisect_prefetch.workloads.fsdp2") + 1:]
+    assert tail == ["--layers", "4", "--steps", "12", "--seed", "7",
+                    "--fault-edge", "bwd:layers.1->layers.0", "--fault-hazard", "0.5"]
+
+
+def test_mindspore_argv_runs_msrun_with_python_module(tmp_path):
+    from bisect_prefetch.runs.workloads import argv_template, render_argv, workload_env
+
+    exp = _builtin(tmp_path, "{builtin: mindspore, layers: 2, world_size: 2}")
+    argv = render_argv(argv_template(exp, steps=3), {"port": 1234, "rank_log_dir": "/r/logs"})
+    assert argv[1:3] == ["-m", "mindspore.parallel.cluster.run"]
+    assert "--log_dir=/r/logs" in argv and "--join=True" in argv
+    assert any(a.startswith("--cluster_time_out=") for a in argv)
+    assert argv[argv.index("python"):argv.index("python") + 3] == [
+        "python", "-m", "bisect_prefetch.workloads.mindspore"]
+    assert workload_env(exp)["PATH"].split(os.pathsep)[0] == str(Path(sys.executable).parent)
+    one = _builtin(tmp_path, "{builtin: mindspore, world_size: 1}")
+    assert argv_template(one, steps=3)[:3] == [sys.executable, "-m", "bisect_prefetch.workloads.mindspore"]
+
+
+def test_template_values_stay_whole_arguments():
+    from bisect_prefetch.runs.workloads import render_argv
+
+    argv = render_argv(["train", "--out={run_dir}/x", "{config}", '{"json": {port}}', "{other}"],
+                       {"run_dir": "/a b", "config": "c; rm -rf /", "port": 5})
+    assert argv == ["train", "--out=/a b/x", "c; rm -rf /", '{"json": 5}', "{other}"]
+
+
+def test_template_value_missing_for_this_run():
+    from bisect_prefetch.runs.workloads import render_argv
+
+    with pytest.raises(BisectPrefetchError, match=r"uses \{config\}"):
+        render_argv(["train", "{config}"], {"port": 1})

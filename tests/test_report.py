@@ -145,6 +145,17 @@ def test_terminal_table_has_every_cell_and_the_summary(result):
     assert all(len(r) == len(headers) for r in rows)
 
 
+def test_table_rows_are_never_cut_in_ci_logs(result):
+    """Off a terminal the table is printed whole, however narrow the console says it is."""
+    out = io.StringIO()
+    result["cells"][0]["name"] = "drop-only-layer1-to-layer0-with-a-long-name"
+    table.print_matrix(result, Console(file=out, width=60, color_system=None))
+    lines = out.getvalue().splitlines()
+    row = next(line for line in lines if "drop-only-layer1-to-layer0-with-a-long-name" in line)
+    assert "1.25e-07" in row and "diverged: ok" in row
+    assert "…" not in out.getvalue()
+
+
 def test_number_format():
     assert table.fmt_number(None) == "-"
     assert table.fmt_number(0.0) == "0"

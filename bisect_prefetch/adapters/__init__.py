@@ -144,12 +144,11 @@ class Session:
     def write_probe(self) -> None:
         if self.recorder is None or not self.plan.record_probe:
             return
-        with self._lock:
-            probe = {"plan_hash": self.plan.hash, **self.tally.to_json()}
-        probe.update(self.probe_extra)
+        head = {"plan_hash": self.plan.hash, **self.probe_extra}
         if self.errors:
-            probe["errors"] = list(self.errors)
-        self.recorder.probe(probe)
+            head["errors"] = list(self.errors)
+        with self._lock:
+            self.recorder.probe(head, self.tally)
         self._last_probe_write = time.monotonic()
 
     def close(self) -> None:

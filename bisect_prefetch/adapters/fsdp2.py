@@ -11,7 +11,8 @@ What it patches (class attributes, once per process):
   after every ``fully_shard`` and ``set_modules_to_*_prefetch`` call, before
   the first unshard) it names every FSDP state by module fqn (the root, whose
   fqn is empty, is ``root``), reads the explicit prefetch lists and each unit's
-  shard size, and checks that all ranks run the same plan.
+  shard size, and checks through the job's c10d store that all ranks run the
+  same plan (``plan_hashes`` in the probe; a mismatch stops the job).
 - ``FSDPState._pre_forward`` / ``_pre_backward``: note which state is running,
   the source of any prefetch issued inside (a thread-local stack).
 - ``FSDPParamGroup._record_post_forward``: the post-forward order of the
@@ -33,6 +34,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import datetime
 import fnmatch
 import hashlib
 import threading
@@ -47,6 +49,8 @@ if TYPE_CHECKING:
     from torch.distributed.fsdp._fully_shard._fsdp_state import FSDPState
 
 ROOT_NAME = "root"
+_PLAN_HASH_KEY = "bisect_prefetch/plan_hash/{rank}"
+_PLAN_HASH_WAIT_S = 300
 UNKNOWN_NAME = "?"
 
 _adapter: _Fsdp2Adapter | None = None
@@ -86,6 +90,8 @@ class _Fsdp2Adapter:
         self.graph_dirty = False
         self._local = threading.local()
         self._unknown_source_reported = False
+        self.plan_store: Any = None  # the job's c10d store, once this rank posted its plan hash
+        self.world_size = 1
 
     # -- prefetch sources -------------------------------------------------------------
     def sources(self) -> list[FSDPState]:
@@ -123,17 +129,49 @@ class _Fsdp2Adapter:
             ):
                 for target in targets:
                     self.add_edge(phase, self.name_of(state), self.name_of(target), implicit=False)
+        self.publish_plan_hash(root)
+
+    def publish_plan_hash(self, root: FSDPState) -> None:
+        """Post this rank's plan hash in the job's key-value store and check all ranks'.
+
+        Different masks on different ranks would issue collectives in different
+        orders and hang, so the check must come before the first all-gather. When
+        the root's mesh spans every rank, all ranks reach this point before their
+        first all-gather, and waiting here for the others' hashes is safe. Otherwise
+        (pipeline stages, other meshes) a wait could deadlock: the hashes are then
+        looked at, without waiting, at each step end.
+        """
+        plan = self.session.plan
+        if plan is None or self.plan_store is not None:
+            return
+        if not (dist.is_available() and dist.is_initialized()):
+            return
+        self.plan_store = dist.distributed_c10d._get_default_store()
+        self.world_size = dist.get_world_size()
+        self.plan_store.set(_PLAN_HASH_KEY.format(rank=dist.get_rank()), plan.hash)
+        meshes = [
+            g.mesh_info.mesh for s in root._state_ctx.all_states for g in s._fsdp_param_groups
+        ]
+        if meshes and meshes[0].size() == self.world_size:
+            keys = [_PLAN_HASH_KEY.format(rank=r) for r in range(self.world_size)]
+            try:
+                self.plan_store.wait(keys, datetime.timedelta(seconds=_PLAN_HASH_WAIT_S))
+            except RuntimeError as e:
+                self.session.note_error(f"not every rank posted its plan hash: {e}")
         self.check_plan_agreement()
 
     def check_plan_agreement(self) -> None:
-        """Every rank records all ranks' plan hashes; different plans would make collectives diverge."""
-        plan = self.session.plan
-        if plan is None or not (dist.is_available() and dist.is_initialized()):
+        """Once every rank has posted its hash: record them all; different plans are an error.
+
+        Ranks with different masks would issue collectives in different orders.
+        """
+        store = self.plan_store
+        if store is None or "plan_hashes" in self.session.probe_extra:
             return
-        if "plan_hashes" in self.session.probe_extra:
-            return
-        hashes: list[Any] = [None] * dist.get_world_size()
-        dist.all_gather_object(hashes, plan.hash)
+        keys = [_PLAN_HASH_KEY.format(rank=r) for r in range(self.world_size)]
+        if not store.check(keys):
+            return  # not every rank is there yet: look again at the next step end
+        hashes = [store.get(key).decode() for key in keys]
         self.session.probe_extra["plan_hashes"] = hashes
         if len(set(hashes)) > 1:
             self.session.note_error(f"ranks run with different plans: {hashes}")
@@ -244,6 +282,7 @@ class _Fsdp2Adapter:
     def on_step_end(self, step: int) -> None:
         if not self.roots:
             return
+        self.check_plan_agreement()
         self.finalize_graph()
         if self.graph_dirty:
             self.write_graph()

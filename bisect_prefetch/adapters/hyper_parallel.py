@@ -138,6 +138,9 @@ class HyperParallelAdapter:
     def name_of(self, scheduler: Any) -> str:
         return self.names.get(id(scheduler), UNKNOWN_NAME)
 
+    def name_of_cell(self, cell: Any) -> str:
+        return self.name_of(getattr(cell, "hsdp_scheduler", None))
+
     @contextlib.contextmanager
     def running_hook(self, scheduler: Any, phase: str) -> Iterator[None]:
         """Around a scheduler's prefetching pre-hook: it is the source of prefetches inside."""
@@ -231,7 +234,7 @@ class HyperParallelAdapter:
             return cells  # names come at the first root forward; filtered then
         src = self.name_of(scheduler)
         for cell in cells:
-            self.add_edge(phase, src, self.name_of(cell.hsdp_scheduler))
+            self.add_edge(phase, src, self.name_of_cell(cell))
         plan = self.session.plan
         if plan is None or plan.mask is None:
             return cells
@@ -248,7 +251,7 @@ class HyperParallelAdapter:
             if not plan.allows(edge_id):
                 self.session.prefetch(
                     edge_id,
-                    target_shard_size=self.units.get(self.name_of(cell.hsdp_scheduler), {}).get(
+                    target_shard_size=self.units.get(self.name_of_cell(cell), {}).get(
                         "shard_size", 1
                     ),
                     target_module=cell,
@@ -256,7 +259,7 @@ class HyperParallelAdapter:
                 )
 
     def edge_id(self, phase: str, scheduler: Any, cell: Any) -> str:
-        return f"{phase}:{self.name_of(scheduler)}->{self.name_of(cell.hsdp_scheduler)}"
+        return f"{phase}:{self.name_of(scheduler)}->{self.name_of_cell(cell)}"
 
     def add_edge(self, phase: str, src: str, dst: str) -> str:
         edge_id = f"{phase}:{src}->{dst}"

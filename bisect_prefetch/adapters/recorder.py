@@ -22,9 +22,9 @@ size-one guard). ``fired`` counts attempts: fired = issued + noop + masked +
 guarded. Per-step lists name each edge once, in first-occurrence order.
 
 API: ``Recorder(out_dir, rank)`` with ``metrics(step, values)``,
-``digests(step, items)``, ``graph(dict)``, ``probe(dict)``, ``close()``;
+``digests(step, items)``, ``graph(dict)``, ``probe(head, tally)``, ``close()``;
 ``ProbeTally`` with ``count(edge_id, outcome)``, ``end_step(step)``,
-``to_json()``. Standard library only.
+``render(head) -> str``, ``to_json()``. Standard library only.
 """
 
 from __future__ import annotations
@@ -45,11 +45,16 @@ def _to_json_number(value: Any) -> Any:
 
 
 class ProbeTally:
-    """Counts prefetch outcomes per edge, in total and per step."""
+    """Counts prefetch outcomes per edge, in total and per step.
+
+    A finished step's entry is serialized once, when the step ends, so that
+    rewriting the probe file each step does not re-encode the whole history.
+    """
 
     def __init__(self) -> None:
         self.edges: dict[str, dict[str, int]] = {}
-        self.steps: list[dict[str, Any]] = []
+        self.last_step: int | None = None
+        self._finished_steps: list[str] = []  # JSON text of each finished step's entry
         self._reset_current()
 
     def _reset_current(self) -> None:
@@ -73,16 +78,22 @@ class ProbeTally:
 
     def end_step(self, step: int) -> None:
         """Close the current step: what was counted since the last end belongs to ``step``."""
-        self.steps.append({"step": step, **self._current})
+        self._finished_steps.append(json.dumps({"step": step, **self._current}))
+        self.last_step = step
         self._reset_current()
 
-    def to_json(self) -> dict[str, Any]:
-        steps = list(self.steps)
+    def render(self, head: dict[str, Any]) -> str:
+        """The probe file's JSON text: ``head``'s fields, then "edges" and "steps"."""
+        steps = list(self._finished_steps)
         if self.has_pending():
             # Prefetches after the last reported step (or in a job that never reports).
-            last = steps[-1]["step"] if steps else 0
-            steps.append({"step": last + 1, "partial": True, **self._current})
-        return {"edges": self.edges, "steps": steps}
+            step = (self.last_step or 0) + 1
+            steps.append(json.dumps({"step": step, "partial": True, **self._current}))
+        body = json.dumps({**head, "edges": self.edges}, default=_to_json_number)
+        return f'{body[:-1]}, "steps": [{", ".join(steps)}]}}'
+
+    def to_json(self) -> dict[str, Any]:
+        return json.loads(self.render({}))
 
 
 class Recorder:
@@ -104,10 +115,9 @@ class Recorder:
         while written < len(data):  # only on a full disk or a signal; best effort
             written += os.write(fd, data[written:])
 
-    def _replace(self, filename: str, payload: dict[str, Any], *, indent: int | None) -> None:
+    def _replace(self, filename: str, text: str) -> None:
         path = os.path.join(self.out_dir, filename)
         tmp = f"{path}.tmp{os.getpid()}"
-        text = json.dumps(payload, indent=indent, default=_to_json_number)
         with open(tmp, "w", encoding="utf-8") as f:
             f.write(text)
         os.replace(tmp, path)
@@ -129,11 +139,11 @@ class Recorder:
         self._append("digests.jsonl", lines)
 
     def graph(self, graph: dict[str, Any]) -> None:
-        self._replace(f"graph.rank{self.rank}.json", graph, indent=1)
+        self._replace(f"graph.rank{self.rank}.json", json.dumps(graph, indent=1))
 
-    def probe(self, probe: dict[str, Any]) -> None:
-        # Compact: rewritten every step, and it grows with the step count.
-        self._replace(f"probe.rank{self.rank}.json", {"rank": self.rank, **probe}, indent=None)
+    def probe(self, head: dict[str, Any], tally: ProbeTally) -> None:
+        """probe.rank{R}.json: rank, ``head``'s fields (plan_hash, ...), the tally."""
+        self._replace(f"probe.rank{self.rank}.json", tally.render({"rank": self.rank, **head}))
 
     def close(self) -> None:
         for fd in self._fds.values():

@@ -42,7 +42,7 @@ CANONICAL_RE = re.compile(CANONICAL + rb"\n?$")
 # The same over many lines at once: the lookbehind (after the literal, so re can still
 # search for it fast) and the final newline make each match exactly one whole line.
 CANONICAL_LINES_RE = re.compile(CANONICAL[:10] + rb'(?<![^\n]\{"step": )' + CANONICAL[10:] + rb"\n")
-BLOCK_LINES = 1 << 16
+BLOCK_LINES = 1 << 14
 PREFIX_BLOCK = 1 << 20
 
 
@@ -250,6 +250,8 @@ def _skip_common_prefix(fa: BinaryIO, fb: BinaryIO) -> int:
         if ca != cb or not ca:
             break
         cut = ca.rfind(b"\n") + 1
+        if cut == 0:  # no whole line in the block: leave it to the line-by-line walk
+            break
         lines += ca.count(b"\n")
         start += cut
         if cut < len(ca):

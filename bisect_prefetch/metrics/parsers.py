@@ -171,7 +171,7 @@ def _float_or_none(token: bytes) -> float | None:
 def _to_floats(tokens: Sequence[bytes]) -> tuple[np.ndarray, np.ndarray | None]:
     """Tokens -> float64 array; the mask of numeric tokens, or None when all are numeric."""
     try:
-        return np.fromiter(map(float, tokens), np.float64, len(tokens)), None
+        return np.array(tokens, dtype=np.float64), None  # float() on each token, in C
     except ValueError:
         values = np.empty(len(tokens), dtype=np.float64)
         ok = np.ones(len(tokens), dtype=bool)
@@ -299,7 +299,7 @@ class _ConsoleParser:
             return False
         if not any(len(tokens) == n for tokens in found):
             return False
-        steps = np.fromiter(map(int, steps_tokens), np.int64, n)
+        steps = np.array(steps_tokens, dtype=np.int64)
         for name, tokens in zip(self.names, found, strict=True):
             if not tokens:
                 continue

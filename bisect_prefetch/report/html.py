@@ -57,10 +57,15 @@ class RunGroup:
 
     @property
     def verdict(self) -> str:
+        """diverged, consistent, error (no usable run), or reference: runs compared with
+        nothing (a golden trajectory, a graph discovery), which decide nothing alone."""
         if self.diverged_runs:
             return "diverged"  # a divergence is conclusive, even in a group of one run
-        compared = [r for r in self.usable if r.get("reference") is not None]
-        return "consistent" if compared else "error" if not self.usable else "reference"
+        if not self.usable:
+            return "error"
+        if any(r.get("reference") is not None for r in self.usable):
+            return "consistent"
+        return "reference"
 
     def first_divergence(self) -> dict[str, Any] | None:
         runs = sorted(self.diverged_runs, key=lambda r: r["first_diff_step"])
@@ -305,6 +310,38 @@ def _matrix_from_journal(groups: list[RunGroup], saved: dict[str, Any] | None) -
     return {"matrix": (saved or {}).get("matrix", "matrix"), "cells": out}
 
 
+def _summary(records, groups, edge_ids, bisect, matrix):
+    """The headline verdict, the facts under it, the evidence table, reproduction commands."""
+    facts = [f"{len(records)} runs in {len(groups)} groups, "
+             f"{sum(len(g.diverged_runs) for g in groups)} diverged from their reference"]
+    if bisect:
+        culprits = list(bisect.get("minimal_set", []))
+        if culprits:
+            facts.append("minimal set: " + ", ".join(culprits))
+        if bisect.get("confidence") is not None:
+            facts.append(f"confidence {bisect['confidence']}")
+        facts += list(bisect.get("facts", []))
+        reproduce = [bisect["reproduce"]] if bisect.get("reproduce") else []
+        return bisect.get("verdict", "?"), facts, _bisect_evidence(bisect), reproduce
+    if matrix is not None:
+        verdict = matrix_summary(matrix)
+    else:
+        decided = [g for g in groups if g.verdict in ("diverged", "consistent")]
+        verdict = decided[-1].verdict if decided else "no group decided"
+    return verdict, facts, _group_evidence(groups, edge_ids), []
+
+
+def _figures(state_dir: Path, groups: list[RunGroup], edge_ids: list[str] | None,
+             out_dir: Path) -> list[tuple[str, Path]]:
+    """Curves (and digest heat maps) of the first MAX_PLOTTED_GROUPS diverged groups."""
+    figures: list[tuple[str, Path]] = []
+    diverged = [g for g in groups if g.verdict == "diverged"][:MAX_PLOTTED_GROUPS]
+    for index, group in enumerate(diverged):
+        title = f"{group.purpose}, {_mask_label(group.mask, edge_ids)}"
+        figures += _plot_group(state_dir, group, title, out_dir, index)
+    return figures
+
+
 def build_report(state_dir: str | Path, out: str | Path | None = None) -> Path:
     """Write the HTML report of a state dir (default `<state_dir>/report.html`); return its path."""
     state_dir = Path(state_dir)
@@ -331,35 +368,10 @@ def build_report(state_dir: str | Path, out: str | Path | None = None) -> Path:
         graph_png = out_dir / "graph.png"
         render_png(graph, graph_png, highlight=culprits)
 
-    facts = [f"{len(records)} runs in {len(groups)} groups, "
-             f"{sum(len(g.diverged_runs) for g in groups)} diverged from their reference"]
-    reproduce: list[str] = []
-    if bisect:
-        verdict = bisect.get("verdict", "?")
-        if culprits:
-            facts.append("minimal set: " + ", ".join(culprits))
-        if bisect.get("confidence") is not None:
-            facts.append(f"confidence {bisect['confidence']}")
-        facts += list(bisect.get("facts", []))
-        evidence = _bisect_evidence(bisect)
-        if bisect.get("reproduce"):
-            reproduce.append(bisect["reproduce"])
-    else:
-        evidence = _group_evidence(groups, edge_ids)
-        if matrix is not None:
-            verdict = matrix_summary(matrix)
-        else:
-            decided = [g for g in groups if g.verdict in ("diverged", "consistent")]
-            verdict = decided[-1].verdict if decided else "no group decided"
+    verdict, facts, evidence, reproduce = _summary(records, groups, edge_ids, bisect, matrix)
     if saved_matrix and saved_matrix.get("command"):
         reproduce.append(saved_matrix["command"])
-
-    figures: list[tuple[str, Path]] = []
-    for index, group in enumerate(g for g in groups if g.verdict == "diverged"):
-        if index >= MAX_PLOTTED_GROUPS:
-            break
-        title = f"{group.purpose}, {_mask_label(group.mask, edge_ids)}"
-        figures += _plot_group(state_dir, group, title, out_dir, index)
+    figures = _figures(state_dir, groups, edge_ids, out_dir)
 
     page = render_html(
         title=f"bisect-prefetch report: {state_dir.name}", verdict=verdict, facts=facts,

@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 
 from rich.console import Console
+from rich.measure import Measurement
 from rich.table import Table
 
 STAT_FIELDS = (("mae", "MAE"), ("p95", "P95"), ("max_abs", "max abs"))
@@ -105,6 +106,17 @@ def group_table(group: dict, *, title: str = "") -> Table:
     return table
 
 
+def print_table(table: Table, console: Console) -> None:
+    """Print a table whole: off a terminal (CI logs) rows are never cut to 80 columns."""
+    if console.is_terminal:
+        console.print(table)
+        return
+    width = Measurement.get(console, console.options.update_width(10_000), table).maximum
+    wide = Console(file=console.file, width=max(width, console.width),
+                   color_system=console.color_system, highlight=False)
+    wide.print(table)
+
+
 def print_matrix(result: dict, console: Console) -> None:
-    console.print(matrix_table(result))
-    console.print(matrix_summary(result), markup=False)
+    print_table(matrix_table(result), console)
+    console.print(matrix_summary(result), markup=False, soft_wrap=True)

@@ -167,7 +167,7 @@ class Runner:
         rank_log_dir = run_dir / RANK_LOG_DIR
         rank_log_dir.mkdir(exist_ok=True)
         values = {"run_dir": run_dir.resolve(), "port": free_port(),
-                  "rank_log_dir": rank_log_dir.resolve()}
+                  "rank_log_dir": rank_log_dir.resolve(), "steps": steps, "seed": exp.seed}
         config = write_config(exp, run_dir)
         if config is not None:
             values["config"] = config

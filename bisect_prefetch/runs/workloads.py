@@ -1,7 +1,7 @@
 """The argument list of a run: a built-in reference workload, or the user's command.
 
-Templates are argument lists; `{run_dir}`, `{config}`, `{port}` and
-`{rank_log_dir}` are replaced inside an argument, and a value never becomes
+Templates are argument lists; `{run_dir}`, `{config}`, `{port}`,
+`{rank_log_dir}`, `{steps}` and `{seed}` are replaced inside an argument, and a value never becomes
 more than that one argument (no shell, no splitting). Other braces are left
 alone, so JSON in an argument survives.
 """
@@ -17,7 +17,7 @@ from pathlib import Path
 from bisect_prefetch.errors import BisectPrefetchError
 from bisect_prefetch.experiment import Experiment
 
-PLACEHOLDERS = ("run_dir", "config", "port", "rank_log_dir")
+PLACEHOLDERS = ("run_dir", "config", "port", "rank_log_dir", "steps", "seed")
 _PLACEHOLDER = re.compile(r"\{(" + "|".join(PLACEHOLDERS) + r")\}")
 
 # Workers that do not find each other within this many seconds give up (msrun).

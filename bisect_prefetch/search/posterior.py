@@ -252,7 +252,9 @@ class EdgePosterior:
         keep = binary_entropy(families[0][0]) - families[1][0]
         drop = binary_entropy(families[0][1]) - families[1][1]
         scores = np.concatenate([keep, drop])
-        order = np.argsort(-scores, kind="stable")[:limit]
+        limit = min(limit, len(scores))
+        top = np.argpartition(-scores, limit - 1)[:limit]
+        order = top[np.argsort(-scores[top], kind="stable")]
         out = []
         for o in order:
             r = o % len(starts)

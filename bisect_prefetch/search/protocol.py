@@ -208,6 +208,9 @@ class Bisection:
         self._dd_verdicts = 0
         self._result: SearchResult | None = None
         self._all_on = frozenset(self.edge_ids)
+        self._phases = {
+            phase: np.array([e.startswith(phase + ":") for e in self.edge_ids]) for phase in ("fwd", "bwd")
+        }
         self._all_off: frozenset[str] = frozenset()
         self._decide()
 
@@ -336,7 +339,8 @@ class Bisection:
         """The best mask of the posterior's family, or a near-best one that reads better.
 
         Near-best alternatives: the structured splits (forward-off, backward-off),
-        and drop-only(leader), whose clean runs are also the final double check.
+        and drop-only and keep-only of the leading set, whose runs are also the
+        final double check.
         """
         ranked = [
             (bits, self._keep_only(np.flatnonzero(enabled)))
@@ -349,11 +353,11 @@ class Bisection:
         alive = self.model.alive
         alternatives = []
         for phase in ("fwd", "bwd"):
-            split = alive & np.array([e.startswith(phase + ":") for e in self.edge_ids])
+            split = alive & self._phases[phase]
             if split.any() and split.sum() < alive.sum():
                 alternatives.append(self._keep_only(np.flatnonzero(split)))
         if top.edges:
-            alternatives.append(self._drop_only(top.edges))
+            alternatives += [self._drop_only(top.edges), self._keep_only(top.edges)]
         threshold = NEAR_BEST * best_bits
         for mask in alternatives:
             bits = self.model.information(self._enabled(mask))

@@ -61,7 +61,9 @@ class HSDPParamDouble:
         if shard_size_source not in SHARD_SIZE_SOURCES:
             raise ValueError(f"shard_size_source must be one of {SHARD_SIZE_SOURCES}")
         if param.shape[0] % shard_world_size:
-            raise ValueError(f"{param.name}: dim 0 ({param.shape[0]}) not divisible by {shard_world_size}")
+            raise ValueError(
+                f"{param.name}: dim 0 ({param.shape[0]}) not divisible by {shard_world_size}"
+            )
         self.unsharded_param = param
         self.shard_world_size = shard_world_size
         self.shard_rank = shard_rank
@@ -71,7 +73,6 @@ class HSDPParamDouble:
         self.sharded_param = Parameter(chunk.copy(), name=f"{param.name}.shard")
         self.prefetch_handle: CompletedHandle | None = None
         self.all_gather_output: Tensor | None = None
-        self.unsharded = True  # the cell's Parameter starts out holding the full value
         self._init_group_infos()
 
     def _init_group_infos(self) -> None:
@@ -98,11 +99,9 @@ class HSDPParamDouble:
             self.prefetch_handle.wait()
             self.prefetch_handle = None
         self.unsharded_param.set_data(self.all_gather_output)
-        self.unsharded = True
 
     def to_sharded(self) -> None:
-        # The double does not free the full buffer; only the state changes.
-        self.unsharded = False
+        """Nothing to do: the double keeps the full buffer (the state's is_shard says sharded)."""
 
 
 class HSDPStateDouble:
