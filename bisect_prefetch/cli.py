@@ -180,9 +180,7 @@ def matrix(
     except KeyboardInterrupt:
         console.print("interrupted: finished runs are in the journal; to resume, run again:",
                       markup=False)
-        again = ["bisect-prefetch", "aa", str(experiment), *(f"--mask={m}" for m in mask or []),
-                 f"--runs={runs}", *([f"--steps={steps}"] if steps else []),
-                 *([f"--guard={guard.value}"] if guard else []), f"--state-dir={state_dir}"]
+        again = ["bisect-prefetch", "matrix", str(matrix_file), f"--state-dir={state_dir}"]
         console.print("  " + shlex.join(again), markup=False)
         raise
     raise typer.Exit(result.exit_code)
@@ -199,6 +197,54 @@ def report(
     if not state.is_dir():
         fail(f"no such state dir: {state}")
     console.print(f"wrote {build_report(state, html_out)}", markup=False)
+
+
+@app.command()
+def compare(
+    a: Annotated[Path, typer.Argument(metavar="A", help="A run directory or a log file.")],
+    b: Annotated[Path, typer.Argument(metavar="B", help="The run directory or log file to compare with.")],
+    fmt: Annotated[Optional[str], typer.Option("--format", help="Log format: jsonl, mindformers, torchtitan, megatron (default: detected).")] = None,
+    json_out: JsonOpt = None,
+) -> None:
+    """Compare two runs' metrics (and gradient digests): exit 0 identical, 1 different."""
+    import json
+
+    from bisect_prefetch.metrics.compare import compare_paths
+    from bisect_prefetch.report.compare_table import compare_tables
+    from bisect_prefetch.runs.atomic import write_text_atomic
+
+    result = compare_paths(a, b, fmt)
+    data = result.to_json()
+    for table in compare_tables(data):
+        console.print(table)
+    if json_out is not None:
+        write_text_atomic(json_out, json.dumps(data, indent=2) + "\n")
+        console.print(f"wrote {json_out}", markup=False)
+    raise typer.Exit(1 if result.differs else 0)
+
+
+@app.command()
+def audit(
+    experiment: Annotated[Path, typer.Argument(metavar="EXPERIMENT.yaml", help="Experiment YAML.")],
+    guard: Annotated[Optional[Guard], typer.Option("--guard", help="Run under this guard instead of the experiment's.")] = None,
+    json_out: JsonOpt = None,
+    state_dir: StateDirOpt = Path(".bisect-prefetch"),
+) -> None:
+    """Audit size-one prefetch edges and the guard: exit 0 when the build is right, 1 otherwise."""
+    import json
+
+    from bisect_prefetch.audit_run import audit_table, run_audit, verdict_lines
+    from bisect_prefetch.runs.atomic import write_text_atomic
+
+    result = run_audit(experiment, guard=guard.value if guard else None, state_dir=state_dir,
+                       console=console)
+    console.print(audit_table(result))
+    for line in verdict_lines(result):
+        console.print(line, markup=False)
+    if json_out is not None:
+        write_text_atomic(json_out, json.dumps(result, indent=2) + "\n")
+        console.print(f"wrote {json_out}", markup=False)
+    raise typer.Exit(0 if result["ok"] else 1)
 
 
 def main(argv: list[str] | None = None) -> int:
