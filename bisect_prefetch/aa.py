@@ -36,12 +36,18 @@ def _describe_experiment(experiment: Experiment, steps: int) -> str:
 
 
 def verdict_line(result: GroupResult) -> str:
+    # Runs that ended in error or timeout are in no verdict: say so, never count them.
+    usable = sum(run.usable for run in result.runs)
+    failed = len(result.runs) - usable
+    not_counted = f"; {failed} failed run(s) not counted" if failed else ""
     if result.verdict == "consistent":
         steps = max((m.get("steps_compared", 0) for m in result.metrics.values()), default=0)
-        return f"-> consistent ({len(result.runs)} runs, bitwise identical over {steps} steps)"
+        return (f"-> consistent ({usable} runs, bitwise identical over {steps} steps"
+                f"{not_counted})")
     if result.verdict == "diverged":
         pair = " vs ".join(result.first_pair or [])
-        return f"-> diverged at step {result.first_diff_step}" + (f" ({pair})" if pair else "")
+        return (f"-> diverged at step {result.first_diff_step}"
+                + (f" ({pair}{not_counted})" if pair else not_counted))
     return f"-> error: {result.reason}"
 
 
@@ -72,7 +78,7 @@ def run_aa(
         runner = Runner(experiment, state)
         if runner.killed_leftovers:
             console.print(f"note: killed {len(runner.killed_leftovers)} process(es) left running "
-                          "by an earlier orchestrator that was killed", markup=False)
+                          "by an earlier orchestrator that was killed", markup=False, soft_wrap=True)
         graph = discover_graph(runner, console)
         edge_ids = graph.edge_ids()
         mask = resolve_mask(list(masks), edge_ids)
@@ -85,9 +91,10 @@ def run_aa(
     if result.metrics:
         console.print(group_table(result.to_json()))
     for line in result.environment_drift:
-        console.print(f"environment drift (not prefetch drift): {line}", markup=False)
+        console.print(f"environment drift (not prefetch drift): {line}", markup=False,
+                      soft_wrap=True)
     for line in result.graph_drift:
-        console.print(f"graph drift: {line}", markup=False)
-    console.print(verdict_line(result), markup=False)
+        console.print(f"graph drift: {line}", markup=False, soft_wrap=True)
+    console.print(verdict_line(result), markup=False, soft_wrap=True)
     return result
 

@@ -6,7 +6,10 @@ found a problem), 2 a usage or input error (one line on stderr, no traceback).
 
 from __future__ import annotations
 
+import signal
 import sys
+import threading
+from contextlib import contextmanager
 from enum import Enum, StrEnum
 from pathlib import Path
 from typing import Annotated, Optional
@@ -151,7 +154,7 @@ def aa(
         again = ["bisect-prefetch", "aa", str(experiment), *(f"--mask={m}" for m in mask or []),
                  f"--runs={runs}", *([f"--steps={steps}"] if steps else []),
                  *([f"--guard={guard.value}"] if guard else []), f"--state-dir={state_dir}"]
-        console.print("  " + shlex.join(again), markup=False)
+        console.print("  " + shlex.join(again), markup=False, soft_wrap=True)
         raise
     if json_out is not None:
         write_text_atomic(json_out, json.dumps(result.to_json(), indent=2) + "\n")
@@ -181,7 +184,7 @@ def matrix(
         console.print("interrupted: finished runs are in the journal; to resume, run again:",
                       markup=False)
         again = ["bisect-prefetch", "matrix", str(matrix_file), f"--state-dir={state_dir}"]
-        console.print("  " + shlex.join(again), markup=False)
+        console.print("  " + shlex.join(again), markup=False, soft_wrap=True)
         raise
     raise typer.Exit(result.exit_code)
 
@@ -217,6 +220,11 @@ def compare(
     data = result.to_json()
     for table in compare_tables(data):
         console.print(table)
+    for side, path in (("a", a), ("b", b)):
+        # A truncated or garbled log still compares on what it holds: say what was skipped.
+        if unread := data["lines_unread"][side]:
+            console.print(f"note: {unread} line(s) of {path} could not be read "
+                          "(truncated or garbled) and were left out", markup=False, soft_wrap=True)
     if json_out is not None:
         write_text_atomic(json_out, json.dumps(data, indent=2) + "\n")
         console.print(f"wrote {json_out}", markup=False)
@@ -247,19 +255,55 @@ def audit(
     raise typer.Exit(0 if result["ok"] else 1)
 
 
+INTERRUPTED = 130  # 128 + SIGINT, as a shell reports Ctrl-C
+TERMINATED = 128 + signal.SIGTERM
+
+
+@contextmanager
+def _sigterm_stops_like_ctrl_c():
+    """While a command runs, SIGTERM (a scheduler, CI, `kill`) raises KeyboardInterrupt.
+
+    Runs in flight are then killed, the journal keeps every finished run and
+    the command prints how to resume, as for Ctrl-C. Further SIGTERMs are
+    ignored so they cannot cut that cleanup short (SIGKILL still can, and
+    loses no finished run). Yields a list that records the SIGTERM, if one
+    came; the previous handler comes back afterwards.
+    """
+    received: list[int] = []
+    if threading.current_thread() is not threading.main_thread():
+        yield received  # signal handlers can only be set from the main thread
+        return
+
+    def terminate(signum: int, frame: object) -> None:
+        received.append(signum)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, terminate)
+    try:
+        yield received
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the CLI and return its exit code; library errors become one line and 2."""
-    try:
-        app(args=argv, prog_name="bisect-prefetch")
-    except SystemExit as exc:  # typer exits in standalone mode; usage errors exit 2
-        return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 2)
-    except BisectPrefetchError as exc:
-        Console(stderr=True, highlight=False).print(f"error: {exc}", markup=False, soft_wrap=True)
-        return 2
-    except KeyboardInterrupt:
-        Console(stderr=True).print("interrupted")
-        return 130
-    return 0
+    with _sigterm_stops_like_ctrl_c() as sigterm:
+        try:
+            app(args=argv, prog_name="bisect-prefetch")
+            code = 0
+        except SystemExit as exc:  # typer exits in standalone mode; usage errors exit 2
+            code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 2)
+        except BisectPrefetchError as exc:
+            Console(stderr=True, highlight=False).print(f"error: {exc}", markup=False,
+                                                        soft_wrap=True)
+            return 2
+        except KeyboardInterrupt:  # typer already makes Ctrl-C exit code 130; one outside it
+            code = INTERRUPTED
+    if code == INTERRUPTED:
+        Console(stderr=True).print("terminated" if sigterm else "interrupted")
+        return TERMINATED if sigterm else INTERRUPTED
+    return code
 
 
 def run() -> None:

@@ -312,7 +312,9 @@ def render_png(graph: PrefetchGraph, path: str | Path, *, highlight: Iterable[st
     ax.set_title("prefetch edges: forward (blue, above), backward (red, below)"
                  + (", culprit in black" if highlight else ""), fontsize=9)
     fig.tight_layout()
-    fig.savefig(path, dpi=100)
+    from bisect_prefetch.runs.atomic import save_figure_atomic
+
+    save_figure_atomic(fig, path, dpi=100)
     plt.close(fig)
 
 

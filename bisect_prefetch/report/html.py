@@ -15,6 +15,7 @@ from __future__ import annotations
 import base64
 import html
 import json
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -23,6 +24,7 @@ from bisect_prefetch.errors import BisectPrefetchError
 from bisect_prefetch.report import plots
 from bisect_prefetch.report.table import fmt_step, matrix_rows, matrix_summary
 from bisect_prefetch.runs.atomic import write_text_atomic
+from bisect_prefetch.runs.launcher import OUTCOMES
 from bisect_prefetch.runs.store import JOURNAL, read_journal
 
 REPORT_FILE = "report.html"
@@ -70,6 +72,14 @@ class RunGroup:
     def first_divergence(self) -> dict[str, Any] | None:
         runs = sorted(self.diverged_runs, key=lambda r: r["first_diff_step"])
         return runs[0] if runs else None
+
+
+def outcome_counts_text(records: list[dict[str, Any]]) -> str:
+    """How the runs ended, every kind named even at zero: `run outcomes: 5 ok, 1 error, ...`."""
+    counts = Counter(r.get("outcome") for r in records)
+    known = [f"{counts.pop(name, 0)} {name}" for name in OUTCOMES]
+    other = [f"{n} {name}" for name, n in counts.items()]  # a journal from another version
+    return "run outcomes: " + ", ".join(known + other)
 
 
 def journal_groups(records: list[dict[str, Any]]) -> list[RunGroup]:
@@ -313,7 +323,8 @@ def _matrix_from_journal(groups: list[RunGroup], saved: dict[str, Any] | None) -
 def _summary(records, groups, edge_ids, bisect, matrix):
     """The headline verdict, the facts under it, the evidence table, reproduction commands."""
     facts = [f"{len(records)} runs in {len(groups)} groups, "
-             f"{sum(len(g.diverged_runs) for g in groups)} diverged from their reference"]
+             f"{sum(len(g.diverged_runs) for g in groups)} diverged from their reference",
+             outcome_counts_text(records)]
     if bisect:
         culprits = list(bisect.get("minimal_set", []))
         if culprits:

@@ -12,6 +12,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 
 from bisect_prefetch.metrics.digests import DigestRecord
+from bisect_prefetch.runs.atomic import save_figure_atomic
 
 DPI = 100
 Series = Mapping[int, float]
@@ -95,8 +96,7 @@ def plot_group(
         fig.suptitle(title, fontsize=10)
     fig.tight_layout()
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=DPI)
+    save_figure_atomic(fig, path, dpi=DPI)
     plt.close(fig)
     return path
 
@@ -165,7 +165,6 @@ def plot_digest_heatmap(
                  fontsize=9)
     fig.tight_layout()
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=DPI)
+    save_figure_atomic(fig, path, dpi=DPI)
     plt.close(fig)
     return path

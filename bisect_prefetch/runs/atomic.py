@@ -6,13 +6,26 @@ never half of one.
 
 from __future__ import annotations
 
+import io
 import os
 import tempfile
 from pathlib import Path
+from typing import Any
+
+from bisect_prefetch.errors import BisectPrefetchError
 
 
 def write_bytes_atomic(path: str | Path, data: bytes) -> None:
     path = Path(path)
+    try:
+        _write_then_rename(path, data)
+    except OSError as exc:
+        # A place that cannot be written (a file in the way, a full disk): one line, no traceback.
+        raise BisectPrefetchError(f"cannot write {path}: {exc.strerror or exc}") from None
+    _fsync_dir(path.parent)
+
+
+def _write_then_rename(path: Path, data: bytes) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
@@ -24,11 +37,19 @@ def write_bytes_atomic(path: str | Path, data: bytes) -> None:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
-    _fsync_dir(path.parent)
 
 
 def write_text_atomic(path: str | Path, text: str) -> None:
     write_bytes_atomic(path, text.encode())
+
+
+def save_figure_atomic(figure: Any, path: str | Path, **savefig_options: Any) -> Path:
+    """Save a matplotlib figure like any other file here: the old image or the new one."""
+    path = Path(path)
+    buffer = io.BytesIO()
+    figure.savefig(buffer, format=path.suffix.lstrip(".") or "png", **savefig_options)
+    write_bytes_atomic(path, buffer.getvalue())
+    return path
 
 
 def _fsync_dir(directory: Path) -> None:

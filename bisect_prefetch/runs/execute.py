@@ -29,7 +29,14 @@ from bisect_prefetch.metrics.compare import StreamingComparator, compare_traject
 from bisect_prefetch.metrics.parsers import Trajectory, load_files, load_run
 from bisect_prefetch.runs import envprint
 from bisect_prefetch.runs.atomic import write_text_atomic
-from bisect_prefetch.runs.launcher import STATUS_FILE, JobSpec, free_port, job_env, run_job
+from bisect_prefetch.runs.launcher import (
+    STATUS_FILE,
+    JobSpec,
+    check_command,
+    free_port,
+    job_env,
+    run_job,
+)
 from bisect_prefetch.runs.merge import merge_graphs, merge_probes
 from bisect_prefetch.runs.plan import PLAN_ENV, build_plan, plan_hash, write_plan
 from bisect_prefetch.runs.procs import kill_leftovers
@@ -107,6 +114,10 @@ class Runner:
         # An orchestrator killed hard (SIGKILL) leaves its job running; we hold the
         # lock now, so whatever still runs under this state dir is such a leftover.
         self.killed_leftovers = kill_leftovers(f"{PLAN_ENV}={state.runs_path}{os.sep}")
+        # A program that does not exist fails now, before a run dir is made for it.
+        program = argv_template(experiment, steps=experiment.steps)[:1]
+        if "{" not in program[0]:
+            check_command(program, {**os.environ, **workload_env(experiment), **experiment.env})
 
     # -- keys -------------------------------------------------------------
     def key(self, purpose: str, *, mask: Iterable[str] | None, guard: str, steps: int,
@@ -176,8 +187,12 @@ class Runner:
         ref_trajectory = self.trajectory(reference) if reference is not None else None
         comparator = StreamingComparator(ref_trajectory, self.names) if ref_trajectory else None
         live = LiveMetrics(run_dir, exp, comparator)
+        # A user's command starts where the user started the tool, as if typed there
+        # (`python train.py` works); built-in workloads start in their run dir, so
+        # whatever a framework drops in its working directory stays with the run.
+        cwd = None if exp.workload is not None else Path.cwd()
         spec = JobSpec(argv=argv, run_dir=run_dir, env=env, timeout_s=exp.timeout_s,
-                       no_progress_timeout_s=exp.no_progress_timeout_s)
+                       no_progress_timeout_s=exp.no_progress_timeout_s, cwd=cwd)
         should_stop = (lambda: live.diverged) if comparator is not None and stop_on_diff else None
         job = run_job(spec, should_stop=should_stop, progress=live.progress)
 

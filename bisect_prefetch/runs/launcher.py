@@ -87,6 +87,7 @@ class JobSpec:
     timeout_s: float
     no_progress_timeout_s: float | None = None
     progress_path: Path | None = None  # default: run_dir/metrics.jsonl
+    cwd: Path | None = None  # where the job starts (default: its run dir)
     grace_s: float = 5.0  # between SIGTERM and SIGKILL
     poll_s: float = 0.05
 
@@ -104,7 +105,8 @@ class JobResult:
         return asdict(self)
 
 
-def _check_command(argv: list[str], env: Mapping[str, str]) -> None:
+def check_command(argv: list[str], env: Mapping[str, str]) -> None:
+    """A program that does not exist or cannot run is the user's error, said before launch."""
     if not argv:
         raise BisectPrefetchError("empty command")
     program = argv[0]
@@ -142,7 +144,7 @@ def run_job(
     grows as the job reports steps (default: the metrics file's size); a job
     that exits 0 without any progress is an error (missing metrics).
     """
-    _check_command(spec.argv, spec.env)
+    check_command(spec.argv, spec.env)
     progress_path = spec.progress_path or spec.run_dir / "metrics.jsonl"
     progress = progress or (lambda: _file_size(progress_path))
     try:
@@ -154,7 +156,7 @@ def run_job(
     with stdout, stderr:
         try:
             proc = subprocess.Popen(
-                spec.argv, env=spec.env, cwd=spec.run_dir, stdin=subprocess.DEVNULL,
+                spec.argv, env=spec.env, cwd=spec.cwd or spec.run_dir, stdin=subprocess.DEVNULL,
                 stdout=stdout, stderr=stderr, start_new_session=True,
             )
         except OSError as exc:

@@ -71,24 +71,25 @@ class Journal:
 def read_journal(path: Path) -> Journal:
     """All records; a torn last line is returned apart, a bad line elsewhere is an error."""
     try:
-        text = path.read_text()
+        data = path.read_bytes()
     except FileNotFoundError:
         return Journal([], None)
     except OSError as exc:
         raise BisectPrefetchError(f"cannot read journal {path}: {exc.strerror}") from None
-    lines = text.split("\n")
+    lines = data.split(b"\n")
     # The file ends with "\n" when every write completed: the last piece is then empty.
     records, torn = [], None
     for number, line in enumerate(lines, start=1):
         if not line.strip():
             continue
         try:
-            record = json.loads(line)
+            # Lines are written as ASCII JSON: bytes that are not UTF-8 are damage too.
+            record = json.loads(line.decode("utf-8"))
             if not isinstance(record, dict):
                 raise ValueError("not an object")
         except ValueError:
             if number == len(lines):
-                torn = line
+                torn = line.decode("utf-8", errors="replace")
                 continue
             raise BisectPrefetchError(
                 f"journal {path} line {number} is corrupt (not a JSON object); "
@@ -101,6 +102,20 @@ def read_journal(path: Path) -> Journal:
             )
         records.append(record)
     return Journal(records, torn)
+
+
+def _has_run_key(record: dict[str, Any]) -> bool:
+    """Whether a record holds the fields of a RunKey, with their types."""
+    def whole(value: Any) -> bool:
+        return isinstance(value, int) and not isinstance(value, bool)
+
+    mask = record.get("mask")
+    return (
+        isinstance(record.get("variant"), str) and isinstance(record.get("guard"), str)
+        and (mask is None or isinstance(mask, list) and all(isinstance(e, str) for e in mask))
+        and whole(record.get("steps")) and whole(record.get("index"))
+        and whole(record.get("attempt", 0))
+    )
 
 
 _SLUG = re.compile(r"[^A-Za-z0-9._-]+")
@@ -140,7 +155,11 @@ class StateDir:
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
         self._lock_fd = fd
-        self._load()
+        try:
+            self._load()
+        except BaseException:
+            self.unlock()  # a journal we cannot use: do not keep the state dir locked
+            raise
         return self
 
     def unlock(self) -> None:
@@ -161,20 +180,36 @@ class StateDir:
     # -- journal ----------------------------------------------------------
     def _load(self) -> None:
         journal = read_journal(self.journal_path)
+        index = {}
+        for number, record in enumerate(journal.records, start=1):
+            if not _has_run_key(record):
+                raise BisectPrefetchError(
+                    f"journal {self.journal_path} record {number} is not a run record "
+                    "(missing or bad key fields); move the file away to start over"
+                )
+            index[RunKey.from_record(record)] = record
         self.torn_line = journal.torn_line
-        if journal.torn_line is not None:
-            self._cut_torn_tail()
-        self._records = journal.records
-        self._index = {}
-        for record in self._records:
-            self._index[RunKey.from_record(record)] = record
+        self._repair_tail()
+        self._records, self._index = journal.records, index
 
-    def _cut_torn_tail(self) -> None:
-        # Appending after a torn line would glue the next record onto it.
-        data = self.journal_path.read_bytes()
-        keep = data.rfind(b"\n") + 1
+    def _repair_tail(self) -> None:
+        """End the journal with a whole line: appending after a partial one would glue onto it.
+
+        A kill can leave a torn last line (cut off: its run never counted as
+        finished) or a whole record short of its newline (the newline is added).
+        """
+        try:
+            data = self.journal_path.read_bytes()
+        except FileNotFoundError:
+            return
+        if not data or data.endswith(b"\n"):
+            return
         with open(self.journal_path, "r+b") as f:
-            f.truncate(keep)
+            if self.torn_line is not None:
+                f.truncate(data.rfind(b"\n") + 1)
+            else:
+                f.seek(0, os.SEEK_END)
+                f.write(b"\n")
             f.flush()
             os.fsync(f.fileno())
 
@@ -205,12 +240,13 @@ class StateDir:
     def new_run_dir(self, label: str) -> tuple[str, Path]:
         """A fresh run dir `runs/<NNNN>-<label>/`; numbers never repeat, even after a kill."""
         self._require_lock()
-        self.runs_path.mkdir(parents=True, exist_ok=True)
-        taken = [int(p.name[:4]) for p in self.runs_path.iterdir() if p.name[:4].isdigit()]
-        number = max(taken, default=0) + 1
-        run_id = f"{number:04d}-{_SLUG.sub('_', label).strip('_') or 'run'}"
-        path = self.runs_path / run_id
+        path = self.runs_path
         try:
+            self.runs_path.mkdir(parents=True, exist_ok=True)
+            taken = [int(p.name[:4]) for p in self.runs_path.iterdir() if p.name[:4].isdigit()]
+            number = max(taken, default=0) + 1
+            run_id = f"{number:04d}-{_SLUG.sub('_', label).strip('_') or 'run'}"
+            path = self.runs_path / run_id
             path.mkdir()
         except OSError as exc:
             raise BisectPrefetchError(f"cannot create run dir {path}: {exc.strerror}") from None

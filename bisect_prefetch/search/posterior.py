@@ -4,8 +4,8 @@ Noise model. Exactly one hypothesis holds:
   - none:   drift needs no prefetch edge (background drift: every mask, all-off too, can diverge);
   - single: one edge e; a run can diverge only if e is enabled;
   - pair:   two edges needed together; a run can diverge only if both are enabled.
-Under the true hypothesis h, a run of a mask that enables every edge of h diverges with
-an unknown per-run chance q (the same for every such mask), any other run never
+Under the true hypothesis h, a run of a mask that enables every edge of h diverges
+with a per-run chance q (the same for every such mask), any other run never
 diverges, and runs are independent. So a divergence rules out every hypothesis its
 mask does not enable; a clean run weighs only against those it enables, by (1 - q).
 One softening: a divergence of a mask that enables an edge already ruled out may
@@ -13,14 +13,16 @@ come from a second cause there (several disjoint sets can cause drift), so it
 strikes the hypotheses it does not enable (odds times SECOND_CAUSE) instead of
 ruling them out.
 
-q gets a Beta(1, 1) prior and is integrated out per hypothesis: with D divergences
-of masks enabling h and E clean runs enabling h, P(data | h) = B(1 + D, 1 + E) / B(1, 1).
-A clean run cut short counts as the fraction of a run it completed (a constant
-per-step hazard).
+q is unknown. It gets a Beta(1, 3) prior (most drift seen in practice is rarer
+than one run in two) and is integrated out per hypothesis: with D divergences
+of masks enabling h and E clean runs enabling h, P(data | h) = B(1 + D, 3 + E) / B(1, 3).
+The prior's light upper tail matters: a flat one would let a pair that fewer
+clean runs enabled claim a high q and outweigh its single edge far beyond what
+the runs show. A clean run cut short counts as the fraction of a run it
+completed (a constant per-step hazard).
 
 Prior mass: none 0.02, single 0.93, pair 0.05, each spread evenly. Sets of three
-or more edges needed together are outside the model (the protocol's ddmin
-fallback handles them).
+or more edges needed together are outside the model.
 """
 
 from __future__ import annotations
@@ -32,10 +34,11 @@ import numpy as np
 from bisect_prefetch.search.stats import binary_entropy, log_beta
 
 PRIOR = {"none": 0.02, "single": 0.93, "pair": 0.05}
-Q_PRIOR = (1.0, 1.0)
-# The chance that a divergence of a mask enabling a ruled-out edge comes from a
-# second cause there rather than from the hypothesis in question.
-SECOND_CAUSE = 0.05
+Q_PRIOR = (1.0, 3.0)
+# The odds factor for a hypothesis that a divergence did not enable, when the mask
+# enabled an edge already ruled out: about the prior chance of a second, disjoint
+# cause times its chance to diverge in that run.
+SECOND_CAUSE = 0.03
 
 
 @dataclass(frozen=True)
@@ -56,9 +59,8 @@ class EdgePosterior:
     def __init__(self, n_edges: int) -> None:
         n = n_edges
         self.n = n
+        # Per hypothesis: divergences and clean runs of masks enabling it, strikes.
         self.divergences = 0
-        # Per hypothesis: divergences of masks enabling it, clean runs enabling it,
-        # and soft strikes (see observe).
         self.none_exposure = 0.0
         self.single_divergences = np.zeros(n)
         self.single_exposure = np.zeros(n)
@@ -73,13 +75,7 @@ class EdgePosterior:
 
     # -- evidence ---------------------------------------------------------
     def observe(self, enabled: np.ndarray, diverged: bool, fraction: float = 1.0) -> None:
-        """One completed run of the mask `enabled` (bool per edge).
-
-        A divergence rules out the hypotheses the mask does not enable, except when
-        the mask enables an edge an earlier divergence ruled out: a second cause
-        among those edges could explain it (several disjoint sets can cause drift),
-        so it only strikes them, each strike multiplying their odds by SECOND_CAUSE.
-        """
+        """One completed run of the mask `enabled` (bool per edge)."""
         both = np.outer(enabled, enabled)
         if diverged:
             self.divergences += 1
@@ -102,11 +98,15 @@ class EdgePosterior:
         """Edges no divergence has ruled out (each diverging mask enabled them all)."""
         return ~self.single_dead
 
-    # -- posterior ----------------------------------------------------------
-    def _log_evidence(self, divergences, exposure, strikes) -> np.ndarray:
-        a, b = Q_PRIOR
-        return log_beta(a + np.asarray(divergences, dtype=float),
-                        b + np.asarray(exposure, dtype=float)) + strikes * np.log(SECOND_CAUSE)
+    # -- the per-run chance -----------------------------------------------------
+    def counts(self, edges: tuple[int, ...]) -> tuple[float, float]:
+        """(divergences, clean runs) of the masks that enabled every edge of the set."""
+        if not edges:
+            return self.divergences, self.none_exposure
+        if len(edges) == 1:
+            return self.single_divergences[edges[0]], self.single_exposure[edges[0]]
+        a, b = min(edges), max(edges)
+        return self.pair_divergences[a, b], self.pair_exposure[a, b]
 
     @staticmethod
     def predictive(divergences, exposure) -> np.ndarray:
@@ -115,23 +115,41 @@ class EdgePosterior:
         d = np.asarray(divergences, dtype=float)
         return (a + d) / (a + b + d + np.asarray(exposure, dtype=float))
 
+    def chance(self, edges: tuple[int, ...]) -> float:
+        """Posterior mean per-run chance if this set is the cause."""
+        return float(self.predictive(*self.counts(edges)))
+
+    def miss_chance(self, edges: tuple[int, ...], clean_runs: float) -> float:
+        """Chance that clean_runs runs all miss a cause as strong as this set: E[(1-q)^n].
+
+        The expectation is over the set's posterior per-run chance, not a point estimate.
+        """
+        a, b = Q_PRIOR
+        d, e = self.counts(edges)
+        return float(np.exp(log_beta(a + d, b + e + clean_runs) - log_beta(a + d, b + e)))
+
+    # -- posterior ----------------------------------------------------------
     def probabilities(self) -> Probabilities:
         if self._cached is not None:
             return self._cached
         n = self.n
-        n_pairs = n * (n - 1) // 2
-        log_none = np.log(PRIOR["none"]) + self._log_evidence(
-            self.divergences, self.none_exposure, 0.0
-        )
+        a, b = Q_PRIOR
+        log_strike = np.log(SECOND_CAUSE)
+
+        def log_likelihood(divergences, exposure, strikes):
+            return log_beta(a + divergences, b + exposure) + strikes * log_strike
+
+        log_none = np.log(PRIOR["none"]) + log_likelihood(self.divergences, self.none_exposure, 0.0)
         log_single = np.full(n, -np.inf)
         live = self.alive
-        log_single[live] = np.log(PRIOR["single"] / n) + self._log_evidence(
+        log_single[live] = np.log(PRIOR["single"] / n) + log_likelihood(
             self.single_divergences[live], self.single_exposure[live], self.single_strikes[live]
         )
         log_pair = np.full((n, n), -np.inf)
+        n_pairs = n * (n - 1) // 2
         if n_pairs:
             live = ~self.pair_dead
-            log_pair[live] = np.log(PRIOR["pair"] / n_pairs) + self._log_evidence(
+            log_pair[live] = np.log(PRIOR["pair"] / n_pairs) + log_likelihood(
                 self.pair_divergences[live], self.pair_exposure[live], self.pair_strikes[live]
             )
         top = max(float(log_none), float(log_single.max()), float(log_pair.max()))
@@ -142,14 +160,22 @@ class EdgePosterior:
         self._cached = Probabilities(none / total, single / total, pair / total)
         return self._cached
 
-    def top(self) -> Hypothesis:
-        """The most probable hypothesis."""
+    def conditional(self, *, pairs: bool) -> Probabilities:
+        """The posterior, or (pairs=False) the posterior given that no pair is needed together."""
         p = self.probabilities()
+        if pairs:
+            return p
+        total = p.none + float(p.single.sum())
+        return Probabilities(p.none / total, p.single / total, np.zeros_like(p.pair))
+
+    def top(self, *, pairs: bool = True) -> Hypothesis:
+        """The most probable hypothesis (pairs=False: given that no pair is needed together)."""
+        p = self.conditional(pairs=pairs)
         best = Hypothesis("none", (), p.none)
         i = int(np.argmax(p.single))
         if p.single[i] > best.probability:
             best = Hypothesis("single", (i,), float(p.single[i]))
-        if self.n > 1:
+        if pairs and self.n > 1:
             a, b = np.unravel_index(int(np.argmax(p.pair)), p.pair.shape)
             if p.pair[a, b] > best.probability:
                 best = Hypothesis("pair", (int(a), int(b)), float(p.pair[a, b]))
@@ -178,83 +204,60 @@ class EdgePosterior:
             return float(p.pair[min(edges), max(edges)])
         return 0.0
 
-    def chance_estimate(self, edges: tuple[int, ...]) -> float:
-        """Posterior mean per-run chance if these edges are the cause."""
-        if not edges:
-            return float(self.predictive(self.divergences, self.none_exposure))
-        if len(edges) == 1:
-            i = edges[0]
-            return float(self.predictive(self.single_divergences[i], self.single_exposure[i]))
-        a, b = min(edges), max(edges)
-        return float(self.predictive(self.pair_divergences[a, b], self.pair_exposure[a, b]))
-
-    def miss_chance(self, edges: tuple[int, ...], clean_runs: float) -> float:
-        """Chance that clean_runs runs all miss a cause as strong as this set: E[(1-q)^n].
-
-        The expectation is over the set's posterior per-run chance, not a point estimate.
-        """
-        a, b = Q_PRIOR
-        if len(edges) == 1:
-            d, e = self.single_divergences[edges[0]], self.single_exposure[edges[0]]
-        elif len(edges) == 2:
-            i, j = min(edges), max(edges)
-            d, e = self.pair_divergences[i, j], self.pair_exposure[i, j]
-        else:
-            d, e = self.divergences, self.none_exposure
-        return float(np.exp(log_beta(a + d, b + e + clean_runs) - log_beta(a + d, b + e)))
+    @property
+    def pairs_likely(self) -> bool:
+        """Whether a pair needed together is at least as likely as anything else."""
+        return float(self.probabilities().pair.sum()) >= 0.5
 
     # -- choosing a test -------------------------------------------------------
-    def information(self, enabled: np.ndarray) -> float:
+    def information(self, enabled: np.ndarray, *, pairs: bool = True) -> float:
         """Expected information (bits) one run of this mask gives about the hypothesis.
 
-        I = H(outcome) - E_h[H(outcome | h)]: the divergence chance is the sum of
-        p_h q_h over the hypotheses the mask enables, each q_h its predictive chance.
+        I = H(outcome) - E_h[H(outcome | h)]: the run diverges with chance
+        sum of p_h q_h over the hypotheses h the mask enables, q_h their predictive
+        chances. With pairs=False the posterior given that no pair is needed is
+        used: telling pairs apart is not worth runs while they are unlikely.
         """
-        p = self.probabilities()
+        chance, spread = self._terms(pairs)
         both = np.outer(enabled, enabled)
-        chance, spread = self._terms(p.none, self.divergences, self.none_exposure)
-        for probs, div, exposure in (
-            (p.single[enabled], self.single_divergences[enabled], self.single_exposure[enabled]),
-            (p.pair[both], self.pair_divergences[both], self.pair_exposure[both]),
-        ):
-            c, s = self._terms(probs, div, exposure)
-            chance, spread = chance + c.sum(), spread + s.sum()
-        return float(binary_entropy(chance) - spread)
+        total_chance = chance[0] + chance[1][enabled].sum() + chance[2][both].sum()
+        total_spread = spread[0] + spread[1][enabled].sum() + spread[2][both].sum()
+        return float(binary_entropy(total_chance) - total_spread)
 
-    def _terms(self, probs, divergences, exposure) -> tuple[np.ndarray, np.ndarray]:
-        q = self.predictive(divergences, exposure)
-        return probs * q, probs * binary_entropy(q)
+    def _terms(self, pairs: bool):
+        """Per hypothesis p_h q_h and p_h H(q_h), each as (none, singles, pairs)."""
+        p = self.conditional(pairs=pairs)
+        probs = (p.none, p.single, p.pair)
+        q = (
+            self.predictive(self.divergences, self.none_exposure),
+            self.predictive(self.single_divergences, self.single_exposure),
+            self.predictive(self.pair_divergences, self.pair_exposure),
+        )
+        chance = tuple(pr * qq for pr, qq in zip(probs, q, strict=True))
+        spread = tuple(pr * binary_entropy(qq) for pr, qq in zip(probs, q, strict=True))
+        return chance, spread
 
-    def ranked_tests(self, limit: int = 8) -> list[tuple[float, np.ndarray]]:
+    def ranked_tests(self, limit: int = 8, *, pairs: bool = True) -> list[tuple[float, np.ndarray]]:
         """The most informative masks of one family, best first, as (bits, enabled).
 
         The family: enable a contiguous run of the surviving edges (in graph order),
         or every surviving edge but such a run. Edges already ruled out stay off.
         Sums over runs come from prefix sums, so all of them are scored at once.
         """
-        p = self.probabilities()
         alive_idx = np.flatnonzero(self.alive)
         k = len(alive_idx)
         if k == 0:
             return []
-        s_chance, s_spread = self._terms(
-            p.single[alive_idx], self.single_divergences[alive_idx], self.single_exposure[alive_idx]
-        )
         sub = np.ix_(alive_idx, alive_idx)
-        p_chance, p_spread = self._terms(p.pair[sub], self.pair_divergences[sub], self.pair_exposure[sub])
-        n_chance, n_spread = self._terms(p.none, self.divergences, self.none_exposure)
-
         starts, ends = np.triu_indices(k + 1, k=1)  # runs [start, end) of surviving edges
-        families = []
-        for single, pair, base in ((s_chance, p_chance, n_chance), (s_spread, p_spread, n_spread)):
-            inside, outside = _run_sums(single, pair, starts, ends)
-            families.append((base + inside, base + outside))
-        keep = binary_entropy(families[0][0]) - families[1][0]
-        drop = binary_entropy(families[0][1]) - families[1][1]
-        scores = np.concatenate([keep, drop])
+        sums = []
+        for none, single, pair in self._terms(pairs):
+            inside, outside = _run_sums(single[alive_idx], pair[sub], starts, ends)
+            sums.append(none + np.concatenate([inside, outside]))
+        scores = binary_entropy(sums[0]) - sums[1]
         limit = min(limit, len(scores))
-        top = np.argpartition(-scores, limit - 1)[:limit]
-        order = top[np.argsort(-scores[top], kind="stable")]
+        best = np.argpartition(-scores, limit - 1)[:limit]
+        order = best[np.argsort(-scores[best], kind="stable")]
         out = []
         for o in order:
             r = o % len(starts)
@@ -268,7 +271,7 @@ class EdgePosterior:
 
 
 def _run_sums(single: np.ndarray, pair: np.ndarray, starts: np.ndarray, ends: np.ndarray):
-    """Sums over each run [start, end) and over its complement: singles in it, pairs in it."""
+    """Probability inside each run [start, end) and outside it: singles, and pairs wholly there."""
     k = len(single)
     line = np.concatenate([[0.0], np.cumsum(single)])
     table = np.zeros((k + 1, k + 1))

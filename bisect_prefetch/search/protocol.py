@@ -61,7 +61,8 @@ VERDICTS = ("culprit-found", "no-drift-reproduced", "not-prefetch", "inconclusiv
 NEAR_BEST = 0.9
 # Prior chance that another set, disjoint from the answer, also causes drift: outside
 # the posterior's one-cause model, so only drop-only(answer) runs can rule it out.
-DISJOINT_CAUSES = 0.2
+DISJOINT_CAUSES = 0.1
+KEEP_SHARE = 0.85
 
 
 @dataclass
@@ -319,23 +320,28 @@ class Bisection:
             self._double_check()
 
     def _search(self) -> None:
-        top = self.model.top()
+        # Pairs needed together are weighed only once they are the likely answer:
+        # until then the search and its stop rule work given that none is needed.
+        pairs = self.model.pairs_likely
+        top = self.model.top(pairs=pairs)
         if top.probability >= self.confidence:
             keep = self._keep_only(top.edges)
             if self._tally_of(keep).divergences:
-                self._answer, self._answer_confidence = top, top.probability
+                # A divergence of keep-only(set) rules out every other set, pairs too.
+                self._answer = top
+                self._answer_confidence = self.model.probability_of(top.edges)
                 return
             if not self._unresolved(keep):
                 name = "all-off" if not top.edges else f"keep-only:{self._names(top.edges)}"
                 return self._ask(keep, "keep-only", f"double checking the answer: {name} should diverge")
         if self._ddmin is not None or self._stalled():
             return self._ddmin_step()
-        mask = self._most_informative(top)
+        mask = self._most_informative(top, pairs=pairs)
         if mask is None:
             return self._finish_inconclusive("every informative mask is unresolved")
         self._ask(mask, "search", f"testing {mask_name(mask, self.edge_ids)}")
 
-    def _most_informative(self, top: Hypothesis) -> frozenset[str] | None:
+    def _most_informative(self, top: Hypothesis, *, pairs: bool) -> frozenset[str] | None:
         """The best mask of the posterior's family, or a near-best one that reads better.
 
         Near-best alternatives: the structured splits (forward-off, backward-off),
@@ -344,7 +350,7 @@ class Bisection:
         """
         ranked = [
             (bits, self._keep_only(np.flatnonzero(enabled)))
-            for bits, enabled in self.model.ranked_tests(limit=16)
+            for bits, enabled in self.model.ranked_tests(limit=16, pairs=pairs)
         ]
         ranked = [(bits, mask) for bits, mask in ranked if not self._unresolved(mask)]
         if not ranked:
@@ -357,10 +363,14 @@ class Bisection:
             if split.any() and split.sum() < alive.sum():
                 alternatives.append(self._keep_only(np.flatnonzero(split)))
         if top.edges:
-            alternatives += [self._drop_only(top.edges), self._keep_only(top.edges)]
+            keep = self._keep_only(top.edges)
+            if (self.model.information(self._enabled(keep), pairs=pairs) >= KEEP_SHARE * best_bits
+                    and not self._unresolved(keep)):
+                return keep
+            alternatives += [self._drop_only(top.edges), keep]
         threshold = NEAR_BEST * best_bits
         for mask in alternatives:
-            bits = self.model.information(self._enabled(mask))
+            bits = self.model.information(self._enabled(mask), pairs=pairs)
             if bits >= threshold and not self._unresolved(mask):
                 threshold, best = bits, mask
         return best

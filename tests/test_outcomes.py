@@ -1,0 +1,130 @@
+"""Run outcomes: ok, error, timeout, stopped-early; only ok and stopped-early enter a verdict.
+
+Small real jobs that crash once, stall after a few steps, or hang under a
+mask; the report counts every kind.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from bisect_prefetch.cli import main
+from bisect_prefetch.experiment import load_experiment
+from bisect_prefetch.report.html import build_report, outcome_counts_text
+from bisect_prefetch.runs.execute import Runner
+from bisect_prefetch.runs.group import run_group
+from bisect_prefetch.runs.oracle import RealOracle
+from bisect_prefetch.runs.store import StateDir
+from tests.reliability import NAME, fake_job_experiment, job_processes, script_experiment
+
+JOB = """
+import json, os, sys, time
+mode = sys.argv[1]
+plan = json.load(open(os.environ["BISECT_PREFETCH_PLAN"]))
+if mode == "crash-first":
+    marker = sys.argv[2]
+    if not os.path.exists(marker):
+        open(marker, "w").close()
+        sys.exit(7)
+if mode == "hang-when-masked" and plan["mask"]:
+    time.sleep(600)
+with open(os.path.join(plan["out_dir"], "metrics.jsonl"), "a") as f:
+    for step in range(1, plan["steps"] + 1):
+        f.write(json.dumps({"step": step, "rank": 0, "loss": 1.0 / step}) + "\\n")
+        f.flush()
+        if mode == "stall" and step == 2:
+            time.sleep(600)
+"""
+
+
+def _aa(tmp_path: Path, experiment: Path, *args: str) -> tuple[int, dict]:
+    out = tmp_path / "aa.json"
+    code = main(["aa", str(experiment), "--state-dir", str(tmp_path / "state"), "--mask",
+                 "all-off", "--json", str(out), *args])
+    return code, json.loads(out.read_text())
+
+
+def test_a_failed_run_is_left_out_of_the_verdict_and_said(tmp_path, capsys):
+    experiment = script_experiment(tmp_path, JOB, "crash-first", str(tmp_path / "crashed"))
+    code, result = _aa(tmp_path, experiment, "--runs", "3")
+    assert code == 0
+    assert result["verdict"] == "consistent"
+    assert result["outcomes"] == {"ok": 2, "error": 1, "timeout": 0, "stopped-early": 0}
+    assert result["run_details"][0]["reason"] == "exit code 7"
+    assert result["metrics"]["loss"]["pair"] == [d["run_id"] for d in result["run_details"][1:]]
+    out = capsys.readouterr().out
+    assert "-> consistent (2 runs, bitwise identical over 8 steps; 1 failed run(s) not counted)" \
+        in out
+
+
+def test_a_run_that_stops_making_progress_times_out(tmp_path):
+    experiment = script_experiment(tmp_path, JOB, "stall", extra="no_progress_timeout_s: 1\n")
+    code, result = _aa(tmp_path, experiment)
+    assert code == 2
+    assert result["verdict"] == "error"
+    assert result["outcomes"]["timeout"] == 2
+    assert {d["reason"] for d in result["run_details"]} == {"no progress for 1s"}
+    assert job_processes(str(tmp_path / "state")) == []
+
+
+def test_an_always_crashing_job_never_gives_a_clean_verdict(tmp_path, capsys):
+    code, result = _aa(tmp_path, fake_job_experiment(tmp_path, "crash"), "--runs", "3")
+    assert code == 2
+    assert result["verdict"] == "error" and result["first_diff_step"] is None
+    assert result["outcomes"] == {"ok": 0, "error": 3, "timeout": 0, "stopped-early": 0}
+    assert "-> consistent" not in capsys.readouterr().out
+
+
+def test_oracle_trial_that_times_out_is_retried_then_unresolved(tmp_path):
+    experiment = load_experiment(script_experiment(tmp_path, JOB, "hang-when-masked",
+                                                   timeout_s=1, steps=4))
+    with StateDir(tmp_path / "state", NAME) as state:
+        oracle = RealOracle(Runner(experiment, state), steps=4, guard="none", max_retries=1)
+        result = oracle.run(frozenset({"fwd:layers.0->layers.1"}))
+        # The all-off golden run finished; the trial timed out twice and says nothing of drift.
+        assert (result.outcome, result.diverged, result.completed) == ("timeout", None, False)
+        assert oracle.runs_launched == 1 + 2
+        records = state.records()
+    assert [r["outcome"] for r in records] == ["ok", "timeout", "timeout"]
+    assert [r["attempt"] for r in records[1:]] == [0, 1]
+    assert job_processes(str(tmp_path / "state")) == []
+
+
+def test_report_counts_every_outcome_kind(tmp_path):
+    state_root = tmp_path / "state"
+    kwargs = {"mask": frozenset(), "steps": 40, "guard": "none"}
+    with StateDir(state_root, NAME) as state:
+        crash = load_experiment(fake_job_experiment(tmp_path, "crash", file_name="crash.yaml"))
+        run_group(Runner(crash, state), runs=2, **kwargs)
+        drifting = load_experiment(fake_job_experiment(tmp_path, steps=40))
+        # All edges on: the second run drifts from its reference and is stopped early.
+        on = {"mask": frozenset({"bwd:layers.1->layers.0"}), "steps": 40, "guard": "none"}
+        group = run_group(Runner(drifting, state), runs=2, **on)
+        assert [r.outcome for r in group.runs] == ["ok", "stopped-early"]
+        records = state.records()
+    assert outcome_counts_text(records) == "run outcomes: 1 ok, 2 error, 0 timeout, 1 stopped-early"
+    page = build_report(state_root / NAME).read_text()
+    assert "<li>run outcomes: 1 ok, 2 error, 0 timeout, 1 stopped-early</li>" in page
+
+
+def test_outcomes_unknown_to_this_version_are_still_counted():
+    records = [{"outcome": "ok"}, {"outcome": "preempted"}, {}]
+    assert outcome_counts_text(records) == (
+        "run outcomes: 1 ok, 0 error, 0 timeout, 0 stopped-early, 1 preempted, 1 None")
+
+
+def test_a_run_that_discovered_another_graph_is_reported_as_graph_drift(tmp_path, capsys):
+    experiment = fake_job_experiment(tmp_path)
+    code, first = _aa(tmp_path, experiment)
+    assert code == 0 and first["graph_drift"] == []
+    a, b = (d["run_id"] for d in first["run_details"])
+    graph_path = tmp_path / "state" / NAME / "runs" / b / "graph.json"
+    graph = json.loads(graph_path.read_text())
+    graph["nodes"] = graph["nodes"][:1]
+    graph_path.write_text(json.dumps(graph))
+    capsys.readouterr()
+    code, again = _aa(tmp_path, experiment)  # the same runs, from the journal
+    assert again["graph_drift"] == [f"run {b} discovered a different prefetch graph than run {a}"]
+    assert f"graph drift: run {b} discovered a different prefetch graph than run {a}" \
+        in capsys.readouterr().out
