@@ -25,7 +25,9 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
     help="Find the FSDP prefetch edges that make same-seed training runs drift.",
 )
-console = Console(highlight=False)
+# Outside a terminal (CI logs, pipes) rich would wrap at 80 columns and cut
+# edge ids and commands in two; 160 keeps a table row and a command on one line.
+console = Console(highlight=False, width=None if sys.stdout.isatty() else 160)
 
 
 def fail(message: str) -> None:
@@ -165,6 +167,31 @@ def aa(
 
 
 @app.command()
+def bisect(
+    experiment: Annotated[Path, typer.Argument(metavar="EXPERIMENT.yaml", help="Experiment YAML.")],
+    confidence: Annotated[Optional[float], typer.Option("--confidence", help="Confidence the answer must reach (default: the experiment's search.confidence).")] = None,
+    max_runs: Annotated[Optional[int], typer.Option("--max-runs", help="Run budget (default: the experiment's search.max_runs).")] = None,
+    resume: Annotated[bool, typer.Option("--resume", help="Continue the bisection in the state dir, reusing every finished run.")] = False,
+    json_out: JsonOpt = None,
+    state_dir: StateDirOpt = Path(".bisect-prefetch"),
+) -> None:
+    """Find the smallest edge set whose presence makes A/A runs diverge."""
+    import json
+
+    from bisect_prefetch.bisect_run import run_bisect
+    from bisect_prefetch.runs.atomic import write_text_atomic
+
+    result, data = run_bisect(experiment, confidence=confidence, max_runs=max_runs, resume=resume,
+                              state_dir=state_dir, console=console)
+    if json_out is not None:
+        write_text_atomic(json_out, json.dumps(data, indent=2) + "\n")
+        console.print(f"wrote {json_out}", markup=False)
+    # A culprit is a finding (1); so is drift that is not prefetch's. No drift: 0.
+    codes = {"culprit-found": 1, "not-prefetch": 1, "no-drift-reproduced": 0, "inconclusive": 1}
+    raise typer.Exit(codes[result.verdict])
+
+
+@app.command()
 def matrix(
     matrix_file: Annotated[Path, typer.Argument(metavar="MATRIX.yaml", help="Matrix YAML.")],
     junit: Annotated[Path | None, typer.Option("--junit", help="Write JUnit XML here (a test case per cell).")] = None,
@@ -284,6 +311,50 @@ def _sigterm_stops_like_ctrl_c():
         yield received
     finally:
         signal.signal(signal.SIGTERM, previous)
+
+
+@app.command()
+def simulate(
+    policy: Annotated[str, typer.Option("--policy", help="Static policy for the graph: mindformers, fsdp2-chain, torchtitan.")],
+    layers: Annotated[int, typer.Option("--layers", help="Layer count.")],
+    culprit: Annotated[list[str], typer.Option("--culprit", help="Culprit edge selector (repeatable; a glob draws one matching edge per trial).")],
+    hazard: Annotated[float, typer.Option("--hazard", help="Per-step chance of drift while the culprit rule holds.")],
+    steps: Annotated[int, typer.Option("--steps", help="Steps per run.")],
+    together: Annotated[bool, typer.Option("--together", help="The culprits cause drift only together (default: any one suffices).")] = False,
+    trials: Annotated[int, typer.Option("--trials", help="Simulated searches.")] = 100,
+    seed: Annotated[int, typer.Option("--seed", help="Seed of the simulated noise.")] = 0,
+    background: Annotated[float, typer.Option("--background", help="Per-step drift hazard unrelated to prefetch.")] = 0.0,
+    startup_cost: Annotated[float, typer.Option("--startup-cost", help="Start-up cost of a run, in steps (adds to the cost figures).")] = 0.0,
+    confidence: Annotated[float, typer.Option("--confidence", help="Confidence the search must reach.")] = 0.95,
+    max_runs: Annotated[int, typer.Option("--max-runs", help="Run budget of each search.")] = 200,
+    method: Annotated[str, typer.Option("--method", help="search, or a baseline: each-edge, binary-pair, binary-repeats, ddmin-repeats.")] = "search",
+    json_out: JsonOpt = None,
+) -> None:
+    """Run the search against a simulated oracle with a known answer, and score it."""
+    import json
+
+    from bisect_prefetch.runs.atomic import write_text_atomic
+    from bisect_prefetch.search.simulate import simulate as run_simulation
+
+    console.print(f"simulating {trials} searches ({method}) on {policy} x {layers} layers, "
+                  f"culprit {' + '.join(culprit)}{' (together)' if together else ''}, "
+                  f"hazard {hazard:g} over {steps} steps, seed {seed}...", markup=False)
+    result = run_simulation(
+        policy, layers, culprit, together=together, hazard=hazard, steps=steps, trials=trials,
+        seed=seed, background=background, startup_cost=startup_cost, confidence=confidence,
+        max_runs=max_runs, method=method,
+    )
+    claimed = result["claimed_confidence"]
+    console.print(f"per-run divergence chance q = {result['per_run_chance']:.3f} "
+                  f"({result['edges']} edges)", markup=False)
+    console.print(f"accuracy {result['accuracy']:.3f}"
+                  + (f" (claimed confidence {claimed:.3f})" if claimed is not None else ""),
+                  markup=False)
+    console.print(f"runs: median {result['runs_median']:g}, p90 {result['runs_p90']:g}; "
+                  f"steps: median {result['steps_median']:g}", markup=False)
+    if json_out is not None:
+        write_text_atomic(json_out, json.dumps(result, indent=2) + "\n")
+        console.print(f"wrote {json_out}", markup=False)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -72,6 +72,7 @@ class EdgePosterior:
         # Only a < b are hypotheses; the rest stay dead for good.
         self.pair_dead = ~np.triu(np.ones((n, n), dtype=bool), k=1)
         self._cached: Probabilities | None = None
+        self._cached_terms: tuple | None = None
 
     # -- evidence ---------------------------------------------------------
     def observe(self, enabled: np.ndarray, diverged: bool, fraction: float = 1.0) -> None:
@@ -92,6 +93,7 @@ class EdgePosterior:
             self.single_exposure += fraction * enabled
             self.pair_exposure += fraction * both
         self._cached = None
+        self._cached_terms = None
 
     @property
     def alive(self) -> np.ndarray:
@@ -213,29 +215,58 @@ class EdgePosterior:
     def information(self, enabled: np.ndarray, *, pairs: bool = True) -> float:
         """Expected information (bits) one run of this mask gives about the hypothesis.
 
-        I = H(outcome) - E_h[H(outcome | h)]: the run diverges with chance
-        sum of p_h q_h over the hypotheses h the mask enables, q_h their predictive
-        chances. With pairs=False the posterior given that no pair is needed is
-        used: telling pairs apart is not worth runs while they are unlikely.
+        I = H(outcome) - E_h[H(outcome | h)], the run diverging with chance
+        sum of p_h q_h over the hypotheses h it enables (q_h their predictive
+        chances). With pairs=False the pairs count as one hypothesis, "some pair":
+        a run is worth something for telling a pair from a single edge, nothing
+        for telling pairs apart while they are unlikely.
         """
-        chance, spread = self._terms(pairs)
-        both = np.outer(enabled, enabled)
-        total_chance = chance[0] + chance[1][enabled].sum() + chance[2][both].sum()
-        total_spread = spread[0] + spread[1][enabled].sum() + spread[2][both].sum()
-        return float(binary_entropy(total_chance) - total_spread)
-
-    def _terms(self, pairs: bool):
-        """Per hypothesis p_h q_h and p_h H(q_h), each as (none, singles, pairs)."""
-        p = self.conditional(pairs=pairs)
-        probs = (p.none, p.single, p.pair)
-        q = (
-            self.predictive(self.divergences, self.none_exposure),
-            self.predictive(self.single_divergences, self.single_exposure),
-            self.predictive(self.pair_divergences, self.pair_exposure),
+        sums = self._sums(
+            lambda single: np.array([single[enabled].sum()]),
+            lambda pair: np.array([pair[np.outer(enabled, enabled)].sum()]),
         )
-        chance = tuple(pr * qq for pr, qq in zip(probs, q, strict=True))
-        spread = tuple(pr * binary_entropy(qq) for pr, qq in zip(probs, q, strict=True))
-        return chance, spread
+        return float(self._score(*sums, pairs=pairs)[0])
+
+    def _terms(self):
+        """Per hypothesis p_h q_h and p_h H(q_h), each as (none, singles, pairs)."""
+        if self._cached_terms is not None and self._cached is not None:
+            return self._cached_terms
+        p = self.probabilities()
+        probs = (p.none, p.single, p.pair)
+        counts = (
+            (self.divergences, self.none_exposure),
+            (self.single_divergences, self.single_exposure),
+            (self.pair_divergences, self.pair_exposure),
+        )
+        chance = tuple(pr * self.predictive(d, e) for pr, (d, e) in zip(probs, counts, strict=True))
+        spread = tuple(
+            pr * binary_entropy(self.predictive(d, e)) for pr, (d, e) in zip(probs, counts, strict=True)
+        )
+        self._cached_terms = (chance, spread)
+        return self._cached_terms
+
+    def _sums(self, over_singles, over_pairs):
+        """Sums of the terms over the hypotheses each candidate mask enables.
+
+        Returns (chance without pairs, spread without pairs, pair chance, pair spread),
+        each an array over candidates.
+        """
+        (none_c, single_c, pair_c), (none_s, single_s, pair_s) = self._terms()
+        return (
+            none_c + over_singles(single_c),
+            none_s + over_singles(single_s),
+            over_pairs(pair_c),
+            over_pairs(pair_s),
+        )
+
+    def _score(self, chance, spread, pair_chance, pair_spread, *, pairs: bool) -> np.ndarray:
+        if pairs:
+            conditional = pair_spread
+        else:
+            # "Some pair" as one hypothesis: its chance is the pairs' average chance.
+            mass = float(self.probabilities().pair.sum())
+            conditional = mass * binary_entropy(pair_chance / mass) if mass > 0 else 0.0
+        return binary_entropy(chance + pair_chance) - spread - conditional
 
     def ranked_tests(self, limit: int = 8, *, pairs: bool = True) -> list[tuple[float, np.ndarray]]:
         """The most informative masks of one family, best first, as (bits, enabled).
@@ -248,13 +279,17 @@ class EdgePosterior:
         k = len(alive_idx)
         if k == 0:
             return []
-        sub = np.ix_(alive_idx, alive_idx)
         starts, ends = np.triu_indices(k + 1, k=1)  # runs [start, end) of surviving edges
-        sums = []
-        for none, single, pair in self._terms(pairs):
-            inside, outside = _run_sums(single[alive_idx], pair[sub], starts, ends)
-            sums.append(none + np.concatenate([inside, outside]))
-        scores = binary_entropy(sums[0]) - sums[1]
+        zero_pairs = np.zeros((k, k))
+        sub = np.ix_(alive_idx, alive_idx)
+
+        def over_singles(single):
+            return np.concatenate(_run_sums(single[alive_idx], zero_pairs, starts, ends))
+
+        def over_pairs(pair):
+            return np.concatenate(_run_sums(np.zeros(k), pair[sub], starts, ends))
+
+        scores = self._score(*self._sums(over_singles, over_pairs), pairs=pairs)
         limit = min(limit, len(scores))
         best = np.argpartition(-scores, limit - 1)[:limit]
         order = best[np.argsort(-scores[best], kind="stable")]

@@ -11,9 +11,10 @@ and a stream draws only in runs where it is in play. So another search policy
 meets the same noise: the k-th run that enables a culprit first differs at the
 same step whatever ran before it.
 
-Besides the tool's search, three baselines for the benchmark, each told the true
-per-run chance q (which favours them): each edge alone with fixed repeats; binary
-search with one A/A pair per test; binary search with fixed repeats.
+Besides the tool's search, baselines for the benchmark, each told the true per-run
+chance q (which favours them): each edge alone with fixed repeats; binary search
+with one A/A pair per test; binary search with fixed repeats; and delta debugging
+with fixed repeats, the classic way to find sets needed together.
 """
 
 from __future__ import annotations
@@ -27,12 +28,13 @@ import numpy as np
 
 from bisect_prefetch.errors import BisectPrefetchError
 from bisect_prefetch.graph import from_policy
+from bisect_prefetch.search.ddmin import DeltaDebugger
 from bisect_prefetch.search.oracle import RunResult
 from bisect_prefetch.search.protocol import Bisection
 from bisect_prefetch.search.stats import per_run_chance, runs_for_clean_verdict
 from bisect_prefetch.select import select
 
-METHODS = ("search", "each-edge", "binary-pair", "binary-repeats")
+METHODS = ("search", "each-edge", "binary-pair", "binary-repeats", "ddmin-repeats")
 
 
 def _stream(seed: int, trial: int, name: str) -> np.random.Generator:
@@ -158,6 +160,17 @@ def binary_search_repeats(edge_ids, oracle, *, q: float, alpha: float) -> Outcom
     return Outcome(outcome.verdict, outcome.minimal_set, 1.0 - alpha, outcome.runs, outcome.steps)
 
 
+def ddmin_repeats(edge_ids, oracle, *, q: float, alpha: float) -> Outcome:
+    """ddmin over all edges, each test up to ln(alpha/k)/ln(1-q) runs, k = 4 log2(N) tests."""
+    counter = _Counter(oracle)
+    tests = 4 * max(1, math.ceil(math.log2(len(edge_ids))))
+    repeats = runs_for_clean_verdict(q, alpha / tests)
+    dd = DeltaDebugger(range(len(edge_ids)))
+    while dd.test is not None:
+        dd.report(counter.diverges(frozenset(edge_ids[i] for i in dd.test), repeats))
+    return _found([edge_ids[i] for i in sorted(dd.current)], counter, 1.0 - alpha)
+
+
 def run_search(edge_ids, oracle, **options) -> Outcome:
     """The tool's own search (protocol.Bisection) against the oracle."""
     search = Bisection(edge_ids, **options)
@@ -240,8 +253,10 @@ def simulate(
             outcome = each_edge_alone(edge_ids, oracle, q=q, alpha=alpha)
         elif method == "binary-pair":
             outcome = binary_search_pairs(edge_ids, oracle)
-        else:
+        elif method == "binary-repeats":
             outcome = binary_search_repeats(edge_ids, oracle, q=q, alpha=alpha)
+        else:
+            outcome = ddmin_repeats(edge_ids, oracle, q=q, alpha=alpha)
         results.append({
             "trial": trial,
             "culprits": truth,

@@ -142,6 +142,8 @@ def log_gamma(x: np.ndarray | float) -> np.ndarray:
     Stirling's series at x + 8, where its error is below 1e-11, shifted back
     with Gamma(x) = Gamma(x + 8) / (x (x+1) ... (x+7)).
     """
+    if np.ndim(x) == 0:
+        return np.asarray(math.lgamma(float(x)))
     x = np.asarray(x, dtype=float)
     y = x + _SHIFT
     inv, inv2 = 1.0 / y, 1.0 / (y * y)

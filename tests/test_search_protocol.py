@@ -1,0 +1,196 @@
+"""The search protocol against the simulated oracle: every exit path, pairs, replay."""
+
+import pytest
+
+from bisect_prefetch.errors import BisectPrefetchError
+from bisect_prefetch.graph import from_policy
+from bisect_prefetch.search.oracle import RunResult
+from bisect_prefetch.search.protocol import Bisection, mask_name
+from bisect_prefetch.search.simulate import SimulatedOracle
+from bisect_prefetch.search.stats import hazard_for_chance
+
+EDGES = from_policy("fsdp2-chain", 4).edge_ids()  # 3 forward, 3 backward
+STEPS = 40
+SEED = 20260601
+
+
+def hazard(q):
+    return hazard_for_chance(q, STEPS)
+
+
+def run(search, oracle):
+    while (mask := search.next_mask()) is not None:
+        search.record(mask, oracle.run(mask))
+    return search.result()
+
+
+def search_with(culprits, *, q=0.5, together=False, background=0.0, trial=0, **options):
+    print(f"seed {SEED} trial {trial}")
+    oracle = SimulatedOracle(
+        culprits, together=together, hazard=hazard(q), steps=STEPS,
+        background=hazard(background) if background else 0.0, seed=SEED, trial=trial,
+    )
+    search = Bisection(EDGES, steps_per_run=STEPS, **options)
+    return search, run(search, oracle)
+
+
+@pytest.mark.parametrize("trial", range(3))
+def test_culprit_found_names_the_edge_and_both_checks(trial):
+    culprit = "bwd:layers.2->layers.1"
+    search, result = search_with([culprit], trial=trial)
+    assert result.verdict == "culprit-found"
+    assert result.minimal_set == [culprit]
+    assert result.confidence >= 0.95
+    assert result.facts[0].startswith(f"keep-only:{culprit} diverged (run ")
+    assert "removing the set removes drift" in result.facts[1]
+    assert result.drop_only_diverges is False
+    assert [row["step"] for row in result.evidence[:2]] == ["calibrate", "check-off"]
+    assert result.runs_used == len(search.history) == sum(row["runs"] for row in result.evidence)
+    assert result.steps_used == sum(r.steps for _, r in search.history)
+    assert result.calibration["divergences"] >= 1
+    assert search.state == "done" and search.next_mask() is None
+
+
+def test_no_drift_reproduced_states_the_bound_ruled_out():
+    search, result = search_with([], calibration_runs=20)
+    assert result.verdict == "no-drift-reproduced"
+    assert result.runs_used == 20
+    assert result.minimal_set == []
+    assert result.confidence == 0.95
+    assert "fewer than 3/20" in result.facts[0]
+    assert "0.139" in result.facts[0]  # 1 - 0.05 ** (1/20)
+
+
+def test_drift_with_every_edge_off_is_not_prefetch():
+    search, result = search_with([], background=0.9)
+    assert result.verdict == "not-prefetch"
+    assert result.facts[0].startswith("all-off diverged")
+    assert result.evidence[-1]["mask"] == "all-off"
+    assert result.evidence[-1]["verdict"] == "diverged"
+
+
+def test_out_of_runs_is_inconclusive_with_the_best_guess():
+    search, result = search_with(["fwd:layers.0->layers.1"], q=0.3, max_runs=5)
+    assert result.verdict == "inconclusive"
+    assert result.runs_used == 5
+    assert result.facts[0].startswith("stopped: the run budget (--max-runs 5) ran out; best guess")
+    assert result.top_hypotheses and result.minimal_set == []
+
+
+@pytest.mark.parametrize("trial", range(2))
+def test_pair_needed_together_is_found_one_minimal(trial):
+    pair = ["fwd:layers.1->layers.2", "bwd:layers.3->layers.2"]
+    search, result = search_with(pair, together=True, trial=trial, max_runs=400)
+    assert result.verdict == "culprit-found"
+    assert sorted(result.minimal_set) == sorted(pair)
+    assert any(f.startswith("each edge of the set is needed") for f in result.facts)
+    # 1-minimal: no run that enabled only one of the two ever diverged.
+    for mask, r in search.history:
+        if r.diverged:
+            assert set(pair) <= mask or not mask
+
+
+def test_several_disjoint_causes_are_reported():
+    culprits = ["fwd:layers.0->layers.1", "bwd:layers.3->layers.2"]
+    search, result = search_with(culprits, q=0.9)
+    assert result.verdict == "culprit-found"
+    assert len(result.minimal_set) == 1 and result.minimal_set[0] in culprits
+    assert result.drop_only_diverges is True
+    assert any("another set of edges causes drift too" in f for f in result.facts)
+
+
+def test_replaying_the_runs_rebuilds_the_same_search():
+    search, result = search_with(["fwd:layers.1->layers.2"], q=0.4, trial=5)
+    history = search.history
+    assert len(history) > 6
+    for cut in (0, 3, len(history) // 2, len(history) - 1):
+        again = Bisection(EDGES, steps_per_run=STEPS)
+        for mask, r in history[:cut]:
+            assert again.next_mask() == mask
+            again.record(mask, r)
+        assert again.next_mask() == history[cut][0]
+        assert again.state == search.events[-1].step or again.runs_used < len(history)
+    again = Bisection(EDGES, steps_per_run=STEPS)
+    for mask, r in history:
+        again.record(mask, r)
+    assert again.done
+    assert again.result() == result
+
+
+def test_a_replayed_journal_continues_under_a_new_confidence():
+    search, first = search_with(["bwd:layers.3->layers.2"], q=0.4, trial=2)
+    stricter = Bisection(EDGES, steps_per_run=STEPS, confidence=0.999)
+    for mask, r in search.history:
+        if stricter.done:
+            break
+        stricter.record(mask, r)
+    oracle = SimulatedOracle(["bwd:layers.3->layers.2"], hazard=hazard(0.4), steps=STEPS, seed=SEED, trial=99)
+    result = run(stricter, oracle)
+    assert result.runs_used >= first.runs_used  # nothing that finished is run again
+    assert result.verdict == "culprit-found" and result.confidence >= 0.999
+
+
+class FailingOracle:
+    """Every run fails, as a job that never starts would."""
+
+    def run(self, mask):
+        return RunResult("error", None, None, 0)
+
+
+def test_failed_runs_never_count_as_clean_and_make_a_mask_unresolved():
+    search = Bisection(EDGES, max_errors=3)
+    result = run(search, FailingOracle())
+    assert result.verdict == "inconclusive"
+    assert result.runs_used == 3
+    assert "all-on never completed a run" in result.facts[0]
+    assert result.evidence[0]["errors"] == 3 and result.evidence[0]["verdict"] == "unresolved"
+
+
+def test_a_failure_between_runs_is_retried_not_counted():
+    search = Bisection(EDGES)
+    all_on = search.next_mask()
+    search.record(all_on, RunResult("timeout", None, None, 7))
+    search.record(all_on, RunResult("stopped-early", True, 12, 12))
+    block = search.events[0]
+    assert (block.runs, block.errors, block.divergences) == (2, 1, 1)
+    assert block.line == "diverged at run 2 (step 12), 1 failed"
+    assert search.steps_used == 19
+    assert search.next_mask() == frozenset()  # on to all-off
+
+
+def test_a_clean_run_cut_short_counts_as_part_of_a_run():
+    search = Bisection(EDGES, steps_per_run=40)
+    search.record(frozenset(EDGES), RunResult("stopped-early", False, None, 10))
+    assert search.model.none_exposure == pytest.approx(0.25)
+
+
+def test_bad_input_is_a_bisect_prefetch_error():
+    with pytest.raises(BisectPrefetchError):
+        Bisection([])
+    with pytest.raises(BisectPrefetchError):
+        Bisection(EDGES, confidence=1.0)
+    with pytest.raises(BisectPrefetchError):
+        Bisection(EDGES, max_runs=0)
+    search = Bisection(EDGES)
+    with pytest.raises(BisectPrefetchError, match="not in the graph"):
+        search.record(frozenset(["fwd:nope->nada"]), RunResult("ok", False, None, 5))
+    with pytest.raises(BisectPrefetchError):
+        RunResult("ok", None, None, 5)
+    with pytest.raises(BisectPrefetchError):
+        RunResult("crashed", None, None, 5)
+
+
+def test_recording_after_the_verdict_is_an_error():
+    search, _ = search_with([], calibration_runs=3)
+    with pytest.raises(BisectPrefetchError, match="finished"):
+        search.record(frozenset(EDGES), RunResult("ok", False, None, STEPS))
+
+
+def test_mask_names():
+    all_on = frozenset(EDGES)
+    assert mask_name(all_on, EDGES) == "all-on"
+    assert mask_name(frozenset(), EDGES) == "all-off"
+    assert mask_name(frozenset(e for e in EDGES if e.startswith("bwd:")), EDGES) == "forward-off"
+    assert mask_name(frozenset(EDGES[:1]), EDGES) == f"keep-only:{EDGES[0]}"
+    assert mask_name(frozenset(EDGES[1:4]), EDGES) == f"keep-only {EDGES[1]} .. {EDGES[3]} (3 edges)"
+    assert mask_name(frozenset(EDGES[:1] + EDGES[4:]), EDGES) == f"drop-only {EDGES[1]} .. {EDGES[3]} (3 edges)"

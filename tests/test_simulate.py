@@ -1,0 +1,148 @@
+"""The simulated oracle, the baselines, and the calibration of the search's stated confidence."""
+
+import math
+
+import numpy as np
+import pytest
+
+from bisect_prefetch.errors import BisectPrefetchError
+from bisect_prefetch.graph import from_policy
+from bisect_prefetch.search.simulate import (
+    SimulatedOracle,
+    binary_search_pairs,
+    binary_search_repeats,
+    ddmin_repeats,
+    draw_culprits,
+    each_edge_alone,
+    simulate,
+)
+from bisect_prefetch.search.stats import hazard_for_chance
+
+EDGES = from_policy("fsdp2-chain", 4).edge_ids()
+CULPRIT = "bwd:layers.2->layers.1"
+STEPS = 40
+
+
+def oracle(culprits=(CULPRIT,), *, q=0.3, seed=7, trial=0, **options):
+    return SimulatedOracle(list(culprits), hazard=hazard_for_chance(q, STEPS), steps=STEPS,
+                           seed=seed, trial=trial, **options)
+
+
+def divergence_rate(o, mask, runs=3000):
+    return sum(bool(o.run(mask).diverged) for _ in range(runs)) / runs
+
+
+def test_runs_diverge_only_while_the_rule_holds_at_the_stated_chance():
+    o = oracle(q=0.3)
+    assert divergence_rate(o, frozenset(EDGES) - {CULPRIT}, runs=500) == 0.0
+    rate = divergence_rate(o, frozenset([CULPRIT]))
+    assert abs(rate - 0.3) < 4 * math.sqrt(0.3 * 0.7 / 3000)
+
+
+def test_a_diverging_run_stops_at_its_first_difference():
+    o = oracle(q=0.9)
+    results = [o.run(frozenset([CULPRIT])) for _ in range(50)]
+    diverged = [r for r in results if r.diverged]
+    assert diverged
+    for r in diverged:
+        assert r.outcome == "stopped-early" and r.steps == r.first_diff_step <= STEPS
+    for r in results:
+        if not r.diverged:
+            assert r.outcome == "ok" and r.steps == STEPS and r.first_diff_step is None
+
+
+def test_a_set_needed_together_diverges_only_when_all_are_enabled():
+    pair = ["fwd:layers.0->layers.1", CULPRIT]
+    o = oracle(pair, q=0.6, together=True)
+    assert divergence_rate(o, frozenset([pair[0]]), runs=300) == 0.0
+    assert divergence_rate(o, frozenset([pair[1]]), runs=300) == 0.0
+    assert divergence_rate(o, frozenset(pair), runs=300) > 0.4
+
+
+def test_background_drift_reaches_all_off():
+    o = oracle([], q=0.3, background=hazard_for_chance(0.5, STEPS))
+    assert divergence_rate(o, frozenset(), runs=400) > 0.35
+
+
+def test_failures_come_from_their_own_stream():
+    o = oracle(error_rate=0.5)
+    outcomes = [o.run(frozenset(EDGES)).outcome for _ in range(200)]
+    assert 60 < outcomes.count("error") < 140
+
+
+def test_each_culprit_meets_the_same_noise_whatever_else_runs():
+    # The k-th run that enables the culprit first differs at the same step, so two
+    # search policies that interleave other masks differently meet the same draws.
+    first, second = oracle(seed=3), oracle(seed=3)
+    plain = [first.run(frozenset([CULPRIT])) for _ in range(30)]
+    other = frozenset(["fwd:layers.0->layers.1"])
+    mixed = []
+    for i in range(30):
+        for _ in range(i % 3):
+            second.run(other)
+        mixed.append(second.run(frozenset(EDGES)))
+    assert [r.first_diff_step for r in plain] == [r.first_diff_step for r in mixed]
+    assert [r.first_diff_step for r in plain] != [
+        r.first_diff_step for r in (oracle(seed=4).run(frozenset([CULPRIT])) for _ in range(30))
+    ]
+
+
+def test_draw_culprits_draws_distinct_edges_per_selector():
+    rng = np.random.default_rng(0)
+    drawn = [draw_culprits(["all", "all"], EDGES, rng) for _ in range(50)]
+    assert all(len(set(d)) == 2 for d in drawn)
+    assert len({tuple(d) for d in drawn}) > 5
+    assert draw_culprits([CULPRIT], EDGES, rng) == [CULPRIT]
+    with pytest.raises(BisectPrefetchError):
+        draw_culprits(["fwd:nope->x"], EDGES, rng)
+
+
+def test_baselines_find_a_single_culprit_when_told_q():
+    for method in (each_edge_alone, binary_search_repeats):
+        outcome = method(EDGES, oracle(q=0.5, trial=1), q=0.5, alpha=0.01)
+        assert outcome.minimal_set == [CULPRIT], method.__name__
+    paired = binary_search_pairs(EDGES, oracle(q=0.5))
+    assert paired.runs <= 2 * math.ceil(math.log2(len(EDGES)))
+    assert paired.confidence is None
+
+
+def test_ddmin_baseline_finds_a_pair_needed_together():
+    pair = ["fwd:layers.1->layers.2", CULPRIT]
+    outcome = ddmin_repeats(EDGES, oracle(pair, q=0.6, together=True), q=0.6, alpha=0.01)
+    assert sorted(outcome.minimal_set) == sorted(pair)
+
+
+def test_simulate_reports_the_design_fields():
+    report = simulate("fsdp2-chain", 4, [CULPRIT], hazard=hazard_for_chance(0.5, STEPS), steps=STEPS,
+                      trials=8, seed=5)
+    assert {"trials", "accuracy", "runs_median", "runs_p90", "steps_median", "claimed_confidence",
+            "results"} <= set(report)
+    assert report["trials"] == len(report["results"]) == 8
+    runs = [r["runs"] for r in report["results"]]
+    assert report["runs_median"] == float(np.median(runs))
+    assert report["accuracy"] == sum(r["correct"] for r in report["results"]) / 8
+    assert report["per_run_chance"] == pytest.approx(0.5)
+    assert all(r["culprits"] == [CULPRIT] for r in report["results"])
+
+
+def test_simulate_rejects_bad_input():
+    with pytest.raises(BisectPrefetchError):
+        simulate("fsdp2-chain", 4, [CULPRIT], hazard=0.01, steps=STEPS, trials=0)
+    with pytest.raises(BisectPrefetchError):
+        simulate("fsdp2-chain", 4, [CULPRIT], hazard=0.01, steps=STEPS, method="guess")
+    with pytest.raises(BisectPrefetchError):
+        simulate("fsdp2-chain", 4, [CULPRIT], hazard=1.5, steps=STEPS)
+
+
+CALIBRATION_SEED = 424242
+
+
+def test_stated_confidence_is_calibrated_over_a_thousand_searches():
+    print(f"calibration seed {CALIBRATION_SEED}")
+    report = simulate("fsdp2-chain", 3, ["all"], hazard=hazard_for_chance(0.4, 20), steps=20,
+                      trials=1000, seed=CALIBRATION_SEED)
+    found = [r for r in report["results"] if r["verdict"] == "culprit-found"]
+    print({k: v for k, v in report.items() if k != "results"})
+    assert len(found) > 950
+    assert report["accuracy"] >= report["claimed_confidence"]
+    assert min(r["confidence"] for r in found) >= 0.95
