@@ -18,8 +18,12 @@ $(STAMP): pyproject.toml
 test: $(STAMP)
 	$(BIN)/python -m pytest -q
 
+# The main job on the reference workload: bisect the FSDP2 workload with a planted
+# fault. Exit code 1 means "culprit found", which is the demo's expected ending.
+# Run again, it resumes from its journal; `make clean` starts over.
 demo: $(STAMP)
-	$(BIN)/python -m bisect_prefetch.demo
+	$(BIN)/bisect-prefetch bisect configs/fsdp2-fault.yaml --resume --state-dir .bisect-prefetch/demo \
+		--json .bisect-prefetch/demo/bisect-result.json; rc=$$?; [ $$rc -le 1 ]
 
 bench: $(STAMP)
 	$(BIN)/python -m benchmarks

@@ -102,7 +102,7 @@ def test_baselines_find_a_single_culprit_when_told_q():
         outcome = method(EDGES, oracle(q=0.5, trial=1), q=0.5, alpha=0.01)
         assert outcome.minimal_set == [CULPRIT], method.__name__
     paired = binary_search_pairs(EDGES, oracle(q=0.5))
-    assert paired.runs <= 2 * math.ceil(math.log2(len(EDGES)))
+    assert paired.runs % 2 == 0 and paired.runs <= 2 * math.ceil(math.log2(len(EDGES)))  # whole pairs
     assert paired.confidence is None
 
 

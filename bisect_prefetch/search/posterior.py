@@ -117,10 +117,6 @@ class EdgePosterior:
         d = np.asarray(divergences, dtype=float)
         return (a + d) / (a + b + d + np.asarray(exposure, dtype=float))
 
-    def chance(self, edges: tuple[int, ...]) -> float:
-        """Posterior mean per-run chance if this set is the cause."""
-        return float(self.predictive(*self.counts(edges)))
-
     def miss_chance(self, edges: tuple[int, ...], clean_runs: float) -> float:
         """Chance that clean_runs runs all miss a cause as strong as this set: E[(1-q)^n].
 
@@ -208,7 +204,7 @@ class EdgePosterior:
 
     @property
     def pairs_likely(self) -> bool:
-        """Whether a pair needed together is at least as likely as anything else."""
+        """Whether the pairs needed together hold at least half the posterior."""
         return float(self.probabilities().pair.sum()) >= 0.5
 
     # -- choosing a test -------------------------------------------------------
@@ -229,7 +225,7 @@ class EdgePosterior:
 
     def _terms(self):
         """Per hypothesis p_h q_h and p_h H(q_h), each as (none, singles, pairs)."""
-        if self._cached_terms is not None and self._cached is not None:
+        if self._cached_terms is not None:
             return self._cached_terms
         p = self.probabilities()
         probs = (p.none, p.single, p.pair)

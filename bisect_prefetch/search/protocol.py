@@ -18,7 +18,8 @@ Steps, each narrated as a block of runs in `events`:
    runs: no-drift-reproduced, with the per-run chance that is ruled out (about 3/n).
 2. check-off: all-off, `all_off_runs` times. A divergence: not-prefetch.
 3. search: the mask whose next run tells most (expected information) about
-   which set causes drift. Near-best masks that read better or double as the
+   which set causes drift, among runs of consecutive surviving edges in graph
+   order (a phase, a range of layers) and their complements. Near-best masks that read better or double as the
    final check win: forward-off and backward-off (the structured split), and
    keep-only or drop-only of the leading set. A mask's runs stop at its first
    divergence (the posterior moves on); clean runs repeat only while the mask
@@ -384,8 +385,6 @@ class Bisection:
                 return self._finish_inconclusive("keep-only of the answer never completed a run")
             return self._ask(keep, "keep-only", f"double checking the answer: keep-only:{self._names(edges)} should diverge")
         tally = self._tally_of(drop)
-        if not drop:  # the answer is every edge: there is nothing to drop
-            return self._finish_found()
         if tally.divergences:
             # Another cause, or drift without prefetch: all-off tells them apart.
             off = self._tally_of(self._all_off)
@@ -507,9 +506,7 @@ class Bisection:
             )
         else:
             confidence -= self._second_cause_error(tally.clean)
-            if not drop:
-                facts.append("the set is every edge: there is no drop-only check")
-            elif tally.clean:
+            if tally.clean:
                 facts.append(
                     f"drop-only:{names}: {_runs(tally.clean)}, all consistent: removing the set removes drift"
                 )
@@ -525,11 +522,13 @@ class Bisection:
     def _each_needed(self, edges: Sequence[int]) -> str:
         """The evidence that every edge of a pair is needed: runs enabling only one of them."""
         a, b = (self.edge_ids[i] for i in edges)
-        only_a = sum(1 for m, r in self.history if r.completed and a in m and b not in m)
-        only_b = sum(1 for m, r in self.history if r.completed and b in m and a not in m)
+
+        def clean_with_only(x: str, y: str) -> int:
+            return sum(1 for m, r in self.history if r.completed and not r.diverged and x in m and y not in m)
+
         return (
-            f"each edge of the set is needed: {_runs(only_a)} enabling {a} without {b} and "
-            f"{_runs(only_b)} enabling {b} without {a} all stayed consistent"
+            f"each edge of the set is needed: {_runs(clean_with_only(a, b))} enabling {a} without {b} "
+            f"and {_runs(clean_with_only(b, a))} enabling {b} without {a} stayed consistent"
         )
 
     # -- reading --------------------------------------------------------------------------------

@@ -31,7 +31,7 @@ from bisect_prefetch.graph import from_policy
 from bisect_prefetch.search.ddmin import DeltaDebugger
 from bisect_prefetch.search.oracle import RunResult
 from bisect_prefetch.search.protocol import Bisection
-from bisect_prefetch.search.stats import per_run_chance, runs_for_clean_verdict
+from bisect_prefetch.search.stats import error_share, per_run_chance, runs_for_clean_verdict
 from bisect_prefetch.select import select
 
 METHODS = ("search", "each-edge", "binary-pair", "binary-repeats", "ddmin-repeats")
@@ -111,15 +111,17 @@ class _Counter:
     def __init__(self, oracle: SimulatedOracle) -> None:
         self.oracle, self.runs, self.steps = oracle, 0, 0
 
-    def diverges(self, mask: frozenset[str], repeats: int) -> bool:
-        """Up to `repeats` runs, stopping at the first divergence (one-sided test)."""
+    def diverges(self, mask: frozenset[str], repeats: int, *, stop_early: bool = True) -> bool:
+        """Up to `repeats` runs, stopping at the first divergence (one-sided test) unless told not to."""
+        diverged = False
         for _ in range(repeats):
             result = self.oracle.run(mask)
             self.runs += 1
             self.steps += result.steps
-            if result.diverged:
-                return True
-        return False
+            diverged = diverged or bool(result.diverged)
+            if diverged and stop_early:
+                break
+        return diverged
 
 
 def _found(edges: list[str], counter: _Counter, confidence: float | None) -> Outcome:
@@ -135,13 +137,13 @@ def each_edge_alone(edge_ids, oracle, *, q: float, alpha: float) -> Outcome:
     return _found(hits, counter, 1.0 - alpha)
 
 
-def binary_search(edge_ids, oracle, *, repeats: int, runs_per_trial: int = 1) -> Outcome:
+def binary_search(edge_ids, oracle, *, repeats: int, stop_early: bool = True) -> Outcome:
     """Halve the candidates: keep-only(first half) diverges -> it, else the other half."""
     counter = _Counter(oracle)
     candidates = list(edge_ids)
     while len(candidates) > 1:
         half = candidates[: len(candidates) // 2]
-        if counter.diverges(frozenset(half), repeats * runs_per_trial):
+        if counter.diverges(frozenset(half), repeats, stop_early=stop_early):
             candidates = half
         else:
             candidates = candidates[len(candidates) // 2:]
@@ -149,8 +151,8 @@ def binary_search(edge_ids, oracle, *, repeats: int, runs_per_trial: int = 1) ->
 
 
 def binary_search_pairs(edge_ids, oracle) -> Outcome:
-    """One A/A pair (two runs) per test, as done by hand."""
-    return binary_search(edge_ids, oracle, repeats=1, runs_per_trial=2)
+    """One A/A pair per test, as done by hand: two runs, a difference if either diverged."""
+    return binary_search(edge_ids, oracle, repeats=2, stop_early=False)
 
 
 def binary_search_repeats(edge_ids, oracle, *, q: float, alpha: float) -> Outcome:
@@ -161,13 +163,19 @@ def binary_search_repeats(edge_ids, oracle, *, q: float, alpha: float) -> Outcom
 
 
 def ddmin_repeats(edge_ids, oracle, *, q: float, alpha: float) -> Outcome:
-    """ddmin over all edges, each test up to ln(alpha/k)/ln(1-q) runs, k = 4 log2(N) tests."""
+    """ddmin over all edges, each test up to ln(alpha_i)/ln(1-q) runs.
+
+    The i-th clean verdict gets error_share(alpha, i): the shares add up to alpha
+    however many verdicts ddmin needs.
+    """
     counter = _Counter(oracle)
-    tests = 4 * max(1, math.ceil(math.log2(len(edge_ids))))
-    repeats = runs_for_clean_verdict(q, alpha / tests)
     dd = DeltaDebugger(range(len(edge_ids)))
+    clean_verdicts = 0
     while dd.test is not None:
-        dd.report(counter.diverges(frozenset(edge_ids[i] for i in dd.test), repeats))
+        repeats = runs_for_clean_verdict(q, error_share(alpha, clean_verdicts + 1))
+        failed = counter.diverges(frozenset(edge_ids[i] for i in dd.test), repeats)
+        clean_verdicts += not failed
+        dd.report(failed)
     return _found([edge_ids[i] for i in sorted(dd.current)], counter, 1.0 - alpha)
 
 

@@ -88,11 +88,6 @@ def runs_for_clean_verdict(q: float, alpha: float) -> int:
     return max(1, math.ceil(math.log(alpha) / math.log1p(-q) - 1e-9))
 
 
-def miss_chance(q: float, clean_runs: float) -> float:
-    """Chance that clean_runs runs, each diverging with chance q, all come out clean."""
-    return (1.0 - q) ** clean_runs
-
-
 def error_share(alpha: float, index: int) -> float:
     """The index-th (1-based) clean verdict's share of an error budget alpha.
 

@@ -1,0 +1,42 @@
+"""The CLI surface, frozen: a change to a command or an option must change this test too.
+
+Other tools, CI jobs and the docs call these names (DESIGN.md's CLI contract).
+"""
+
+import typer.main
+
+from bisect_prefetch.cli import app
+
+SURFACE = {
+    "aa": {"experiment", "--mask", "--runs", "--steps", "--guard", "--json", "--state-dir"},
+    "audit": {"experiment", "--guard", "--json", "--state-dir"},
+    "bisect": {"experiment", "--confidence", "--max-runs", "--resume", "--json", "--state-dir"},
+    "compare": {"a", "b", "--format", "--json"},
+    "graph": {"experiment", "--policy", "--layers", "--format", "--out", "--state-dir"},
+    "masks": {"experiment", "--policy", "--layers", "--preset", "--state-dir"},
+    "matrix": {"matrix_file", "--junit", "--markdown", "--json", "--state-dir"},
+    "report": {"state", "--html"},
+    "simulate": {
+        "--policy", "--layers", "--culprit", "--together", "--hazard", "--steps", "--trials",
+        "--seed", "--background", "--startup-cost", "--confidence", "--max-runs", "--method",
+        "--json",
+    },
+}
+
+
+def surface() -> dict[str, set[str]]:
+    group = typer.main.get_command(app)
+    return {
+        name: {opt for p in cmd.params for opt in (p.opts if p.param_type_name == "option" else [p.name])}
+        for name, cmd in group.commands.items()
+    }
+
+
+def test_every_command_and_option_is_as_documented():
+    assert surface() == SURFACE
+
+
+def test_every_command_has_help_text():
+    group = typer.main.get_command(app)
+    for name, cmd in group.commands.items():
+        assert cmd.help, f"{name} has no help text"
