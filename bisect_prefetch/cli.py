@@ -10,9 +10,9 @@ import signal
 import sys
 import threading
 from contextlib import contextmanager
-from enum import Enum, StrEnum
+from enum import StrEnum
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 from rich.console import Console
@@ -36,7 +36,7 @@ def fail(message: str) -> None:
     raise typer.Exit(2)
 
 
-class GraphFormat(str, Enum):
+class GraphFormat(StrEnum):
     text = "text"
     json = "json"
     dot = "dot"
@@ -45,16 +45,16 @@ class GraphFormat(str, Enum):
 
 
 ExperimentArg = Annotated[
-    Optional[Path], typer.Argument(help="Experiment YAML (or give --policy and --layers).")
+    Path | None, typer.Argument(help="Experiment YAML (or give --policy and --layers).")
 ]
 PolicyOpt = Annotated[
-    Optional[str], typer.Option("--policy", help="Static policy: mindformers, fsdp2-chain, torchtitan.")
+    str | None, typer.Option("--policy", help="Static policy: mindformers, fsdp2-chain, torchtitan.")
 ]
-LayersOpt = Annotated[Optional[int], typer.Option("--layers", help="Layer count for --policy.")]
+LayersOpt = Annotated[int | None, typer.Option("--layers", help="Layer count for --policy.")]
 StateDirOpt = Annotated[
     Path, typer.Option("--state-dir", help="Where run state lives (default .bisect-prefetch).")
 ]
-JsonOpt = Annotated[Optional[Path], typer.Option("--json", help="Also write the result as JSON here.")]
+JsonOpt = Annotated[Path | None, typer.Option("--json", help="Also write the result as JSON here.")]
 
 
 def _load_graph(experiment: Path | None, policy: str | None, layers: int | None, state_dir: Path):
@@ -77,7 +77,7 @@ def graph(
     policy: PolicyOpt = None,
     layers: LayersOpt = None,
     fmt: Annotated[GraphFormat, typer.Option("--format", help="Output format.")] = GraphFormat.text,
-    out: Annotated[Optional[Path], typer.Option("--out", help="Write here instead of stdout.")] = None,
+    out: Annotated[Path | None, typer.Option("--out", help="Write here instead of stdout.")] = None,
     state_dir: StateDirOpt = Path(".bisect-prefetch"),
 ) -> None:
     """Show the prefetch edge graph of a policy or of a real job."""
@@ -169,8 +169,8 @@ def aa(
 @app.command()
 def bisect(
     experiment: Annotated[Path, typer.Argument(metavar="EXPERIMENT.yaml", help="Experiment YAML.")],
-    confidence: Annotated[Optional[float], typer.Option("--confidence", help="Confidence the answer must reach (default: the experiment's search.confidence).")] = None,
-    max_runs: Annotated[Optional[int], typer.Option("--max-runs", help="Run budget (default: the experiment's search.max_runs).")] = None,
+    confidence: Annotated[float | None, typer.Option("--confidence", help="Confidence the answer must reach (default: the experiment's search.confidence).")] = None,
+    max_runs: Annotated[int | None, typer.Option("--max-runs", help="Run budget (default: the experiment's search.max_runs).")] = None,
     resume: Annotated[bool, typer.Option("--resume", help="Continue the bisection in the state dir, reusing every finished run.")] = False,
     json_out: JsonOpt = None,
     state_dir: StateDirOpt = Path(".bisect-prefetch"),
@@ -233,7 +233,7 @@ def report(
 def compare(
     a: Annotated[Path, typer.Argument(metavar="A", help="A run directory or a log file.")],
     b: Annotated[Path, typer.Argument(metavar="B", help="The run directory or log file to compare with.")],
-    fmt: Annotated[Optional[str], typer.Option("--format", help="Log format: jsonl, mindformers, torchtitan, megatron (default: detected).")] = None,
+    fmt: Annotated[str | None, typer.Option("--format", help="Log format: jsonl, mindformers, torchtitan, megatron (default: detected).")] = None,
     json_out: JsonOpt = None,
 ) -> None:
     """Compare two runs' metrics (and gradient digests): exit 0 identical, 1 different."""
@@ -261,7 +261,7 @@ def compare(
 @app.command()
 def audit(
     experiment: Annotated[Path, typer.Argument(metavar="EXPERIMENT.yaml", help="Experiment YAML.")],
-    guard: Annotated[Optional[Guard], typer.Option("--guard", help="Run under this guard instead of the experiment's.")] = None,
+    guard: Annotated[Guard | None, typer.Option("--guard", help="Run under this guard instead of the experiment's.")] = None,
     json_out: JsonOpt = None,
     state_dir: StateDirOpt = Path(".bisect-prefetch"),
 ) -> None:

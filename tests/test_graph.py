@@ -5,7 +5,15 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from bisect_prefetch.errors import BisectPrefetchError
-from bisect_prefetch.graph import Edge, PrefetchGraph, from_policy, render_dot, render_mermaid, render_png, render_text
+from bisect_prefetch.graph import (
+    Edge,
+    PrefetchGraph,
+    from_policy,
+    render_dot,
+    render_mermaid,
+    render_png,
+    render_text,
+)
 
 
 def edge_set(graph):
@@ -17,9 +25,9 @@ def test_mindformers_chain(layers):
     g = from_policy("mindformers", layers)
     L = [f"decoder.layers.{i}" for i in range(layers)]
     fwd = {f"fwd:embedding->{L[0]}", f"fwd:{L[-1]}->decoder.final_layernorm", f"fwd:{L[-1]}->output_layer"}
-    fwd |= {f"fwd:{a}->{b}" for a, b in zip(L, L[1:])}
+    fwd |= {f"fwd:{a}->{b}" for a, b in zip(L, L[1:], strict=False)}
     bwd = {f"bwd:output_layer->{L[-1]}", f"bwd:{L[0]}->embedding"}
-    bwd |= {f"bwd:{b}->{a}" for a, b in zip(L, L[1:])}
+    bwd |= {f"bwd:{b}->{a}" for a, b in zip(L, L[1:], strict=False)}
     assert edge_set(g) == fwd | bwd
     assert len(g.edges("fwd")) == layers + 2
     assert len(g.edges("bwd")) == layers + 1
@@ -56,9 +64,9 @@ def test_torchtitan_chain(layers):
     g = from_policy("torchtitan", layers)
     L = [f"layers.{i}" for i in range(layers)]
     chain = ["tok_embeddings", *L]
-    expected = {f"fwd:{a}->{b}" for a, b in zip(chain, chain[1:])}
+    expected = {f"fwd:{a}->{b}" for a, b in zip(chain, chain[1:], strict=False)}
     expected |= {f"fwd:{L[-1]}->norm", f"fwd:{L[-1]}->output", f"bwd:output->{L[-1]}"}
-    expected |= {f"bwd:{b}->{a}" for a, b in zip(chain, chain[1:])}
+    expected |= {f"bwd:{b}->{a}" for a, b in zip(chain, chain[1:], strict=False)}
     assert edge_set(g) == expected
 
 

@@ -330,7 +330,7 @@ def _summary(records, groups, edge_ids, bisect, matrix):
         if culprits:
             facts.append("minimal set: " + ", ".join(culprits))
         if bisect.get("confidence") is not None:
-            facts.append(f"confidence {bisect['confidence']}")
+            facts.append(f"confidence {bisect['confidence']:.3f}")
         facts += list(bisect.get("facts", []))
         reproduce = [bisect["reproduce"]] if bisect.get("reproduce") else []
         return bisect.get("verdict", "?"), facts, _bisect_evidence(bisect), reproduce
