@@ -89,6 +89,20 @@ def run_bisect(
     confidence_used = confidence if confidence is not None else experiment.search.confidence
     max_runs_used = max_runs if max_runs is not None else experiment.search.max_runs
     hint = resume_command(experiment_path, state_dir, confidence, max_runs)
+    try:
+        return _bisect(experiment, experiment_path, confidence=confidence_used,
+                       max_runs=max_runs_used, resume=resume, hint=hint, state_dir=state_dir,
+                       console=console)
+    except KeyboardInterrupt:
+        console.print("interrupted: every finished run is in the journal; resume with:",
+                      markup=False)
+        console.print(f"  {hint}", markup=False)
+        raise
+
+
+def _bisect(experiment: Experiment, experiment_path: Path, *, confidence: float, max_runs: int,
+            resume: bool, hint: str, state_dir: Path, console: Console
+            ) -> tuple[SearchResult, dict]:
     with StateDir(state_dir, experiment.name) as state:
         runner = Runner(experiment, state)
         earlier = _earlier_search_runs(state, experiment)
@@ -102,12 +116,12 @@ def run_bisect(
                           markup=False)
         console.print(f"bisecting {experiment.name}: {experiment.steps} steps a run, seed "
                       f"{experiment.seed}, guard {experiment.guard}, confidence "
-                      f"{confidence_used:g}, at most {max_runs_used} runs", markup=False)
+                      f"{confidence:g}, at most {max_runs} runs", markup=False)
         if earlier:
             console.print(f"resuming: {earlier} finished run(s) in the journal are reused",
                           markup=False)
         graph = discover_graph(runner, console)
-        search = Bisection(graph.edge_ids(), confidence=confidence_used, max_runs=max_runs_used,
+        search = Bisection(graph.edge_ids(), confidence=confidence, max_runs=max_runs,
                            steps_per_run=experiment.steps)
         oracle = RealOracle(runner, steps=experiment.steps, guard=experiment.guard,
                             purpose=PURPOSE, on_run=_run_line(console, [0]))
@@ -115,7 +129,7 @@ def run_bisect(
         try:
             console.print("running the golden reference (all-off, full length)...", markup=False)
             _ = oracle.golden
-            result = run_bisection(search, oracle, console=console, resume_hint=hint)
+            result = run_bisection(search, oracle, console=console)
         finally:
             # Keep what was learned even when interrupted: the report shows it.
             partial = result or search.result()

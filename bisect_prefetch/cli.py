@@ -65,7 +65,9 @@ def _load_graph(experiment: Path | None, policy: str | None, layers: int | None,
             fail("give an experiment file or --policy, not both")
         from bisect_prefetch.runs.discover import graph_for_experiment
 
-        return graph_for_experiment(experiment, state_dir=state_dir, console=console)
+        # Narration goes to stderr: stdout carries the graph itself (pipe-able JSON).
+        narrate = Console(stderr=True, highlight=False)
+        return graph_for_experiment(experiment, state_dir=state_dir, console=narrate)
     if policy is None or layers is None:
         fail("give an experiment file, or --policy NAME and --layers N")
     return graphs.from_policy(policy, layers)
@@ -88,14 +90,14 @@ def graph(
         if out is None:
             fail("--format png needs --out FILE")
         graphs.render_png(g, out)
-        console.print(f"wrote {out}")
+        console.print(f"wrote {out}", markup=False)
         return
     text = graphs.RENDERERS[fmt.value](g)
     if out is not None:
         from bisect_prefetch.runs.atomic import write_text_atomic
 
         write_text_atomic(out, text + "\n")
-        console.print(f"wrote {out}")
+        console.print(f"wrote {out}", markup=False)
     else:
         print(text)
 
@@ -116,7 +118,7 @@ def masks(
     mask = preset_mask(preset, ids)
     enabled = [e for e in ids if e in mask]
     disabled = [e for e in ids if e not in mask]
-    console.print(f"{preset}: {len(enabled)} enabled, {len(disabled)} disabled")
+    console.print(f"{preset}: {len(enabled)} enabled, {len(disabled)} disabled", markup=False)
     console.print("enabled:", markup=False)
     for e in enabled:
         console.print(f"  + {e}", markup=False)
