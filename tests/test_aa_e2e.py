@@ -193,12 +193,12 @@ def test_graph_command_discovers_once_then_reuses(tmp_path, capsys):
     path.write_text(experiment)
     args = ["graph", str(path), "--format", "json", "--state-dir", str(tmp_path / "state")]
     assert main(args) == 0
-    first = capsys.readouterr().out
-    assert "discovering the prefetch graph" in first
-    assert [n["name"] for n in json.loads(first[first.index("{"):])["nodes"]] == [
-        "layers.0", "layers.1"]
+    first = capsys.readouterr()
+    # Narration on stderr, so stdout is the graph alone: pipe-able JSON.
+    assert "discovering the prefetch graph" in first.err
+    assert [n["name"] for n in json.loads(first.out)["nodes"]] == ["layers.0", "layers.1"]
     assert main(args) == 0
-    assert "from the journal" in capsys.readouterr().out
+    assert "from the journal" in capsys.readouterr().err
     assert len(_run_dirs(tmp_path)) == 1
 
 

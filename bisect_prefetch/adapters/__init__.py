@@ -53,8 +53,8 @@ PrefetchListener = Callable[[str, Any, bool], None]
 # imported the adapter module first, the hook would otherwise fire while it is half-imported.
 FRAMEWORK_ADAPTERS = {
     "torch.distributed.fsdp": "bisect_prefetch.adapters.fsdp2",
+    # MindFormers 2.x shards through hyper-parallel, so this entry covers its jobs too.
     "hyper_parallel": "bisect_prefetch.adapters.hyper_parallel",
-    "mindformers": "bisect_prefetch.adapters.mindformers",
 }
 
 # After this many steps the probe file is rewritten at most once per interval:
