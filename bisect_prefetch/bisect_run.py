@@ -11,6 +11,7 @@ nothing. The result is written next to the journal (bisect.json, in a
 
 from __future__ import annotations
 
+import itertools
 import json
 import shlex
 from pathlib import Path
@@ -58,11 +59,11 @@ def reproduce_command(experiment_path: Path, result: SearchResult) -> str:
     return shlex.join(argv)
 
 
-def _run_line(console: Console, count: list[int]):
+def _run_line(console: Console):
     """One line per run: which, how it ended, how long (or that the journal had it)."""
+    numbers = itertools.count(1)
 
     def on_run(mask: frozenset[str], out: RunOutcome) -> None:
-        count[0] += 1
         if out.outcome == "stopped-early" or (out.outcome == "ok" and out.first_diff_step):
             how = f"diverged at step {out.first_diff_step}"
         elif out.outcome == "ok":
@@ -70,7 +71,7 @@ def _run_line(console: Console, count: list[int]):
         else:
             how = f"{out.outcome}: {out.reason}"
         when = "from the journal" if out.reused else f"{out.wall_s or 0:.1f}s"
-        console.print(f"    run {count[0]} ({len(mask)} edges on): {how} [{when}]", markup=False)
+        console.print(f"    run {next(numbers)} ({len(mask)} edges on): {how} [{when}]", markup=False)
 
     return on_run
 
@@ -124,7 +125,7 @@ def _bisect(experiment: Experiment, experiment_path: Path, *, confidence: float,
         search = Bisection(graph.edge_ids(), confidence=confidence, max_runs=max_runs,
                            steps_per_run=experiment.steps)
         oracle = RealOracle(runner, steps=experiment.steps, guard=experiment.guard,
-                            purpose=PURPOSE, on_run=_run_line(console, [0]))
+                            purpose=PURPOSE, on_run=_run_line(console))
         result = None
         try:
             console.print("running the golden reference (all-off, full length)...", markup=False)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import textwrap
@@ -19,6 +18,7 @@ from bisect_prefetch.runs.execute import Runner, write_config
 from bisect_prefetch.runs.group import run_group
 from bisect_prefetch.runs.store import StateDir
 from tests.fake_job import RANDOM_EDGE
+from tests.reliability import job_processes
 
 FAKE_JOB = Path(__file__).resolve().parent / "fake_job.py"
 
@@ -152,7 +152,7 @@ def test_sigkill_of_the_orchestrator_loses_no_finished_run(tmp_path, capsys):
     assert details[0]["run_id"] == first_run and details[0]["reused"]
     assert [d["reused"] for d in details[1:]] == [False, False]
     assert len(journal.read_text().splitlines()) == 3
-    assert _job_processes(str(tmp_path / "state")) == []
+    assert job_processes(str(tmp_path / "state")) == []
 
 
 def test_second_orchestrator_on_the_same_state_is_refused(tmp_path, capsys):
@@ -247,22 +247,6 @@ def _fsdp2(tmp_path: Path, name: str, *, fault: str = "", graph: str = "{source:
     return path
 
 
-def _job_processes(marker: str) -> list[int]:
-    """Processes whose environment mentions marker (our run dirs): none may outlive a test."""
-    pids = []
-    for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit() or int(proc.name) == os.getpid():
-            continue
-        try:
-            if marker.encode() in (proc / "environ").read_bytes():
-                status = (proc / "status").read_text()
-                if "\nState:\tZ" not in status:
-                    pids.append(int(proc.name))
-        except OSError:
-            continue
-    return pids
-
-
 @pytest.mark.slow
 def test_fsdp2_aa_without_fault_is_consistent(tmp_path):
     code, result = _aa(tmp_path, _fsdp2(tmp_path, "fsdp2-clean"))
@@ -273,7 +257,7 @@ def test_fsdp2_aa_without_fault_is_consistent(tmp_path):
     graph = json.loads((_run_dirs(tmp_path, "fsdp2-clean")[0] / "graph.json").read_text())
     edge_ids = {edge["id"] for edge in graph["edges"]}
     assert FAULT_EDGE in edge_ids and len(edge_ids) >= 14
-    assert _job_processes(str(tmp_path)) == []
+    assert job_processes(str(tmp_path)) == []
 
 
 FAULT_SURE = f', fault: {{edge: "{FAULT_EDGE}", hazard: 1.0}}'
@@ -307,4 +291,4 @@ def test_fsdp2_timeout_is_an_error_and_leaves_no_process(tmp_path):
     assert code == 2
     assert result["verdict"] == "error"
     assert result["outcomes"]["timeout"] == 2
-    assert _job_processes(str(tmp_path)) == []
+    assert job_processes(str(tmp_path)) == []

@@ -44,15 +44,14 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.distributed as dist
 
+from bisect_prefetch.adapters.units import ROOT_NAME, UNKNOWN_NAME, is_layer, node_kind
+
 if TYPE_CHECKING:
     from torch.distributed.fsdp._fully_shard._fsdp_param_group import FSDPParamGroup
     from torch.distributed.fsdp._fully_shard._fsdp_state import FSDPState
 
-ROOT_NAME = "root"
 _PLAN_HASH_KEY = "bisect_prefetch/plan_hash/{rank}"
 _PLAN_HASH_WAIT_S = 300
-UNKNOWN_NAME = "?"
-
 _adapter: _Fsdp2Adapter | None = None
 
 
@@ -60,18 +59,6 @@ def _group_shard_size(group: FSDPParamGroup) -> int:
     """Size of the mesh dimension the group's params are sharded over (1: replicated)."""
     # FSDPMeshInfo (and HSDP's) has shard_mesh_size; DDP's replicate-only mesh has none.
     return getattr(group.mesh_info, "shard_mesh_size", 1)
-
-
-def _node_kind(name: str, order: int | None, unit_names: list[str], first_layer: int | None) -> str:
-    if name == ROOT_NAME:
-        return "root"
-    if any(name.startswith(other + ".") for other in unit_names if other != ROOT_NAME):
-        return "inner"
-    if name.rsplit(".", 1)[-1].isdigit():
-        return "layer"
-    if order is not None and first_layer is not None and order < first_layer:
-        return "embedding"
-    return "tail"
 
 
 class _Fsdp2Adapter:
@@ -215,7 +202,7 @@ class _Fsdp2Adapter:
         layer_orders = [
             order[s]
             for s in self.states
-            if s in order and self.name_of(s).rsplit(".", 1)[-1].isdigit()
+            if s in order and is_layer(self.name_of(s))
         ]
         first_layer = min(layer_orders, default=None)
         nodes = []
@@ -225,7 +212,7 @@ class _Fsdp2Adapter:
             nodes.append(
                 {
                     "name": name,
-                    "kind": _node_kind(name, order.get(state), names, first_layer),
+                    "kind": node_kind(name, order.get(state), names, first_layer),
                     "order": order.get(state),
                     "shard_size": max(sizes, default=1),
                 }

@@ -44,6 +44,8 @@ import threading
 from collections.abc import Iterator
 from typing import Any
 
+from bisect_prefetch.adapters.units import ROOT_NAME, UNKNOWN_NAME, is_layer, node_kind
+
 SCHEDULER_MODULES = (
     "hyper_parallel.core.fully_shard.hsdp_scheduler",  # HSDPSchedulerV2, both backends
     "hyper_parallel.core.hsdp.hsdp_scheduler",  # the older HSDPScheduler
@@ -54,9 +56,6 @@ LIST_SETTERS = {
     "set_forward_prefetch_cells": ("fwd", "forward_prefetch_cells"),
     "set_backward_prefetch_cells": ("bwd", "backward_prefetch_cells"),
 }
-ROOT_NAME = "root"
-UNKNOWN_NAME = "?"
-
 _adapter: HyperParallelAdapter | None = None
 
 
@@ -88,18 +87,6 @@ def named_submodules(root: Any) -> Iterator[tuple[str, Any]]:
     if hasattr(root, "cells_and_names"):
         return root.cells_and_names()
     return root.named_modules()
-
-
-def node_kind(name: str, order: int, first_layer: int | None, unit_names: list[str]) -> str:
-    if name == ROOT_NAME:
-        return "root"
-    if any(name.startswith(other + ".") for other in unit_names if other != ROOT_NAME):
-        return "inner"
-    if name.rsplit(".", 1)[-1].isdigit():
-        return "layer"
-    if first_layer is not None and order < first_layer:
-        return "embedding"
-    return "tail"
 
 
 def scheduler_modules(scheduler: Any) -> tuple[Any, ...]:
@@ -308,12 +295,12 @@ class HyperParallelAdapter:
     # -- graph, steps and exit --------------------------------------------------------
     def graph(self) -> dict[str, Any]:
         names = [self.name_of(s) for s in self.schedulers]
-        layers = [i for i, n in enumerate(names) if n.rsplit(".", 1)[-1].isdigit()]
+        layers = [i for i, n in enumerate(names) if is_layer(n)]
         first_layer = min(layers, default=None)
         nodes = [
             {
                 "name": name,
-                "kind": node_kind(name, order, first_layer, names),
+                "kind": node_kind(name, order, names, first_layer),
                 "order": order,
                 "shard_size": self.units.get(name, {}).get("shard_size"),
             }
