@@ -4,7 +4,8 @@ import importlib
 import sys
 import time
 
-BENCHES = ["bench_metrics", "bench_search", "bench_adapter"]
+BENCHES = ["bench_metrics", "bench_search", "bench_adapter", "bench_audit", "bench_workloads",
+           "bench_digest_steps", "bench_executors"]
 
 
 def main() -> int:

@@ -1,42 +1,50 @@
-"""Benchmark of the metrics layer: compare two big runs, then their gradient digests.
+"""Benchmark of the metrics layer: compare two big runs, follow one live, then digests.
 
-Generates, in a temporary directory, two runs of 100,000 steps x 8 ranks of
-MindFormers-format worker logs (msrun's log/worker_<rank>.log, with a few non-metric lines)
-that diverge late, and 1,000,000 digest records per run; then times
+Generates, in a temporary directory, two runs of 100,000 steps x 8 ranks of MindFormers
+1.9 worker logs (msrun's log/worker_<rank>.log: `loss:[step/mean]`, `global_norm: [x]`,
+the percent lines and a few warnings) that diverge late, and 1,000,000 digest records per
+run; then times
 1. compare of the metrics, parsing included (load_run on both runs + compare_trajectories),
-2. compare of the digest files,
-and prints each time, the peak Python memory of each (tracemalloc, in a second, untimed
-pass) and the log sizes, so that flat memory in the log size can be seen.
+2. live following (metrics/live.py, the parser compare uses): a writer process appends
+   one run's 8 logs while the follower polls them as the orchestrator does and compares
+   every step with the other run; the follower's CPU is measured over the whole log,
+3. compare of the digest files,
+and prints each time, the peak Python memory of 1 and 3 (tracemalloc, in a second,
+untimed pass) and the log sizes, so that flat memory in the log size can be seen.
 """
 
 from __future__ import annotations
 
 import os
 import resource
+import subprocess
 import sys
 import tempfile
 import time
 import tracemalloc
 from collections.abc import Callable
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 
-from bisect_prefetch.metrics.compare import compare_trajectories, earliest
+from bisect_prefetch.metrics.compare import StreamingComparator, compare_trajectories, earliest
 from bisect_prefetch.metrics.digests import compare_digest_files
-from bisect_prefetch.metrics.parsers import load_run
+from bisect_prefetch.metrics.live import LiveMetrics
+from bisect_prefetch.metrics.loading import load_run
 
 STEPS = 100_000
 RANKS = 8
 METRIC_DIVERGE_AT = 70_001
 DIGEST_STEPS, DIGEST_RANKS, DIGEST_PARAMS = 1_000, 2, 500  # 1,000,000 records a run
 DIGEST_DIVERGE_AT = 600
-PREFIX = "[INFO] 2026-01-01 10:{:02d}:{:02d},123 [mindformers/core/callback/callback.py:532] _print_log: "
+PREFIX = "[INFO] 2026-01-01 10:{:02d}:{:02d},123 [mindformers/core/callback/callback.py:361] print_output_info: "
 LINE = (
-    "{{ step:[{:6d}/{:6d}], consumed_samples: {:d}, global_batch_size: 8, loss: {:10.6f}, "
-    "per_step_time: {:5d}ms, load_balancing_loss: {:10.6f}, lr: 1.000000e-05, "
-    "grad_norm: {:10.6f}, throughput: {:6.2f}T }}\n"
+    "{{ Epoch:[  1/  1], step:[{:6d}/{:6d}], loss:[{:.6f}/{:.6f}], per_step_time: {:d}ms, "
+    "lr: 0.0009054635, overflow cond: False, loss_scale: 1.0, global_norm: [{:.7f}], "
+    "train_throughput_per_npu: {:.3f}T\n"
 )
+PERCENT = "[INFO] 2026-01-01 10:00:00,123 [mindformers/core/callback/callback.py:375] print_output_info:   {:4.1f}% |{:<50}| 71.42857 samples/s/p  0:00:01 }}\n"
 NOISE = "[WARNING] 2026-01-01 10:00:00,123 [mindformers/trainer/base_trainer.py:88] checkpoint saved\n"
 
 
@@ -57,7 +65,8 @@ def write_worker_log(path: Path, rank: int, run: int) -> None:
             f.write(
                 "".join(
                     PREFIX.format((i // 60) % 60, i % 60)
-                    + LINE.format(i + 1, STEPS, 8 * (i + 1), loss[i], timing[i], aux[i], grad[i], 25.92)
+                    + LINE.format(i + 1, STEPS, loss[i], aux[i], timing[i], grad[i], 0.012)
+                    + PERCENT.format(100 * (i + 1) / STEPS, "")
                     for i in range(start, min(start + 10_000, STEPS))
                 )
             )
@@ -99,6 +108,46 @@ def generate(root: Path) -> tuple[Path, Path]:
 
 def compare_metrics(a: Path, b: Path, workers: int | None = None) -> dict:
     return compare_trajectories(load_run(a, workers=workers), load_run(b, workers=workers))
+
+
+FOLLOW_S = 20.0  # the writer appends the whole run in about this long
+POLL_S = 0.05  # as the orchestrator polls a running job (runs/launcher.py)
+MINDFORMERS_STEP_S = 0.027  # a real MindFormers 1.9 step on CPU (DESIGN.md): ~45 min for 100k steps
+# Appends each worker log of SRC under DST in slices, so that the whole run takes about
+# FOLLOW_S: the pace of a job ~130x faster than the real one, to make the follower work.
+WRITER = """
+import sys, time
+from pathlib import Path
+src, dst, seconds = Path(sys.argv[1]), Path(sys.argv[2]), float(sys.argv[3])
+logs = sorted(src.glob("log/worker_*.log"))
+data = [p.read_bytes() for p in logs]
+(dst / "log").mkdir(parents=True)
+outs = [open(dst / "log" / p.name, "ab") for p in logs]
+ticks = int(seconds / 0.05)
+start = time.monotonic()
+for tick in range(1, ticks + 1):
+    for d, out in zip(data, outs):
+        a, b = len(d) * (tick - 1) // ticks, len(d) * tick // ticks  # a cut mid-line on purpose
+        out.write(d[a:b]); out.flush()
+    time.sleep(max(0.0, start + tick * 0.05 - time.monotonic()))
+"""
+
+
+def follow_live(golden: Path, source: Path, root: Path) -> tuple[float, float, int, int | None]:
+    """(wall s, follower CPU s, steps seen, first diff step) of following source's logs live."""
+    reference = load_run(golden, "mindformers")
+    comparator = StreamingComparator(reference)
+    run_dir = root / "live"
+    run_dir.mkdir()
+    config = SimpleNamespace(format="mindformers", files=None, pattern=None, names=["loss", "grad_norm"])
+    live = LiveMetrics(run_dir, config, comparator)
+    writer = subprocess.Popen([sys.executable, "-c", WRITER, str(source), str(run_dir), str(FOLLOW_S)])
+    cpu0, t0 = time.process_time(), time.perf_counter()
+    while writer.poll() is None:
+        live.progress()
+        time.sleep(POLL_S)
+    live.progress()
+    return time.perf_counter() - t0, time.process_time() - cpu0, live.steps_seen, live.first_diff_step
 
 
 def measure(fn: Callable[..., object], **in_process) -> tuple[float, float, int, object]:
@@ -143,6 +192,13 @@ def main() -> int:
               f"({kept / 2**20:.0f} MiB of it the parsed numbers) "
               f"-> first diff at step {found[0] if found else None}")
 
+        wall, cpu, seen, live_diff = follow_live(a, b, Path(tmp))
+        real_run_s = STEPS * MINDFORMERS_STEP_S
+        print(f"live following ({STEPS:,} steps x {RANKS} ranks written in {wall:.1f} s, polled every {POLL_S} s): "
+              f"{cpu:.2f} s CPU = {100 * cpu / wall:.1f}% of that wall time; over a real MindFormers run of "
+              f"{STEPS:,} steps ({MINDFORMERS_STEP_S * 1000:.0f} ms a step: {real_run_s / 60:.0f} min) "
+              f"{100 * cpu / real_run_s:.3f}% CPU (target: <= 1%) -> saw step {seen:,}, first diff at step {live_diff}")
+
         wall, cpu, peak, digests = measure(
             lambda: compare_digest_files(a / "digests.jsonl", b / "digests.jsonl", found[0] if found else None)
         )
@@ -153,6 +209,8 @@ def main() -> int:
         ok = (
             found is not None
             and found[0] == METRIC_DIVERGE_AT
+            and live_diff == METRIC_DIVERGE_AT
+            and seen == STEPS
             and digests.first_diff_step == DIGEST_DIVERGE_AT
             and len(digests.at_first) == 2
         )

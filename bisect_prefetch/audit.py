@@ -1,4 +1,4 @@
-"""The size-one prefetch audit: does this build still prefetch into size-one units?
+"""The prefetch audit: size-one edges, and every other kind of suspect edge one run shows.
 
 One short recorded run gives the discovered graph (each target's effective
 shard size) and the probe (per edge: prefetch outcomes, and for hyper-parallel
@@ -22,6 +22,25 @@ tool's guard) without an async unshard, else ``absent`` with
 ``pitfall_units`` names sharded units whose parameters lack ``shard_size``:
 there a guard reading it would switch real prefetch off.
 
+Findings (``findings: [{kind, edge, evidence, steps, ranks, count, ...}]``),
+from the graph, the probe and the order record (adapters/order.py), walked
+step by step per rank:
+
+- ``size-one``: the size-one rule above (an edge found size-one gets no
+  order finding: its copy explains what the order shows);
+- ``never-consumed``: the edge unsharded its target, which was resharded,
+  unsharded again, used only in the other phase, or still held at the step's
+  end, without a use in the edge's phase (``evidence`` says which);
+- ``late``: the edge fired into a target that had unsharded itself;
+- ``shadowed`` (``shadowed_by``: the edge that unsharded the target first)
+  and ``no-op``: fired, issued nothing;
+- ``duplicate-target`` (``others``): another edge of the same phase has the
+  same target (from the graph).
+
+The first three waste work or can race: they make ``ok`` false
+(FAILING_KINDS); the others are notes. A run without an order record
+(``order_recorded: false``) is judged on size-one and duplicate-target only.
+
 Pure functions over the JSON the recorder writes; ``audit_run_dir`` reads it.
 """
 
@@ -33,8 +52,13 @@ from pathlib import Path
 from typing import Any
 
 from bisect_prefetch.errors import BisectPrefetchError
+from bisect_prefetch.vocab import NOOP, PROBE_OUTCOMES, parse_edge_id
 
-OUTCOMES = ("issued", "noop", "masked", "guarded")
+OUTCOMES = PROBE_OUTCOMES
+# Kinds that waste work or can race make the audit fail; the others are notes.
+FAILING_KINDS = ("size-one", "never-consumed", "late")
+NOTE_KINDS = ("no-op", "shadowed", "duplicate-target")
+KINDS = FAILING_KINDS + NOTE_KINDS
 
 
 def _empty_counts() -> dict[str, int]:
@@ -75,8 +99,14 @@ def _pitfall_units(probes: Sequence[dict[str, Any]]) -> list[str]:
     return sorted(names)
 
 
-def audit(graph: dict[str, Any], probes: Sequence[dict[str, Any]]) -> dict[str, Any]:
-    """The audit JSON (DESIGN.md) for a discovered graph and its ranks' probes."""
+def audit(graph: dict[str, Any], probes: Sequence[dict[str, Any]],
+          order: Sequence[dict[str, Any]] | None = None,
+          kinds: Sequence[str] = KINDS) -> dict[str, Any]:
+    """The audit JSON (DESIGN.md) for a discovered graph, its ranks' probes and order record.
+
+    ``kinds``: which kinds of finding to report; ``ok`` is false when any of
+    them is a failing kind (FAILING_KINDS) or real prefetch was lost.
+    """
     shard_sizes = {node["name"]: node.get("shard_size") for node in graph.get("nodes", [])}
     counts = _summed_counts(probes)
     edges = []
@@ -109,16 +139,183 @@ def audit(graph: dict[str, Any], probes: Sequence[dict[str, Any]]) -> dict[str, 
         guard = "absent"
     else:
         guard = "present"
-    return {
+    result = {
         "edges": edges,
         "guard": guard,
         "guard_observed": observed or bool(lost),
-        "ok": not still_unshards and not lost,
         "size_one_edges": [e["id"] for e in size_one],
         "size_one_edges_unsharding": still_unshards,
         "real_prefetch_lost": lost,
         "pitfall_units": _pitfall_units(probes),
     }
+    chosen = [f for f in findings(graph, probes, order, result) if f["kind"] in kinds]
+    result["findings"] = chosen
+    result["kinds"] = list(kinds)
+    result["order_recorded"] = order is not None
+    result["ok"] = not lost and not any(f["kind"] in FAILING_KINDS for f in chosen)
+    return result
+
+
+# -- the kinds of suspect edge --------------------------------------------------------
+
+
+class _Findings:
+    """Findings keyed by (kind, edge): the steps and ranks seen, a count, the first evidence."""
+
+    def __init__(self) -> None:
+        self.found: dict[tuple[str, str], dict[str, Any]] = {}
+
+    def add(self, kind: str, edge: str, evidence: str, *, step: int | None = None,
+            rank: int | None = None, **detail: Any) -> None:
+        entry = self.found.setdefault((kind, edge), {
+            "kind": kind, "edge": edge, "evidence": evidence, "count": 0,
+            "steps": set(), "ranks": set(), **detail})
+        entry["count"] += 1
+        if step is not None:
+            entry["steps"].add(step)
+        if rank is not None:
+            entry["ranks"].add(rank)
+
+    def to_json(self, edge_order: dict[str, int]) -> list[dict[str, Any]]:
+        out = []
+        for entry in self.found.values():
+            out.append({**entry, "steps": sorted(entry["steps"]), "ranks": sorted(entry["ranks"])})
+        out.sort(key=lambda f: (KINDS.index(f["kind"]), edge_order.get(f["edge"], len(edge_order)),
+                                f["edge"]))
+        return out
+
+
+def _edge_target(edge: str) -> tuple[str, str]:
+    """(phase, dst) of an edge id."""
+    phase, _, dst = parse_edge_id(edge)
+    return phase, dst
+
+
+_EVENT_LENGTH = {"prefetch": 3, "unshard": 3, "use": 3, "reshard": 2}
+
+
+def _order_findings(order: Sequence[dict[str, Any]], findings: _Findings) -> None:
+    """Walk each recorded step of each rank (adapters/order.py) and note what its edges did.
+
+    Per unit, who holds it unsharded right now: None (sharded), ``self`` or the
+    edge whose prefetch unsharded it, and whether that prefetch was used in
+    its phase yet. Every step starts from nothing held.
+    """
+    for record in order:
+        _walk_step(record, findings)
+
+
+def _walk_step(record: dict[str, Any], findings: _Findings) -> None:
+    """One recorded step of one rank (see _order_findings)."""
+    step, rank = record.get("step"), record.get("rank")
+    held: dict[str, dict[str, Any]] = {}  # unit -> {"by", "phase", "used"}
+
+    def unused(unit: str, why: str) -> None:
+        hold = held.get(unit)
+        if hold and hold["by"] != "self" and not hold["used"]:
+            findings.add("never-consumed", hold["by"],
+                         f"{hold['by']} unsharded {unit}, which {why} without a "
+                         f"{hold['phase']} use", step=step, rank=rank)
+
+    for event in record.get("events", []):
+        if not isinstance(event, list) or len(event) < 2 or len(event) < _EVENT_LENGTH.get(
+                event[0], 2):
+            continue  # a line from another version: skip what cannot be read
+        what = event[0]
+        if what == "prefetch":
+            edge, outcome = event[1], event[2]
+            target = _edge_target(edge)[1]
+            if outcome != NOOP:
+                continue
+            hold = held.get(target)
+            if hold is None:
+                findings.add("no-op", edge, f"{edge} fired and issued nothing",
+                             step=step, rank=rank)
+            elif hold["by"] == "self":
+                findings.add("late", edge, f"{target} had unsharded itself before {edge} "
+                             "fired", step=step, rank=rank)
+            elif hold["by"] != edge:
+                findings.add("shadowed", edge, f"{hold['by']} had unsharded {target} before "
+                             f"{edge} fired", step=step, rank=rank, shadowed_by=hold["by"])
+            else:
+                findings.add("no-op", edge, f"{edge} fired and issued nothing",
+                             step=step, rank=rank)
+        elif what == "unshard":
+            unit, by = event[1], event[2]
+            unused(unit, "unsharded again")
+            phase = _edge_target(by)[0] if by != "self" else None
+            held[unit] = {"by": by, "phase": phase, "used": False}
+        elif what == "use":
+            unit, phase = event[1], event[2]
+            hold = held.get(unit)
+            if hold is None:
+                held[unit] = {"by": "self", "phase": phase, "used": True}
+            elif not hold["used"]:
+                if hold["by"] != "self" and hold["phase"] != phase:
+                    unused(unit, f"was used in {phase} instead, so it stayed unsharded")
+                hold["used"] = True
+        elif what == "reshard":
+            unit = event[1]
+            unused(unit, "was resharded")
+            held.pop(unit, None)
+    for unit in list(held):
+        unused(unit, "stayed unsharded to the step's end")
+
+
+def _duplicate_targets(graph: dict[str, Any], findings: _Findings) -> None:
+    by_target: dict[tuple[str, str], list[str]] = {}
+    for edge in graph.get("edges", []):
+        by_target.setdefault((edge["phase"], edge["dst"]), []).append(edge["id"])
+    for (phase, dst), edges in by_target.items():
+        if len(edges) < 2:
+            continue
+        for edge in edges:
+            others = ", ".join(e for e in edges if e != edge)
+            findings.add("duplicate-target", edge,
+                         f"{dst} is also a {phase} target of {others}", others=[
+                             e for e in edges if e != edge])
+
+
+def _size_one(result: dict[str, Any], probes: Sequence[dict[str, Any]],
+              findings: _Findings) -> None:
+    by_id = {e["id"]: e for e in result["edges"]}
+    for edge in result["size_one_edges_unsharding"]:
+        e = by_id[edge]
+        evidence = (f"target {_edge_target(edge)[1]} has shard size 1: "
+                    f"{e['async_unshards']} async unshards copied locally")
+        steps, ranks = set(), set()
+        for probe in probes:
+            for entry in probe.get("steps", []):
+                if edge in entry.get("issued", []):
+                    steps.add(entry["step"])
+                    ranks.add(probe.get("rank", 0))
+        findings.add("size-one", edge, evidence)
+        entry = findings.found[("size-one", edge)]
+        entry["steps"] |= steps
+        entry["ranks"] |= ranks
+
+
+def findings(graph: dict[str, Any], probes: Sequence[dict[str, Any]],
+             order: Sequence[dict[str, Any]] | None, result: dict[str, Any]) -> list[dict]:
+    """Every kind of suspect edge (KINDS) with its evidence, steps and ranks.
+
+    ``order`` None: no order was recorded, so only size-one and
+    duplicate-target can be judged. An edge found size-one is reported as
+    that alone (besides duplicate-target): a prefetch into a size-one unit is
+    a local copy, and what the order shows of it follows from that.
+    """
+    found = _Findings()
+    _size_one(result, probes, found)
+    _duplicate_targets(graph, found)
+    if order is not None:
+        from_order = _Findings()
+        _order_findings(order, from_order)
+        size_one = set(result["size_one_edges"])
+        for key, entry in from_order.found.items():
+            if key[1] not in size_one:
+                found.found[key] = entry
+    edge_order = {e["id"]: i for i, e in enumerate(graph.get("edges", []))}
+    return found.to_json(edge_order)
 
 
 def _read_json(path: Path) -> dict[str, Any]:
@@ -130,8 +327,28 @@ def _read_json(path: Path) -> dict[str, Any]:
         raise BisectPrefetchError(f"{path}: not JSON ({exc.msg}, line {exc.lineno})") from None
 
 
-def audit_run_dir(run_dir: str | Path) -> dict[str, Any]:
-    """Audit a finished run: its graph (rank 0's, or graph.json) and every rank's probe."""
+def read_order(run_dir: Path) -> list[dict[str, Any]] | None:
+    """Every rank's recorded steps (order.rank*.jsonl); None when the run recorded none."""
+    paths = sorted(run_dir.glob("order.rank*.jsonl"))
+    if not paths:
+        return None
+    records = []
+    for path in paths:
+        try:
+            lines = path.read_text().splitlines()
+        except OSError as exc:
+            raise BisectPrefetchError(f"cannot read {path}: {exc.strerror}") from None
+        for number, line in enumerate(lines, 1):
+            try:
+                records.append(json.loads(line))
+            except json.JSONDecodeError:
+                if number < len(lines):  # only a last line cut short by a killed job is skipped
+                    raise BisectPrefetchError(f"{path}:{number}: not JSON") from None
+    return records
+
+
+def audit_run_dir(run_dir: str | Path, *, kinds: Sequence[str] = KINDS) -> dict[str, Any]:
+    """Audit a finished run: its graph (rank 0's, or graph.json), every rank's probe and order."""
     run_dir = Path(run_dir)
     graph_path = next(
         (p for p in (run_dir / "graph.rank0.json", run_dir / "graph.json") if p.exists()), None
@@ -141,4 +358,5 @@ def audit_run_dir(run_dir: str | Path) -> dict[str, Any]:
         raise BisectPrefetchError(
             f"{run_dir}: no recorded graph and probe (did the adapter run in the job?)"
         )
-    return audit(_read_json(graph_path), [_read_json(p) for p in probe_paths])
+    return audit(_read_json(graph_path), [_read_json(p) for p in probe_paths],
+                 read_order(run_dir), kinds)

@@ -1,15 +1,14 @@
-"""The command line: parses, calls the library, prints. Nothing else.
+"""The command line: declares the options and calls one function of commands/. Nothing else.
 
 Exit codes: 0 success, 1 a finding (aa diverged, an expectation failed, audit
 found a problem), 2 a usage or input error (one line on stderr, no traceback).
+Only this module turns a BisectPrefetchError into that line.
 """
 
 from __future__ import annotations
 
 import signal
 import sys
-import threading
-from contextlib import contextmanager
 from enum import StrEnum
 from pathlib import Path
 from typing import Annotated
@@ -18,6 +17,7 @@ import typer
 from rich.console import Console
 
 from bisect_prefetch.errors import BisectPrefetchError
+from bisect_prefetch.vocab import GUARD_NONE, GUARD_SIZE_ONE
 
 app = typer.Typer(
     add_completion=False,
@@ -30,10 +30,8 @@ app = typer.Typer(
 console = Console(highlight=False, width=None if sys.stdout.isatty() else 160)
 
 
-def fail(message: str) -> None:
-    """A usage or input error: one line on stderr, exit code 2."""
-    Console(stderr=True, highlight=False).print(f"error: {message}", markup=False, soft_wrap=True)
-    raise typer.Exit(2)
+def stderr_console() -> Console:
+    return Console(stderr=True, highlight=False)
 
 
 class GraphFormat(StrEnum):
@@ -57,20 +55,13 @@ StateDirOpt = Annotated[
 JsonOpt = Annotated[Path | None, typer.Option("--json", help="Also write the result as JSON here.")]
 
 
-def _load_graph(experiment: Path | None, policy: str | None, layers: int | None, state_dir: Path):
-    from bisect_prefetch import graph as graphs
+class ExecutorKind(StrEnum):
+    local = "local"
+    slurm = "slurm"
 
-    if experiment is not None:
-        if policy is not None:
-            fail("give an experiment file or --policy, not both")
-        from bisect_prefetch.runs.discover import graph_for_experiment
 
-        # Narration goes to stderr: stdout carries the graph itself (pipe-able JSON).
-        narrate = Console(stderr=True, highlight=False)
-        return graph_for_experiment(experiment, state_dir=state_dir, console=narrate)
-    if policy is None or layers is None:
-        fail("give an experiment file, or --policy NAME and --layers N")
-    return graphs.from_policy(policy, layers)
+ExecutorOpt = Annotated[ExecutorKind | None, typer.Option("--executor", help="Where runs execute: local (this machine) or slurm (one batch job per run); default: the experiment's executor.kind.")]
+SlotsOpt = Annotated[int | None, typer.Option("--slots", min=1, help="Most runs in flight at once (default: the experiment's executor.slots).")]
 
 
 @app.command()
@@ -83,23 +74,11 @@ def graph(
     state_dir: StateDirOpt = Path(".bisect-prefetch"),
 ) -> None:
     """Show the prefetch edge graph of a policy or of a real job."""
-    from bisect_prefetch import graph as graphs
+    from bisect_prefetch.commands.graph import graph as command
 
-    g = _load_graph(experiment, policy, layers, state_dir)
-    if fmt is GraphFormat.png:
-        if out is None:
-            fail("--format png needs --out FILE")
-        graphs.render_png(g, out)
-        console.print(f"wrote {out}", markup=False)
-        return
-    text = graphs.RENDERERS[fmt.value](g)
-    if out is not None:
-        from bisect_prefetch.runs.atomic import write_text_atomic
-
-        write_text_atomic(out, text + "\n")
-        console.print(f"wrote {out}", markup=False)
-    else:
-        print(text)
+    # Narration goes to stderr: stdout carries the graph itself (pipe-able JSON).
+    raise typer.Exit(command(experiment, policy=policy, layers=layers, fmt=fmt.value, out=out,
+                             state_dir=state_dir, console=console, narrate=stderr_console()))
 
 
 @app.command()
@@ -111,25 +90,15 @@ def masks(
     state_dir: StateDirOpt = Path(".bisect-prefetch"),
 ) -> None:
     """Print which edges a preset enables and disables."""
-    from bisect_prefetch.select import preset_mask
+    from bisect_prefetch.commands.graph import masks as command
 
-    g = _load_graph(experiment, policy, layers, state_dir)
-    ids = g.edge_ids()
-    mask = preset_mask(preset, ids)
-    enabled = [e for e in ids if e in mask]
-    disabled = [e for e in ids if e not in mask]
-    console.print(f"{preset}: {len(enabled)} enabled, {len(disabled)} disabled", markup=False)
-    console.print("enabled:", markup=False)
-    for e in enabled:
-        console.print(f"  + {e}", markup=False)
-    console.print("disabled:", markup=False)
-    for e in disabled:
-        console.print(f"  - {e}", markup=False)
+    raise typer.Exit(command(experiment, policy=policy, layers=layers, preset=preset,
+                             state_dir=state_dir, console=console, narrate=stderr_console()))
 
 
 class Guard(StrEnum):
-    none = "none"
-    size_one = "size-one"
+    none = GUARD_NONE
+    size_one = GUARD_SIZE_ONE
 
 
 @app.command()
@@ -141,31 +110,16 @@ def aa(
     guard: Annotated[Guard | None, typer.Option("--guard", help="Skip prefetches into shard-size-1 units (default: the experiment's).")] = None,
     json_out: JsonOpt = None,
     state_dir: StateDirOpt = Path(".bisect-prefetch"),
+    executor: ExecutorOpt = None,
+    slots: SlotsOpt = None,
 ) -> None:
     """Run an A/A group under a mask: exit 0 consistent, 1 diverged."""
-    import json
-    import shlex
+    from bisect_prefetch.commands.aa import aa as command
 
-    from bisect_prefetch.aa import run_aa
-    from bisect_prefetch.runs.atomic import write_text_atomic
-
-    try:
-        result = run_aa(experiment, masks=mask or [], runs=runs, steps=steps,
-                        guard=guard.value if guard else None, state_dir=state_dir, console=console)
-    except KeyboardInterrupt:
-        console.print("interrupted: finished runs are in the journal; to resume, run again:",
-                      markup=False)
-        again = ["bisect-prefetch", "aa", str(experiment), *(f"--mask={m}" for m in mask or []),
-                 f"--runs={runs}", *([f"--steps={steps}"] if steps else []),
-                 *([f"--guard={guard.value}"] if guard else []), f"--state-dir={state_dir}"]
-        console.print("  " + shlex.join(again), markup=False, soft_wrap=True)
-        raise
-    if json_out is not None:
-        write_text_atomic(json_out, json.dumps(result.to_json(), indent=2) + "\n")
-        console.print(f"wrote {json_out}", markup=False)
-    if result.verdict == "error":
-        fail(f"no verdict: {result.reason}")
-    raise typer.Exit(0 if result.verdict == "consistent" else 1)
+    raise typer.Exit(command(experiment, masks=mask or [], runs=runs, steps=steps,
+                             guard=guard.value if guard else None, state_dir=state_dir,
+                             console=console, json_out=json_out,
+                             executor=executor.value if executor else None, slots=slots))
 
 
 @app.command()
@@ -176,21 +130,15 @@ def bisect(
     resume: Annotated[bool, typer.Option("--resume", help="Continue the bisection in the state dir, reusing every finished run.")] = False,
     json_out: JsonOpt = None,
     state_dir: StateDirOpt = Path(".bisect-prefetch"),
+    executor: ExecutorOpt = None,
+    slots: SlotsOpt = None,
 ) -> None:
     """Find the smallest edge set whose presence makes A/A runs diverge."""
-    import json
+    from bisect_prefetch.commands.bisect import bisect as command
 
-    from bisect_prefetch.bisect_run import run_bisect
-    from bisect_prefetch.runs.atomic import write_text_atomic
-
-    result, data = run_bisect(experiment, confidence=confidence, max_runs=max_runs, resume=resume,
-                              state_dir=state_dir, console=console)
-    if json_out is not None:
-        write_text_atomic(json_out, json.dumps(data, indent=2) + "\n")
-        console.print(f"wrote {json_out}", markup=False)
-    # A culprit is a finding (1); so is drift that is not prefetch's. No drift: 0.
-    codes = {"culprit-found": 1, "not-prefetch": 1, "no-drift-reproduced": 0, "inconclusive": 1}
-    raise typer.Exit(codes[result.verdict])
+    raise typer.Exit(command(experiment, confidence=confidence, max_runs=max_runs, resume=resume,
+                             state_dir=state_dir, console=console, json_out=json_out,
+                             executor=executor.value if executor else None, slots=slots))
 
 
 @app.command()
@@ -200,22 +148,15 @@ def matrix(
     markdown: Annotated[Path | None, typer.Option("--markdown", help="Write the Markdown table here (also appended to $GITHUB_STEP_SUMMARY when set).")] = None,
     json_out: JsonOpt = None,
     state_dir: StateDirOpt = Path(".bisect-prefetch"),
+    executor: ExecutorOpt = None,
+    slots: SlotsOpt = None,
 ) -> None:
     """Run an experiment matrix: exit 0 when every cell meets its expectation, 1 otherwise."""
-    import shlex
+    from bisect_prefetch.commands.matrix import matrix as command
 
-    from bisect_prefetch.matrix import matrix_command
-
-    try:
-        result = matrix_command(matrix_file, state_dir=state_dir, console=console, junit=junit,
-                                markdown=markdown, json_out=json_out)
-    except KeyboardInterrupt:
-        console.print("interrupted: finished runs are in the journal; to resume, run again:",
-                      markup=False)
-        again = ["bisect-prefetch", "matrix", str(matrix_file), f"--state-dir={state_dir}"]
-        console.print("  " + shlex.join(again), markup=False, soft_wrap=True)
-        raise
-    raise typer.Exit(result.exit_code)
+    raise typer.Exit(command(matrix_file, state_dir=state_dir, console=console, junit=junit,
+                             markdown=markdown, json_out=json_out,
+                             executor=executor.value if executor else None, slots=slots))
 
 
 @app.command()
@@ -224,11 +165,9 @@ def report(
     html_out: Annotated[Path | None, typer.Option("--html", help="Write the HTML here (default STATE_DIR/report.html).")] = None,
 ) -> None:
     """Rebuild the HTML report of a state dir from its journal and run dirs."""
-    from bisect_prefetch.report.html import build_report
+    from bisect_prefetch.commands.report import report as command
 
-    if not state.is_dir():
-        fail(f"no such state dir: {state}")
-    console.print(f"wrote {build_report(state, html_out)}", markup=False)
+    raise typer.Exit(command(state, html_out=html_out, console=console))
 
 
 @app.command()
@@ -237,82 +176,28 @@ def compare(
     b: Annotated[Path, typer.Argument(metavar="B", help="The run directory or log file to compare with.")],
     fmt: Annotated[str | None, typer.Option("--format", help="Log format: jsonl, mindformers, torchtitan, megatron (default: detected).")] = None,
     json_out: JsonOpt = None,
+    allow_truncated: Annotated[bool, typer.Option("--allow-truncated", help="Compare the common steps when one run stops before the other (otherwise exit 1).")] = False,
 ) -> None:
-    """Compare two runs' metrics (and gradient digests): exit 0 identical, 1 different."""
-    import json
+    """Compare two runs' metrics (and gradient digests): exit 0 identical, 1 different or one run stops early."""
+    from bisect_prefetch.commands.compare import compare as command
 
-    from bisect_prefetch.metrics.compare import compare_paths
-    from bisect_prefetch.report.compare_table import compare_tables
-    from bisect_prefetch.runs.atomic import write_text_atomic
-
-    result = compare_paths(a, b, fmt)
-    data = result.to_json()
-    for table in compare_tables(data):
-        console.print(table)
-    for side, path in (("a", a), ("b", b)):
-        # A truncated or garbled log still compares on what it holds: say what was skipped.
-        if unread := data["lines_unread"][side]:
-            console.print(f"note: {unread} line(s) of {path} could not be read "
-                          "(truncated or garbled) and were left out", markup=False, soft_wrap=True)
-    if json_out is not None:
-        write_text_atomic(json_out, json.dumps(data, indent=2) + "\n")
-        console.print(f"wrote {json_out}", markup=False)
-    raise typer.Exit(1 if result.differs else 0)
+    raise typer.Exit(command(a, b, fmt=fmt, console=console, json_out=json_out,
+                             allow_truncated=allow_truncated))
 
 
 @app.command()
 def audit(
     experiment: Annotated[Path, typer.Argument(metavar="EXPERIMENT.yaml", help="Experiment YAML.")],
     guard: Annotated[Guard | None, typer.Option("--guard", help="Run under this guard instead of the experiment's.")] = None,
+    kinds: Annotated[str | None, typer.Option("--kinds", metavar="K,...", help="Kinds of finding to report: size-one, never-consumed, late (these fail), no-op, shadowed, duplicate-target (notes). Default: all.")] = None,
     json_out: JsonOpt = None,
     state_dir: StateDirOpt = Path(".bisect-prefetch"),
 ) -> None:
-    """Audit size-one prefetch edges and the guard: exit 0 when the build is right, 1 otherwise."""
-    import json
+    """Audit the prefetch edges of one recorded run: exit 0 when the build is right, 1 otherwise."""
+    from bisect_prefetch.commands.audit import audit as command
 
-    from bisect_prefetch.audit_run import audit_table, run_audit, verdict_lines
-    from bisect_prefetch.runs.atomic import write_text_atomic
-
-    result = run_audit(experiment, guard=guard.value if guard else None, state_dir=state_dir,
-                       console=console)
-    console.print(audit_table(result))
-    for line in verdict_lines(result):
-        console.print(line, markup=False)
-    if json_out is not None:
-        write_text_atomic(json_out, json.dumps(result, indent=2) + "\n")
-        console.print(f"wrote {json_out}", markup=False)
-    raise typer.Exit(0 if result["ok"] else 1)
-
-
-INTERRUPTED = 130  # 128 + SIGINT, as a shell reports Ctrl-C
-TERMINATED = 128 + signal.SIGTERM
-
-
-@contextmanager
-def _sigterm_stops_like_ctrl_c():
-    """While a command runs, SIGTERM (a scheduler, CI, `kill`) raises KeyboardInterrupt.
-
-    Runs in flight are then killed, the journal keeps every finished run and
-    the command prints how to resume, as for Ctrl-C. Further SIGTERMs are
-    ignored so they cannot cut that cleanup short (SIGKILL still can, and
-    loses no finished run). Yields a list that records the SIGTERM, if one
-    came; the previous handler comes back afterwards.
-    """
-    received: list[int] = []
-    if threading.current_thread() is not threading.main_thread():
-        yield received  # signal handlers can only be set from the main thread
-        return
-
-    def terminate(signum: int, frame: object) -> None:
-        received.append(signum)
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)
-        raise KeyboardInterrupt
-
-    previous = signal.signal(signal.SIGTERM, terminate)
-    try:
-        yield received
-    finally:
-        signal.signal(signal.SIGTERM, previous)
+    raise typer.Exit(command(experiment, guard=guard.value if guard else None, kinds=kinds,
+                             state_dir=state_dir, console=console, json_out=json_out))
 
 
 @app.command()
@@ -325,51 +210,41 @@ def simulate(
     together: Annotated[bool, typer.Option("--together", help="The culprits cause drift only together (default: any one suffices).")] = False,
     trials: Annotated[int, typer.Option("--trials", help="Simulated searches.")] = 100,
     seed: Annotated[int, typer.Option("--seed", help="Seed of the simulated noise.")] = 0,
-    background: Annotated[float, typer.Option("--background", help="Per-step drift hazard unrelated to prefetch.")] = 0.0,
+    background: Annotated[float, typer.Option("--background", help="Per-run chance of drift with every edge off (background drift).")] = 0.0,
     startup_cost: Annotated[float, typer.Option("--startup-cost", help="Start-up cost of a run, in steps (adds to the cost figures).")] = 0.0,
     confidence: Annotated[float, typer.Option("--confidence", help="Confidence the search must reach.")] = 0.95,
-    max_runs: Annotated[int, typer.Option("--max-runs", help="Run budget of each search.")] = 200,
-    method: Annotated[str, typer.Option("--method", help="search, or a baseline: each-edge, binary-pair, binary-repeats, ddmin-repeats.")] = "search",
+    max_runs: Annotated[int | None, typer.Option("--max-runs", help="Run budget of each search (default: scaled with the graph and the estimated q).")] = None,
+    slots: Annotated[int, typer.Option("--slots", help="Runs at once; wall-clock is reported in full runs.")] = 1,
+    hint_accuracy: Annotated[float | None, typer.Option("--hint-accuracy", help="Give the first diverged run a localization hint, right with this chance.")] = None,
     json_out: JsonOpt = None,
 ) -> None:
     """Run the search against a simulated oracle with a known answer, and score it."""
-    import json
+    from bisect_prefetch.commands.simulate import simulate as command
 
-    from bisect_prefetch.runs.atomic import write_text_atomic
-    from bisect_prefetch.search.simulate import simulate as run_simulation
+    raise typer.Exit(command(
+        policy, layers, culprit, console=console, json_out=json_out, hazard=hazard, steps=steps,
+        together=together, trials=trials, seed=seed, background=background,
+        startup_cost=startup_cost, confidence=confidence, max_runs=max_runs, slots=slots,
+        hint_accuracy=hint_accuracy,
+    ))
 
-    console.print(f"simulating {trials} searches ({method}) on {policy} x {layers} layers, "
-                  f"culprit {' + '.join(culprit)}{' (together)' if together else ''}, "
-                  f"hazard {hazard:g} over {steps} steps, seed {seed}...", markup=False)
-    result = run_simulation(
-        policy, layers, culprit, together=together, hazard=hazard, steps=steps, trials=trials,
-        seed=seed, background=background, startup_cost=startup_cost, confidence=confidence,
-        max_runs=max_runs, method=method,
-    )
-    claimed = result["claimed_confidence"]
-    console.print(f"per-run divergence chance q = {result['per_run_chance']:.3f} "
-                  f"({result['edges']} edges)", markup=False)
-    console.print(f"accuracy {result['accuracy']:.3f}"
-                  + (f" (claimed confidence {claimed:.3f})" if claimed is not None else ""),
-                  markup=False)
-    console.print(f"runs: median {result['runs_median']:g}, p90 {result['runs_p90']:g}; "
-                  f"steps: median {result['steps_median']:g}", markup=False)
-    if json_out is not None:
-        write_text_atomic(json_out, json.dumps(result, indent=2) + "\n")
-        console.print(f"wrote {json_out}", markup=False)
+
+INTERRUPTED = 130  # 128 + SIGINT, as a shell reports Ctrl-C
+TERMINATED = 128 + signal.SIGTERM
 
 
 def main(argv: list[str] | None = None) -> int:
     """Run the CLI and return its exit code; library errors become one line and 2."""
-    with _sigterm_stops_like_ctrl_c() as sigterm:
+    from bisect_prefetch.commands.common import sigterm_stops_like_ctrl_c
+
+    with sigterm_stops_like_ctrl_c() as sigterm:
         try:
             app(args=argv, prog_name="bisect-prefetch")
             code = 0
         except SystemExit as exc:  # typer exits in standalone mode; usage errors exit 2
             code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 2)
         except BisectPrefetchError as exc:
-            Console(stderr=True, highlight=False).print(f"error: {exc}", markup=False,
-                                                        soft_wrap=True)
+            stderr_console().print(f"error: {exc}", markup=False, soft_wrap=True)
             return 2
         except KeyboardInterrupt:  # typer already makes Ctrl-C exit code 130; one outside it
             code = INTERRUPTED

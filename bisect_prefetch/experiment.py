@@ -16,7 +16,7 @@ import copy
 import hashlib
 import json
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, TypeVar
 
 import yaml
 from pydantic import (
@@ -30,11 +30,15 @@ from pydantic import (
 )
 
 from bisect_prefetch.errors import BisectPrefetchError
+from bisect_prefetch.vocab import CONSISTENT, DIVERGED, EXPECTATIONS, GUARDS, METRIC_FORMATS
+from bisect_prefetch.workloads import mindformers as mindformers_workload
 
-BUILTINS = ("fsdp2", "mindspore")
-METRIC_FORMATS = ("jsonl", "mindformers", "torchtitan", "megatron", "regex")
-GUARDS = ("none", "size-one")
-EXPECTATIONS = ("consistent", "diverged", "any")
+BUILTINS = ("fsdp2", "mindspore", "mindformers")
+# The words come from vocab; pydantic checks a value against them through these types.
+MetricFormat = Literal[METRIC_FORMATS]  # type: ignore[valid-type]
+Guard = Literal[GUARDS]  # type: ignore[valid-type]
+Expectation = Literal[EXPECTATIONS]  # type: ignore[valid-type]
+ModelT = TypeVar("ModelT", bound=BaseModel)
 
 # A name becomes a directory under the state dir: keep it to one safe path part.
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]*$"
@@ -55,20 +59,33 @@ class Fault(_Strict):
 
 
 class Workload(_Strict):
-    builtin: Literal["fsdp2", "mindspore"]
+    builtin: Literal["fsdp2", "mindspore", "mindformers"]
     layers: Annotated[int, Field(ge=1)] = 8
     world_size: Annotated[int, Field(ge=1, le=8)] = 2
     fault: Fault | None = None
+    # fsdp2 only, to plant suspect edges for the audit: activation checkpointing,
+    # layers each layer prefetches in backward (2 shadows edges), extra explicit edges.
+    checkpoint: bool = False
+    backward_prefetch_depth: Annotated[int, Field(ge=1)] = 1
+    extra_edges: list[str] = Field(default_factory=list)
+    # mindformers only, a positive control: run k of a group trains with seed + k * seed_step,
+    # so a group with seed_step > 0 must be called diverged at step 1.
+    seed_step: Annotated[int, Field(ge=0)] = 0
 
     @model_validator(mode="after")
     def _fault_mode_supported(self) -> Workload:
         if self.builtin == "fsdp2" and self.fault is not None and self.fault.mode != "nudge":
             raise ValueError(f"the fsdp2 workload plants faults of mode nudge only, not {self.fault.mode}")
+        if self.builtin != "mindformers" and self.seed_step:
+            raise ValueError("seed_step: an option of the mindformers workload only")
+        planted = {"checkpoint", "backward_prefetch_depth", "extra_edges"} & self.model_fields_set
+        if self.builtin != "fsdp2" and planted:
+            raise ValueError(f"{', '.join(sorted(planted))}: options of the fsdp2 workload only")
         return self
 
 
 class Metrics(_Strict):
-    format: Literal["jsonl", "mindformers", "torchtitan", "megatron", "regex"] = "jsonl"
+    format: MetricFormat = "jsonl"
     names: list[str] = Field(default_factory=lambda: ["loss", "grad_norm"], min_length=1)
     # A glob under the run dir; default: metrics.jsonl for jsonl, the job's stdout otherwise.
     files: str | None = None
@@ -103,6 +120,53 @@ class Search(_Strict):
     max_runs: Annotated[int, Field(ge=1)] = 200
 
 
+class Record(_Strict):
+    """What the in-job adapter records besides metrics (the plan's ``record``)."""
+
+    # Gradient digests: per step, rank and parameter, a hash of the gradient's bytes (plus
+    # its norm and max abs). A run diverges at the first step any digest differs from the
+    # golden run, often steps before a printed metric does. false: only the metrics decide.
+    digests: bool = True
+    every: Annotated[int, Field(ge=1)] = 1  # record every N-th step
+    params: Annotated[str, Field(min_length=1)] = "*"  # glob over parameter names
+    # Steps whose unit order (who unsharded each unit, its uses, its reshards) is
+    # recorded for the audit; the first few show every edge; 0: none.
+    order_steps: Annotated[int, Field(ge=0)] = 3
+
+
+SLURM_ONLY = ("partition", "nodes", "ntasks_per_node", "gpus_per_node", "gres", "time",
+              "account", "qos", "sbatch_args")
+
+
+class ExecutorConfig(_Strict):
+    """Where runs execute: local slots on this machine, or one Slurm job per run."""
+
+    kind: Literal["local", "slurm"] = "local"
+    slots: Annotated[int, Field(ge=1, le=256)] = 1  # the most runs in flight at once
+    devices_per_slot: Annotated[int, Field(ge=1)] | None = None  # local: devices each slot owns
+    partition: str | None = None
+    nodes: Annotated[int, Field(ge=1)] = 1
+    ntasks_per_node: Annotated[int, Field(ge=1)] | None = None
+    gpus_per_node: Annotated[int, Field(ge=1)] | None = None
+    gres: str | None = None
+    time: str | None = None  # Slurm's --time; default: the experiment's timeout_s
+    account: str | None = None
+    qos: str | None = None
+    sbatch_args: list[str] = Field(default_factory=list)  # passed to every sbatch as they are
+
+    @model_validator(mode="after")
+    def _keys_fit_kind(self) -> ExecutorConfig:
+        if self.kind == "local":
+            given = [k for k in SLURM_ONLY if k in self.model_fields_set]
+            if given:
+                raise ValueError(f"{', '.join(given)}: Slurm keys, but executor kind is local")
+        elif self.devices_per_slot is not None:
+            raise ValueError("devices_per_slot is for the local executor; use gpus_per_node or gres")
+        if self.gpus_per_node is not None and self.gres is not None:
+            raise ValueError("give gpus_per_node or gres, not both")
+        return self
+
+
 class Experiment(_Strict):
     name: Annotated[str, Field(pattern=NAME_PATTERN)]
     workload: Workload | None = None
@@ -116,8 +180,10 @@ class Experiment(_Strict):
     seed: int = 1234
     timeout_s: Annotated[float, Field(gt=0)] = 600.0
     no_progress_timeout_s: Annotated[float, Field(gt=0)] | None = None
-    guard: Literal["none", "size-one"] = "none"
+    guard: Guard = "none"
     search: Search = Field(default_factory=Search)
+    executor: ExecutorConfig = Field(default_factory=ExecutorConfig)
+    record: Record = Field(default_factory=Record)
 
     # The directory of the file it came from: relative paths (config) resolve there.
     _base_dir: Path = PrivateAttr(default_factory=Path.cwd)
@@ -144,9 +210,12 @@ class Experiment(_Strict):
             raise ValueError("give exactly one of workload (a built-in) or command (an argv list)")
         if self.command is not None and not self.command:
             raise ValueError("command must not be empty")
-        if self.workload is not None and (self.config or self.overrides):
-            raise ValueError("config and overrides go with a command, not a built-in workload")
-        if self.overrides and not self.config:
+        # The mindformers workload trains from a MindFormers YAML: its own, or `config`.
+        takes_config = self.command is not None or self.workload.builtin == "mindformers"
+        if not takes_config and (self.config or self.overrides):
+            raise ValueError("config and overrides go with a command or the mindformers workload, "
+                             "not this built-in workload")
+        if self.overrides and not self.config and self.command is not None:
             raise ValueError("overrides need a config file to apply to")
         return self
 
@@ -156,6 +225,8 @@ class Experiment(_Strict):
 
     def config_path(self) -> Path | None:
         if self.config is None:
+            if self.workload is not None and self.workload.builtin == "mindformers":
+                return mindformers_workload.DEFAULT_CONFIG
             return None
         return (self._base_dir / self.config).resolve()
 
@@ -163,13 +234,13 @@ class Experiment(_Strict):
         return self.workload.world_size if self.workload is not None else 1
 
     def fingerprint(self) -> str:
-        """Short hash of everything that changes a run's numbers.
+        """Short hash of everything that changes a run's numbers or what it records.
 
         Steps and guard are left out: the run store keys them separately. The
         search settings and timeouts are left out too: changing them must not
         throw finished runs away.
         """
-        keys = {"workload", "command", "config", "overrides", "env", "metrics", "seed"}
+        keys = {"workload", "command", "config", "overrides", "env", "metrics", "seed", "record"}
         data = self.model_dump(mode="json", include=keys)
         if self.config_path() is not None and self.config_path().is_file():
             data["config_sha256"] = hashlib.sha256(self.config_path().read_bytes()).hexdigest()
@@ -181,17 +252,28 @@ class Cell(_Strict):
     name: Annotated[str, Field(min_length=1)]
     overrides: dict[str, Any] = Field(default_factory=dict)
     mask: str | list[str]
-    guard: Literal["none", "size-one"] | None = None
+    guard: Guard | None = None
     runs: Annotated[int, Field(ge=2)]
-    expect: Literal["consistent", "diverged", "any"]
+    expect: Expectation
 
     def mask_specs(self) -> list[str]:
         return [self.mask] if isinstance(self.mask, str) else list(self.mask)
 
 
+def expectation_met(expect: str, verdict: str) -> bool:
+    """Whether a cell's verdict meets its `expect`: `any` takes a verdict, never an error.
+
+    A cell that could not run (verdict error) says nothing about drift, and CI must see it.
+    """
+    if expect == "any":
+        return verdict in (CONSISTENT, DIVERGED)
+    return verdict == expect
+
+
 class _MatrixFile(_Strict):
     experiment: str | dict[str, Any]
     cells: Annotated[list[Cell], Field(min_length=1)]
+    executor: ExecutorConfig | None = None  # replaces the experiment's, for every cell
 
     @model_validator(mode="after")
     def _unique_names(self) -> _MatrixFile:
@@ -284,13 +366,18 @@ def _describe(exc: ValidationError, model: type[BaseModel]) -> str:
     return "; ".join(parts).replace("\n", "\\n").replace("\r", "\\r")
 
 
-def _validate_experiment(data: Any, *, source: str, base_dir: Path) -> Experiment:
+def _validate_mapping(data: Any, model: type[ModelT], *, source: str, kind: str) -> ModelT:
+    """data validated as model; any problem becomes one BisectPrefetchError line."""
     if not isinstance(data, dict):
-        raise BisectPrefetchError(f"{source}: an experiment must be a mapping of keys")
+        raise BisectPrefetchError(f"{source}: {kind} must be a mapping of keys")
     try:
-        experiment = Experiment.model_validate(data)
+        return model.model_validate(data)
     except ValidationError as exc:
-        raise BisectPrefetchError(f"{source}: {_describe(exc, Experiment)}") from None
+        raise BisectPrefetchError(f"{source}: {_describe(exc, model)}") from None
+
+
+def _validate_experiment(data: Any, *, source: str, base_dir: Path) -> Experiment:
+    experiment = _validate_mapping(data, Experiment, source=source, kind="an experiment")
     experiment._base_dir = base_dir
     return experiment
 
@@ -331,7 +418,9 @@ def with_overrides(experiment: Experiment, overrides: dict[str, Any]) -> Experim
     """The experiment with dotted-key overrides applied and validated again."""
     if not overrides:
         return experiment
-    data = apply_overrides(experiment.model_dump(mode="python", exclude_none=True), overrides)
+    # Only the keys the file set: validators that check which keys were given see the same.
+    data = apply_overrides(experiment.model_dump(mode="python", exclude_unset=True, exclude_none=True),
+                           overrides)
     keys = ", ".join(overrides)
     return _validate_experiment(data, source=f"overrides {keys}", base_dir=experiment.base_dir)
 
@@ -339,13 +428,7 @@ def with_overrides(experiment: Experiment, overrides: dict[str, Any]) -> Experim
 def load_matrix(path: str | Path) -> Matrix:
     """Read a matrix file; its experiment is a path (relative to the matrix) or embedded."""
     path = Path(path)
-    data = _read_yaml(path)
-    if not isinstance(data, dict):
-        raise BisectPrefetchError(f"{path}: a matrix must be a mapping of keys")
-    try:
-        parsed = _MatrixFile.model_validate(data)
-    except ValidationError as exc:
-        raise BisectPrefetchError(f"{path}: {_describe(exc, _MatrixFile)}") from None
+    parsed = _validate_mapping(_read_yaml(path), _MatrixFile, source=str(path), kind="a matrix")
     base_dir = path.parent.resolve()
     if isinstance(parsed.experiment, str):
         experiment = load_experiment(base_dir / parsed.experiment)
@@ -353,6 +436,8 @@ def load_matrix(path: str | Path) -> Matrix:
         experiment = _validate_experiment(
             parsed.experiment, source=f"{path}: experiment", base_dir=base_dir
         )
+    if parsed.executor is not None:
+        experiment = experiment.model_copy(update={"executor": parsed.executor})
     for cell in parsed.cells:
         try:
             with_overrides(experiment, cell.overrides)

@@ -17,8 +17,8 @@ from pathlib import Path
 import networkx as nx
 
 from bisect_prefetch.errors import BisectPrefetchError
+from bisect_prefetch.vocab import BWD, FWD, PHASES, edge_id, parse_edge_id
 
-PHASES = ("fwd", "bwd")
 NODE_KINDS = ("embedding", "layer", "inner", "tail", "root")
 
 
@@ -30,17 +30,14 @@ class Edge:
 
     @property
     def id(self) -> str:
-        return f"{self.phase}:{self.src}->{self.dst}"
+        return edge_id(self.phase, self.src, self.dst)
 
     @classmethod
-    def parse(cls, edge_id: str) -> Edge:
-        phase, sep, rest = edge_id.partition(":")
-        src, arrow, dst = rest.partition("->")
-        if not sep or not arrow or phase not in PHASES or not src or not dst:
-            raise BisectPrefetchError(
-                f"not an edge id: {edge_id!r} (expected PHASE:SRC->DST, PHASE fwd or bwd)"
-            )
-        return cls(phase, src, dst)
+    def parse(cls, text: str) -> Edge:
+        try:
+            return cls(*parse_edge_id(text))
+        except ValueError as exc:
+            raise BisectPrefetchError(str(exc)) from None
 
 
 class PrefetchGraph:
@@ -87,7 +84,7 @@ class PrefetchGraph:
         out = []
         for ph in PHASES if phase is None else (phase,):
             group = [Edge(ph, s, d) for s, d, k in self.g.edges(keys=True) if k == ph]
-            sign = 1 if ph == "fwd" else -1
+            sign = 1 if ph == FWD else -1
             group.sort(key=lambda e: (sign * order[e.src], sign * order[e.dst], e.src, e.dst))
             out.extend(group)
         return out
@@ -171,15 +168,15 @@ def _mindformers(layers: int, inner: Iterable[str] = ()) -> PrefetchGraph:
             g.add_edge(phase, src, f"{layer}.{part}")
 
     first, last = layer_names[0], layer_names[-1]
-    to_layer("fwd", "embedding", first)
+    to_layer(FWD, "embedding", first)
     for a, b in zip(layer_names, layer_names[1:], strict=False):
-        to_layer("fwd", a, b)
-    g.add_edge("fwd", last, "decoder.final_layernorm")
-    g.add_edge("fwd", last, "output_layer")
-    to_layer("bwd", "output_layer", last)
+        to_layer(FWD, a, b)
+    g.add_edge(FWD, last, "decoder.final_layernorm")
+    g.add_edge(FWD, last, "output_layer")
+    to_layer(BWD, "output_layer", last)
     for a, b in zip(layer_names[1:], layer_names, strict=False):
-        to_layer("bwd", a, b)
-    g.add_edge("bwd", first, "embedding")
+        to_layer(BWD, a, b)
+    g.add_edge(BWD, first, "embedding")
     return g
 
 
@@ -190,8 +187,8 @@ def _fsdp2_chain(layers: int) -> PrefetchGraph:
     for i, name in enumerate(names):
         g.add_node(name, kind="layer", order=i)
     for a, b in zip(names, names[1:], strict=False):
-        g.add_edge("fwd", a, b)
-        g.add_edge("bwd", b, a)
+        g.add_edge(FWD, a, b)
+        g.add_edge(BWD, b, a)
     return g
 
 
@@ -206,12 +203,12 @@ def _torchtitan(layers: int) -> PrefetchGraph:
     g.add_node("output", kind="tail", order=layers + 2)
     chain = ["tok_embeddings", *names]
     for a, b in zip(chain, chain[1:], strict=False):
-        g.add_edge("fwd", a, b)
-    g.add_edge("fwd", names[-1], "norm")
-    g.add_edge("fwd", names[-1], "output")
-    g.add_edge("bwd", "output", names[-1])
+        g.add_edge(FWD, a, b)
+    g.add_edge(FWD, names[-1], "norm")
+    g.add_edge(FWD, names[-1], "output")
+    g.add_edge(BWD, "output", names[-1])
     for a, b in zip(reversed(chain), list(reversed(chain))[1:], strict=False):
-        g.add_edge("bwd", a, b)
+        g.add_edge(BWD, a, b)
     return g
 
 
@@ -237,7 +234,7 @@ def from_policy(name: str, layers: int, *, inner: Iterable[str] = ()) -> Prefetc
 # -- renderings -----------------------------------------------------------
 def render_text(graph: PrefetchGraph) -> str:
     lines = [f"{len(graph.nodes())} units, {len(graph)} prefetch edges"]
-    for phase, title in (("fwd", "forward"), ("bwd", "backward")):
+    for phase, title in ((FWD, "forward"), (BWD, "backward")):
         edges = graph.edges(phase)
         lines.append(f"{title} ({len(edges)}):")
         for e in edges:
@@ -260,7 +257,7 @@ def render_dot(graph: PrefetchGraph) -> str:
     lines = ["digraph prefetch {", "  rankdir=LR;"]
     for n in graph.nodes():
         lines.append(f"  {_quote(n)} [shape=box];")
-    colour = {"fwd": "blue", "bwd": "red"}
+    colour = {FWD: "blue", BWD: "red"}
     for e in graph.edges():
         lines.append(
             f'  {_quote(e.src)} -> {_quote(e.dst)} [color={colour[e.phase]}, label="{e.phase}"];'
@@ -275,7 +272,7 @@ def render_mermaid(graph: PrefetchGraph) -> str:
     for n, i in ids.items():
         lines.append(f'  {i}["{n}"]')
     for e in graph.edges():
-        arrow = "-->" if e.phase == "fwd" else "-.->"
+        arrow = "-->" if e.phase == FWD else "-.->"
         lines.append(f"  {ids[e.src]} {arrow}|{e.phase}| {ids[e.dst]}")
     return "\n".join(lines)
 
@@ -296,13 +293,13 @@ def render_png(graph: PrefetchGraph, path: str | Path, *, highlight: Iterable[st
     for n in nodes:
         ax.text(x[n], 0, n, rotation=90, ha="center", va="center", fontsize=7,
                 bbox={"boxstyle": "round", "fc": "white", "ec": "grey"})
-    colour = {"fwd": "tab:blue", "bwd": "tab:red"}
+    colour = {FWD: "tab:blue", BWD: "tab:red"}
     for e in graph.edges():
         hot = e.id in highlight
-        rad = -0.4 if e.phase == "fwd" else 0.4
+        rad = -0.4 if e.phase == FWD else 0.4
         ax.add_patch(FancyArrowPatch(
-            (x[e.src], 0.35 if e.phase == "fwd" else -0.35),
-            (x[e.dst], 0.35 if e.phase == "fwd" else -0.35),
+            (x[e.src], 0.35 if e.phase == FWD else -0.35),
+            (x[e.dst], 0.35 if e.phase == FWD else -0.35),
             connectionstyle=f"arc3,rad={rad}", arrowstyle="-|>", mutation_scale=10,
             color="black" if hot else colour[e.phase], lw=3 if hot else 1,
         ))
@@ -312,7 +309,7 @@ def render_png(graph: PrefetchGraph, path: str | Path, *, highlight: Iterable[st
     ax.set_title("prefetch edges: forward (blue, above), backward (red, below)"
                  + (", culprit in black" if highlight else ""), fontsize=9)
     fig.tight_layout()
-    from bisect_prefetch.runs.atomic import save_figure_atomic
+    from bisect_prefetch.files import save_figure_atomic
 
     save_figure_atomic(fig, path, dpi=100)
     plt.close(fig)

@@ -16,10 +16,11 @@ import fnmatch
 from collections.abc import Iterable, Sequence
 
 from bisect_prefetch.errors import BisectPrefetchError
+from bisect_prefetch.vocab import BWD, FWD, PHASES, Mask, edge_phase
 
-Mask = frozenset[str]
+__all__ = ["Mask", "describe", "is_preset", "preset_mask", "resolve_mask", "select", "select_many"]
 
-WORDS = ("all", "none", "fwd", "bwd")
+WORDS = ("all", "none", *PHASES)
 PRESETS = ("all-on", "all-off", "backward-off", "forward-off", "keep-only:SEL", "drop-only:SEL")
 _GLOB_CHARS = set("*?[")
 
@@ -36,8 +37,8 @@ def select(selector: str, edge_ids: Sequence[str]) -> list[str]:
         return list(edge_ids)
     if sel == "none":
         return []
-    if sel in ("fwd", "bwd"):
-        return [e for e in edge_ids if e.startswith(sel + ":")]
+    if sel in PHASES:
+        return [e for e in edge_ids if edge_phase(e) == sel]
     if not sel:
         raise BisectPrefetchError("empty selector (use an edge id, a glob, all, none, fwd or bwd)")
     if _GLOB_CHARS & set(sel):
@@ -72,9 +73,9 @@ def preset_mask(preset: str, edge_ids: Sequence[str]) -> Mask:
     if name == "all-off" and not arg:
         return frozenset()
     if name == "backward-off" and not arg:
-        return frozenset(e for e in edge_ids if not e.startswith("bwd:"))
+        return frozenset(e for e in edge_ids if edge_phase(e) != BWD)
     if name == "forward-off" and not arg:
-        return frozenset(e for e in edge_ids if not e.startswith("fwd:"))
+        return frozenset(e for e in edge_ids if edge_phase(e) != FWD)
     if name in ("keep-only", "drop-only"):
         if not arg:
             raise BisectPrefetchError(f"preset {name} needs a selector: {name}:SEL")
@@ -116,9 +117,9 @@ def describe(mask: Mask, edge_ids: Sequence[str]) -> str:
         return "all-on"
     if not on:
         return "all-off"
-    if set(on) == {e for e in edge_ids if e.startswith("fwd:")}:
+    if set(on) == {e for e in edge_ids if edge_phase(e) == FWD}:
         return "backward-off"
-    if set(on) == {e for e in edge_ids if e.startswith("bwd:")}:
+    if set(on) == {e for e in edge_ids if edge_phase(e) == BWD}:
         return "forward-off"
     if len(on) <= 2:
         return "keep-only:" + ",".join(on)

@@ -17,8 +17,8 @@ from bisect_prefetch.runs.envprint import ENV_FILE
 from bisect_prefetch.runs.execute import Runner, write_config
 from bisect_prefetch.runs.group import run_group
 from bisect_prefetch.runs.store import StateDir
+from tests.conftest import job_processes
 from tests.fake_job import RANDOM_EDGE
-from tests.reliability import job_processes
 
 FAKE_JOB = Path(__file__).resolve().parent / "fake_job.py"
 
@@ -55,7 +55,8 @@ def test_clean_group_is_consistent(tmp_path, capsys):
     code, result = _aa(tmp_path, _experiment(tmp_path), "--mask", "drop-only:" + RANDOM_EDGE)
     assert code == 0
     assert result["verdict"] == "consistent"
-    assert result["outcomes"] == {"ok": 2, "error": 0, "timeout": 0, "stopped-early": 0}
+    assert result["outcomes"] == {"ok": 2, "error": 0, "timeout": 0, "stopped-early": 0,
+                                  "truncated": 0}
     assert result["metrics"]["loss"]["first_diff_step"] is None
     assert result["metrics"]["loss"]["steps_compared"] == 8
     assert result["mask"] == ["fwd:layers.0->layers.1"]
@@ -220,7 +221,7 @@ def test_config_is_copied_with_overrides(tmp_path):
                     "graph: {source: static, policy: fsdp2-chain, layers: 2}\n")
     run_dir = tmp_path / "run"
     run_dir.mkdir()
-    copied = write_config(load_experiment(path), run_dir)
+    copied = write_config(load_experiment(path), run_dir, steps=5)
     import yaml
 
     assert yaml.safe_load(copied.read_text()) == {

@@ -240,7 +240,7 @@ def test_fsdp2_adapter_activates_on_import_even_when_the_job_imports_it_first(tm
 # -- FSDP2, real runs ------------------------------------------------------------------
 def _fsdp2_helpers():
     pytest.importorskip("torch")
-    from tests.test_workload_fsdp2 import LAYERS, read_jsonl, read_probe, run_fsdp2, write_plan
+    from tests.conftest import LAYERS, read_jsonl, read_probe, run_fsdp2, write_plan
 
     return LAYERS, read_jsonl, read_probe, run_fsdp2, write_plan
 
@@ -293,7 +293,7 @@ def test_world_size_one_has_shard_size_one_and_the_guard_blocks_every_prefetch(t
 @pytest.mark.slow
 def test_ranks_with_different_plans_stop_before_the_first_all_gather(tmp_path):
     pytest.importorskip("torch")
-    from tests.test_workload_fsdp2 import free_port, write_plan
+    from tests.conftest import free_port, write_plan
 
     port, processes = free_port(), []
     for rank, mask in ((0, None), (1, [])):  # same job, two plans
@@ -357,7 +357,7 @@ dist.destroy_process_group()
 @pytest.mark.slow
 def test_shadowed_edge_is_a_noop_until_its_shadowing_edge_is_masked(tmp_path):
     pytest.importorskip("torch")
-    from tests.test_workload_fsdp2 import free_port, read_probe, write_plan
+    from tests.conftest import free_port, read_probe, write_plan
 
     (tmp_path / "job.py").write_text(DEPTH_TWO_JOB)
 

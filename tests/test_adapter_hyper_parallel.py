@@ -131,35 +131,42 @@ def test_discovery_names_units_and_writes_the_graph(adapter_with, tmp_path):
     assert adapter.session.tally.edges["bwd:layers.2->layers.1"]["issued"] == 1
 
 
-def test_mask_filters_the_lists_at_the_first_root_forward(adapter_with):
+def test_the_mask_is_applied_once_at_the_gate_and_the_lists_stay_as_given(adapter_with):
     adapter = adapter_with(mask=["fwd:layers.0->layers.1", "bwd:layers.1->layers.0"])
     root, layers = toy_model()
-    # Before the first forward, names are unknown: the scheduler keeps what it was given.
-    assert layers[2].hsdp_scheduler.backward_prefetch_cells == [layers[1]]
     one_step(root, layers)
-    assert layers[0].hsdp_scheduler.forward_prefetch_cells == [layers[1]]
-    assert layers[1].hsdp_scheduler.forward_prefetch_cells == []
-    assert layers[2].hsdp_scheduler.backward_prefetch_cells == []
-    assert adapter.originals[(id(layers[2].hsdp_scheduler), "bwd")] == [layers[1]]
+    # The scheduler keeps every target; the gate decides per prefetch.
+    assert layers[1].hsdp_scheduler.forward_prefetch_cells == [layers[2]]
+    assert layers[2].hsdp_scheduler.backward_prefetch_cells == [layers[1]]
     assert layers[1].hsdp_scheduler.hsdp_state.hsdp_params[0].async_calls == 1  # from layers.0
+    assert layers[2].hsdp_scheduler.hsdp_state.hsdp_params[0].async_calls == 0  # masked
     tally = adapter.session.tally.edges
     assert tally["bwd:layers.2->layers.1"] == {
         "fired": 1, "issued": 0, "noop": 0, "masked": 1, "guarded": 0
     }
+    assert tally["fwd:layers.1->layers.2"]["masked"] == 1
     extra = adapter.session.probe_extra["hyper_parallel"]["edges"]
     assert extra["bwd:layers.2->layers.1"]["async_unshards"] == 0
     assert extra["bwd:layers.1->layers.0"]["async_unshards"] == 2
 
 
-def test_setting_a_list_after_discovery_is_filtered_and_graphed(adapter_with, tmp_path):
+def test_a_list_set_after_discovery_is_graphed_and_gated(adapter_with, tmp_path):
     adapter = adapter_with(mask=[])
     root, layers = toy_model()
     one_step(root, layers)
     layers[0].hsdp_scheduler.set_forward_prefetch_cells([layers[2]])
-    assert layers[0].hsdp_scheduler.forward_prefetch_cells == []
+    assert layers[0].hsdp_scheduler.forward_prefetch_cells == [layers[2]]
+    layers[0].hsdp_scheduler._hsdp_forward_pre_hook(layers[0], ())
+    assert adapter.session.tally.edges["fwd:layers.0->layers.2"]["masked"] == 1
     adapter.on_step_end(1)
     graph = json.loads((tmp_path / "graph.rank0.json").read_text())
     assert "fwd:layers.0->layers.2" in {e["id"] for e in graph["edges"]}
+
+
+def test_the_production_adapter_names_no_test_double():
+    assert not any("workloads" in m or "double" in m for m in hp.SCHEDULER_MODULES)
+    source = Path(hp.__file__).read_text()
+    assert "hsdp_double" not in source
 
 
 def test_guard_skips_size_one_targets(adapter_with):

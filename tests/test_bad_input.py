@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 
 from bisect_prefetch.cli import main
-from tests.reliability import (
+from bisect_prefetch.workloads import mindformers
+from tests.conftest import (
     NAME,
     fake_job_experiment,
     script_experiment,
@@ -183,7 +184,8 @@ def test_metrics_format_that_matches_no_line(tmp_path, capsys, state):
     assert "missing metrics: no metrics found" in message
     result = json.loads(result_path.read_text())
     assert result["verdict"] == "error"
-    assert result["outcomes"] == {"ok": 0, "error": 2, "timeout": 0, "stopped-early": 0}
+    assert result["outcomes"] == {"ok": 0, "error": 2, "timeout": 0, "stopped-early": 0,
+                                  "truncated": 0}
     # The finished runs before are all still there, the failed ones journaled after them.
     assert journal.read_text().startswith(before)
 
@@ -212,12 +214,16 @@ def test_compare_with_a_log_cut_mid_line_says_what_it_left_out(tmp_path, capsys)
     whole.write_text(full)
     cut.write_text(full[: full.index('{"step": 4') + 9])
     json_out = tmp_path / "out.json"
-    assert main(["compare", str(cut), str(whole), "--json", str(json_out)]) == 0
+    # The common steps agree, but a log that stops mid-line is never a clean "consistent".
+    assert main(["compare", str(cut), str(whole), "--json", str(json_out)]) == 1
     out = capsys.readouterr().out
-    assert f"note: 1 line(s) of {cut} could not be read (truncated or garbled)" in out
+    assert f"truncated: A's log stops mid-line: {cut} line 4: " in out
+    assert "A stops before B: last common step 3, A's last step 3, B's last step 4" in out
     result = json.loads(json_out.read_text())
     assert result["lines_unread"] == {"a": 1, "b": 0}
     assert result["metrics"]["loss"]["missing_in_a"] == 1
+    assert result["truncated"]["last_common_step"] == 3
+    assert main(["compare", str(cut), str(whole), "--allow-truncated"]) == 0
 
 
 NON_FINITE = ['{"step": 1, "loss": NaN}', '{"step": 2, "loss": Infinity}',
@@ -267,3 +273,21 @@ def test_cli_errors_never_print_tracebacks_for_missing_files(tmp_path, capsys):
                                                    if args[0] in ("aa", "matrix") else [])])
         assert str(missing) in message or "no such state dir" in message
     assert list(tmp_path.iterdir()) == []  # no state dir, no output
+
+
+@pytest.mark.parametrize("command", ["bisect", "audit"])
+def test_mindformers_workload_refuses_commands_that_need_prefetch_edges(tmp_path, capsys,
+                                                                         monkeypatch, command):
+    # No venv: a run would fail naming `make mindformers-venv`; the refusal comes before any.
+    monkeypatch.setenv(mindformers.VENV_ENV, str(tmp_path / "no-venv"))
+    experiment = tmp_path / "mf.yaml"
+    experiment.write_text(
+        "name: mf\n"
+        "workload: {builtin: mindformers, layers: 2}\n"
+        "metrics: {format: mindformers, names: [loss], files: \"output/log/rank_*/info.log\"}\n"
+        "steps: 3\n"
+    )
+    state = tmp_path / "state"
+    message = _one_line_error(capsys, [command, str(experiment), "--state-dir", str(state)])
+    assert message == f"error: {mindformers.NO_PREFETCH_GRAPH}"
+    assert not state.exists()

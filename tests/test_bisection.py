@@ -1,163 +1,474 @@
-"""The narrated driver: one whole-transcript test per exit path, against the simulator."""
+"""The `bisect` command, whole transcripts: every exit path against a simulated oracle.
+
+The command runs for real (state dir, lock, journal, report) except the
+training runs: the oracle draws them from the simulator (search/simulate.py)
+and journals them as the real oracle does, so a resumed command gets the runs
+that finished from the journal and runs only the rest. Every printed line is
+checked, at the pinned console width (conftest.py).
+"""
+
+from __future__ import annotations
 
 import io
 import json
+from collections import Counter
+from pathlib import Path
 
 import pytest
-from rich.console import Console
 
-from bisect_prefetch.bisection import render_result, reproduce_mask, result_to_json, run_bisection
-from bisect_prefetch.graph import from_policy
-from bisect_prefetch.search.protocol import Bisection
+from bisect_prefetch.commands import bisect as command
+from bisect_prefetch.errors import BisectPrefetchError
+from bisect_prefetch.runs.execute import RunOutcome
+from bisect_prefetch.search import protocol as p
+from bisect_prefetch.search.oracle import RunResult
+from bisect_prefetch.search.protocol import Fact
 from bisect_prefetch.search.simulate import SimulatedOracle
 from bisect_prefetch.search.stats import hazard_for_chance
+from tests.conftest import console
 
-EDGES = from_policy("fsdp2-chain", 3).edge_ids()
 STEPS = 20
 SEED = 9
+CULPRIT = "bwd:layers.2->layers.1"
 
 
-class CountingOracle(SimulatedOracle):
-    def __init__(self, culprits, *, q=0.5, background=0.0, trial=0):
-        super().__init__(
-            culprits, hazard=hazard_for_chance(q, STEPS), steps=STEPS, seed=SEED, trial=trial,
-            background=hazard_for_chance(background, STEPS) if background else 0.0,
-        )
-        self.masks = []
+class Simulation:
+    """Makes the command's oracle: the simulator, journaling its runs as the real oracle does.
+
+    interrupt_after: new runs before a Ctrl-C (None: never).
+    """
+
+    def __init__(self, culprits, *, q=0.5, background=0.0, interrupt_after=None):
+        print(f"seed {SEED}")
+        self.culprits = culprits
+        self.hazard = hazard_for_chance(q, STEPS)
+        self.background = hazard_for_chance(background, STEPS) if background else 0.0
+        self.interrupt_after = interrupt_after
+        self.commands = 0
+
+    def __call__(self, opened, on_run):
+        self.commands += 1
+        return _Oracle(self, opened, on_run)
+
+
+class _Oracle:
+    """The real oracle's bookkeeping (journal keys, counts, run lines) over simulated runs."""
+
+    def __init__(self, sim: Simulation, opened, on_run):
+        self.sim, self.runner, self.on_run = sim, opened.runner, on_run
+        # A resumed command draws new runs from its own streams.
+        self.draws = SimulatedOracle(sim.culprits, hazard=sim.hazard, steps=STEPS,
+                                     background=sim.background, seed=SEED, trial=sim.commands)
+        self.requests: Counter[frozenset[str]] = Counter()
+        self.runs_launched = self.runs_reused = 0
+
+    @property
+    def golden(self) -> str:
+        key = self.runner.key("search-golden", mask=frozenset(), guard="none", steps=STEPS,
+                              index=0)
+        return self._journaled(key, lambda: RunResult("ok", False, None, STEPS)).run_id
 
     def run(self, mask):
-        self.masks.append(mask)
-        return super().run(mask)
+        key = self.runner.key("search", mask=mask, guard="none", steps=STEPS,
+                              index=self.requests[mask])
+        self.requests[mask] += 1
+        out = self._journaled(key, lambda: self.draws.run(mask))
+        self.on_run(mask, out)
+        return out.result()
+
+    def _journaled(self, key, draw) -> RunOutcome:
+        state = self.runner.state
+        if (found := state.find(key)) is not None:
+            self.runs_reused += 1
+            return RunOutcome.from_record(found)
+        if self.sim.interrupt_after == 0:
+            raise KeyboardInterrupt
+        if self.sim.interrupt_after is not None:
+            self.sim.interrupt_after -= 1
+        result = draw()
+        run_id, _ = state.new_run_dir("sim")
+        out = RunOutcome(run_id=run_id, outcome="stopped-early" if result.diverged else "ok",
+                         reason="", first_diff_step=result.first_diff_step,
+                         steps_done=result.steps, wall_s=0.25)
+        state.append(key, out.to_record())
+        self.runs_launched += 1
+        return out
+
+    def deterministic_masks(self):
+        return []
 
 
-def transcript(culprits, *, background=0.0, **options):
-    print(f"seed {SEED}")
+def write_experiment(tmp_path: Path, *, max_runs: int = 200) -> Path:
+    path = tmp_path / "exp.yaml"
+    path.write_text(f"""
+name: sim
+command: [python, -c, "pass"]
+metrics: {{format: jsonl, names: [loss]}}
+graph: {{source: static, policy: fsdp2-chain, layers: 3}}
+steps: {STEPS}
+seed: 1
+search: {{confidence: 0.95, max_runs: {max_runs}}}
+""")
+    return path
+
+
+def run_command(tmp_path, simulation, *, resume=False, max_runs=200, **options):
     out = io.StringIO()
-    console = Console(file=out, width=100)
-    search = Bisection(EDGES, steps_per_run=STEPS, **options)
-    result = run_bisection(search, CountingOracle(culprits, background=background), console=console)
-    return out.getvalue(), result
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    experiment = write_experiment(tmp_path, max_runs=max_runs)
+    state_dir = tmp_path / "state"
+    try:
+        code = command.bisect(experiment, confidence=None, max_runs=None, resume=resume,
+                              state_dir=state_dir, console=console(out),
+                              json_out=tmp_path / "out.json", oracle_for=simulation, **options)
+    except KeyboardInterrupt:
+        code = "interrupted"
+    text = out.getvalue().replace(str(tmp_path), "TMP")
+    return code, text
 
 
-def test_culprit_found_transcript():
-    text, result = transcript(["bwd:layers.2->layers.1"])
-    assert text == """\
+CULPRIT_FOUND = """\
+bisecting sim: 20 steps a run, seed 1, guard none, confidence 0.95, at most 200 runs
+running the golden reference (all-off, full length)...
 checking that all-on diverges...
+    run 1 (4 edges on): diverged at step 18 [0.2s]
   -> diverged at run 1 (step 18)
 checking that all-off is consistent...
+    run 2 (0 edges on): clean over 20 steps [0.2s]
   -> clean (1 run)
-testing keep-only:fwd:layers.0->layers.1...
-  -> clean (1 run)
-testing keep-only:fwd:layers.1->layers.2...
-  -> clean (1 run)
+testing forward-off...
+    run 3 (2 edges on): diverged at step 6 [0.2s]
+  -> diverged at run 1 (step 6)
 testing keep-only:bwd:layers.2->layers.1...
+    run 4 (1 edges on): clean over 20 steps [0.2s]
   -> clean (1 run)
-testing keep-only:bwd:layers.1->layers.0...
+testing drop-only:bwd:layers.1->layers.0...
+    run 5 (3 edges on): diverged at step 19 [0.2s]
+  -> diverged at run 1 (step 19)
+testing drop-only:bwd:layers.2->layers.1...
+    run 6 (3 edges on): clean over 20 steps [0.2s]
   -> clean (1 run)
-testing keep-only:fwd:layers.0->layers.1...
-  -> clean (1 run)
-testing keep-only:fwd:layers.1->layers.2...
-  -> clean (1 run)
-testing keep-only:bwd:layers.2->layers.1...
-  -> diverged at run 1 (step 20)
-double checking the answer: drop-only:bwd:layers.2->layers.1 should be consistent...
+double checking the answer: keep-only:bwd:layers.2->layers.1 should diverge...
+    run 7 (1 edges on): diverged at step 1 [0.2s]
+  -> diverged at run 1 (step 1)
+testing drop-only:bwd:layers.2->layers.1...
+    run 8 (3 edges on): clean over 20 steps [0.2s]
+    run 9 (3 edges on): clean over 20 steps [0.2s]
   -> clean (2 runs)
+double checking the answer: drop-only:bwd:layers.2->layers.1 should be consistent...
+    run 10 (3 edges on): clean over 20 steps [0.2s]
+    run 11 (3 edges on): clean over 20 steps [0.2s]
+    run 12 (3 edges on): clean over 20 steps [0.2s]
+    run 13 (3 edges on): clean over 20 steps [0.2s]
+  -> clean (4 runs)
+
+verdict: culprit-found
+minimal set: bwd:layers.2->layers.1
+confidence: 0.985   runs: 13   steps: 224
+  - keep-only:bwd:layers.2->layers.1 diverged (run 7, step 1): the set is enough for drift
+  - drop-only:bwd:layers.2->layers.1: 7 runs, all consistent: removing the set removes drift
+evidence
+┏━━━━━━━━━━━┳━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━┳━━━━━━━┳━━━━━━┳━━━━━━━━━━┳━━━━━━━━━━━━━━━━━━━━━━━┳━━━━━━━━━━┓
+┃ step      ┃ mask                             ┃ edges ┃ runs ┃ diverged ┃ first differing steps ┃ verdict  ┃
+┡━━━━━━━━━━━╇━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━╇━━━━━━━╇━━━━━━╇━━━━━━━━━━╇━━━━━━━━━━━━━━━━━━━━━━━╇━━━━━━━━━━┩
+│ calibrate │ all-on                           │ 4     │ 1    │ 1        │ 18                    │ diverged │
+│ check-off │ all-off                          │ 0     │ 1    │ 0        │ -                     │ clean    │
+│ search    │ forward-off                      │ 2     │ 1    │ 1        │ 6                     │ diverged │
+│ search    │ keep-only:bwd:layers.2->layers.1 │ 1     │ 1    │ 0        │ -                     │ clean    │
+│ search    │ drop-only:bwd:layers.1->layers.0 │ 3     │ 1    │ 1        │ 19                    │ diverged │
+│ search    │ drop-only:bwd:layers.2->layers.1 │ 3     │ 1    │ 0        │ -                     │ clean    │
+│ keep-only │ keep-only:bwd:layers.2->layers.1 │ 1     │ 1    │ 1        │ 1                     │ diverged │
+│ search    │ drop-only:bwd:layers.2->layers.1 │ 3     │ 2    │ 0        │ -                     │ clean    │
+│ drop-only │ drop-only:bwd:layers.2->layers.1 │ 3     │ 4    │ 0        │ -                     │ clean    │
+└───────────┴──────────────────────────────────┴───────┴──────┴──────────┴───────────────────────┴──────────┘
+per-run chance 0.8 (95% interval 0.284-0.995), per-step hazard 0.0625, from 5 runs that enabled the set
+reproduce: bisect-prefetch aa TMP/exp.yaml --runs=4 '--mask=keep-only:bwd:layers.2->layers.1'
+runs launched 14, reused from the journal 0; report: TMP/state/sim/report.html
+wrote TMP/out.json
 """
-    assert result.verdict == "culprit-found"
 
-
-def test_no_drift_reproduced_transcript():
-    text, result = transcript([], calibration_runs=4)
-    assert text == "checking that all-on diverges...\n  -> clean (4 runs)\n"
-    assert result.verdict == "no-drift-reproduced"
-
-
-def test_not_prefetch_transcript():
-    text, result = transcript([], background=0.9)
-    assert text == """\
+NO_DRIFT = """\
+bisecting sim: 20 steps a run, seed 1, guard none, confidence 0.95, at most 11 runs
+running the golden reference (all-off, full length)...
 checking that all-on diverges...
-  -> diverged at run 1 (step 2)
-checking that all-off is consistent...
-  -> diverged at run 1 (step 5)
+    run 1 (4 edges on): clean over 20 steps [0.2s]
+    run 2 (4 edges on): clean over 20 steps [0.2s]
+    run 3 (4 edges on): clean over 20 steps [0.2s]
+    run 4 (4 edges on): clean over 20 steps [0.2s]
+    run 5 (4 edges on): clean over 20 steps [0.2s]
+    run 6 (4 edges on): clean over 20 steps [0.2s]
+    run 7 (4 edges on): clean over 20 steps [0.2s]
+    run 8 (4 edges on): clean over 20 steps [0.2s]
+    run 9 (4 edges on): clean over 20 steps [0.2s]
+    run 10 (4 edges on): clean over 20 steps [0.2s]
+  -> clean (10 runs)
+
+verdict: no-drift-reproduced
+confidence: 0.950   runs: 10   steps: 200
+  - all-on: 10 runs, none diverged: a per-run chance of 0.259 or more is ruled out at 95% (fewer than 3/10)
+evidence
+┏━━━━━━━━━━━┳━━━━━━━━┳━━━━━━━┳━━━━━━┳━━━━━━━━━━┳━━━━━━━━━━━━━━━━━━━━━━━┳━━━━━━━━━┓
+┃ step      ┃ mask   ┃ edges ┃ runs ┃ diverged ┃ first differing steps ┃ verdict ┃
+┡━━━━━━━━━━━╇━━━━━━━━╇━━━━━━━╇━━━━━━╇━━━━━━━━━━╇━━━━━━━━━━━━━━━━━━━━━━━╇━━━━━━━━━┩
+│ calibrate │ all-on │ 4     │ 10   │ 0        │ -                     │ clean   │
+└───────────┴────────┴───────┴──────┴──────────┴───────────────────────┴─────────┘
+per-run chance 0 (95% interval 0-0.308), from 10 runs that enabled every edge (all-on)
+reproduce: bisect-prefetch aa TMP/exp.yaml --runs=4
+runs launched 11, reused from the journal 0; report: TMP/state/sim/report.html
+wrote TMP/out.json
 """
-    assert result.verdict == "not-prefetch"
 
-
-def test_inconclusive_transcript():
-    text, result = transcript(["fwd:layers.0->layers.1"], max_runs=4)
-    assert text == """\
+NOT_PREFETCH = """\
+bisecting sim: 20 steps a run, seed 1, guard none, confidence 0.95, at most 200 runs
+running the golden reference (all-off, full length)...
 checking that all-on diverges...
-  -> diverged at run 2 (step 13)
+    run 1 (4 edges on): diverged at step 15 [0.2s]
+  -> diverged at run 1 (step 15)
 checking that all-off is consistent...
+    run 2 (0 edges on): diverged at step 8 [0.2s]
+    run 3 (0 edges on): diverged at step 16 [0.2s]
+    run 4 (0 edges on): diverged at step 11 [0.2s]
+    run 5 (0 edges on): diverged at step 6 [0.2s]
+    run 6 (0 edges on): diverged at step 3 [0.2s]
+    run 7 (0 edges on): diverged at step 2 [0.2s]
+    run 8 (0 edges on): diverged at step 4 [0.2s]
+    run 9 (0 edges on): diverged at step 9 [0.2s]
+    run 10 (0 edges on): diverged at step 3 [0.2s]
+    run 11 (0 edges on): diverged at step 2 [0.2s]
+    run 12 (0 edges on): diverged at step 3 [0.2s]
+    run 13 (0 edges on): clean over 20 steps [0.2s]
+  -> diverged at run 1 (step 8)
+
+verdict: not-prefetch
+confidence: 1.000   runs: 13   steps: 102
+  - all-off diverged (11 of 12 runs): drift happens with every prefetch edge off, so it has another cause
+evidence
+┏━━━━━━━━━━━┳━━━━━━━━━┳━━━━━━━┳━━━━━━┳━━━━━━━━━━┳━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━┳━━━━━━━━━━┓
+┃ step      ┃ mask    ┃ edges ┃ runs ┃ diverged ┃ first differing steps             ┃ verdict  ┃
+┡━━━━━━━━━━━╇━━━━━━━━━╇━━━━━━━╇━━━━━━╇━━━━━━━━━━╇━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━╇━━━━━━━━━━┩
+│ calibrate │ all-on  │ 4     │ 1    │ 1        │ 15                                │ diverged │
+│ check-off │ all-off │ 0     │ 12   │ 11       │ 8, 16, 11, 6, 3, 2, 4, 9, 3, 2, 3 │ diverged │
+└───────────┴─────────┴───────┴──────┴──────────┴───────────────────────────────────┴──────────┘
+per-run chance 1 (95% interval 0.025-1), per-step hazard 0.0667, from 1 runs that enabled every edge (all-on)
+reproduce: bisect-prefetch aa TMP/exp.yaml --runs=4
+runs launched 14, reused from the journal 0; report: TMP/state/sim/report.html
+wrote TMP/out.json
+"""
+
+INCONCLUSIVE = """\
+bisecting sim: 20 steps a run, seed 1, guard none, confidence 0.95, at most 4 runs
+running the golden reference (all-off, full length)...
+checking that all-on diverges...
+    run 1 (4 edges on): clean over 20 steps [0.2s]
+    run 2 (4 edges on): diverged at step 17 [0.2s]
+  -> diverged at run 2 (step 17)
+checking that all-off is consistent...
+    run 3 (0 edges on): clean over 20 steps [0.2s]
   -> clean (1 run)
 testing keep-only:fwd:layers.0->layers.1...
-  -> clean (1 run)
+    run 4 (1 edges on): diverged at step 11 [0.2s]
+  -> diverged at run 1 (step 11)
+
+verdict: inconclusive
+confidence: 0.679   runs: 4   steps: 68
+  - stopped: the run budget (--max-runs 4) ran out; best guess {fwd:layers.0->layers.1} at probability 0.679
+evidence
+┏━━━━━━━━━━━┳━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━┳━━━━━━━┳━━━━━━┳━━━━━━━━━━┳━━━━━━━━━━━━━━━━━━━━━━━┳━━━━━━━━━━┓
+┃ step      ┃ mask                             ┃ edges ┃ runs ┃ diverged ┃ first differing steps ┃ verdict  ┃
+┡━━━━━━━━━━━╇━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━╇━━━━━━━╇━━━━━━╇━━━━━━━━━━╇━━━━━━━━━━━━━━━━━━━━━━━╇━━━━━━━━━━┩
+│ calibrate │ all-on                           │ 4     │ 2    │ 1        │ 17                    │ diverged │
+│ check-off │ all-off                          │ 0     │ 1    │ 0        │ -                     │ clean    │
+│ search    │ keep-only:fwd:layers.0->layers.1 │ 1     │ 1    │ 1        │ 11                    │ diverged │
+└───────────┴──────────────────────────────────┴───────┴──────┴──────────┴───────────────────────┴──────────┘
+per-run chance 0.5 (95% interval 0.0126-0.987), per-step hazard 0.027, from 2 runs that enabled every edge (all-on)
+reproduce: bisect-prefetch aa TMP/exp.yaml --runs=4
+runs launched 5, reused from the journal 0; report: TMP/state/sim/report.html
+wrote TMP/out.json
 """
-    assert result.verdict == "inconclusive"
+
+INTERRUPTED = """\
+bisecting sim: 20 steps a run, seed 1, guard none, confidence 0.95, at most 200 runs
+running the golden reference (all-off, full length)...
+checking that all-on diverges...
+    run 1 (4 edges on): diverged at step 18 [0.2s]
+  -> diverged at run 1 (step 18)
+checking that all-off is consistent...
+    run 2 (0 edges on): clean over 20 steps [0.2s]
+  -> clean (1 run)
+testing forward-off...
+    run 3 (2 edges on): diverged at step 6 [0.2s]
+  -> diverged at run 1 (step 6)
+testing keep-only:bwd:layers.2->layers.1...
+interrupted: finished runs are in the journal; to resume, run again:
+  bisect-prefetch bisect TMP/exp.yaml --resume --state-dir=TMP/state
+"""
+
+RESUMED = """\
+bisecting sim: 20 steps a run, seed 1, guard none, confidence 0.95, at most 200 runs
+resuming: 4 finished run(s) in the journal are reused
+running the golden reference (all-off, full length)...
+checking that all-on diverges...
+    run 1 (4 edges on): diverged at step 18 [from the journal]
+  -> diverged at run 1 (step 18)
+checking that all-off is consistent...
+    run 2 (0 edges on): clean over 20 steps [from the journal]
+  -> clean (1 run)
+testing forward-off...
+    run 3 (2 edges on): diverged at step 6 [from the journal]
+  -> diverged at run 1 (step 6)
+testing keep-only:bwd:layers.2->layers.1...
+    run 4 (1 edges on): clean over 20 steps [0.2s]
+  -> clean (1 run)
+testing drop-only:bwd:layers.1->layers.0...
+    run 5 (3 edges on): diverged at step 2 [0.2s]
+  -> diverged at run 1 (step 2)
+testing drop-only:bwd:layers.2->layers.1...
+    run 6 (3 edges on): clean over 20 steps [0.2s]
+  -> clean (1 run)
+double checking the answer: keep-only:bwd:layers.2->layers.1 should diverge...
+    run 7 (1 edges on): diverged at step 19 [0.2s]
+  -> diverged at run 1 (step 19)
+testing drop-only:bwd:layers.2->layers.1...
+    run 8 (3 edges on): clean over 20 steps [0.2s]
+    run 9 (3 edges on): clean over 20 steps [0.2s]
+  -> clean (2 runs)
+double checking the answer: drop-only:bwd:layers.2->layers.1 should be consistent...
+    run 10 (3 edges on): clean over 20 steps [0.2s]
+    run 11 (3 edges on): clean over 20 steps [0.2s]
+    run 12 (3 edges on): clean over 20 steps [0.2s]
+    run 13 (3 edges on): clean over 20 steps [0.2s]
+  -> clean (4 runs)
+
+verdict: culprit-found
+minimal set: bwd:layers.2->layers.1
+confidence: 0.985   runs: 13   steps: 225
+  - keep-only:bwd:layers.2->layers.1 diverged (run 7, step 19): the set is enough for drift
+  - drop-only:bwd:layers.2->layers.1: 7 runs, all consistent: removing the set removes drift
+evidence
+┏━━━━━━━━━━━┳━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━┳━━━━━━━┳━━━━━━┳━━━━━━━━━━┳━━━━━━━━━━━━━━━━━━━━━━━┳━━━━━━━━━━┓
+┃ step      ┃ mask                             ┃ edges ┃ runs ┃ diverged ┃ first differing steps ┃ verdict  ┃
+┡━━━━━━━━━━━╇━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━╇━━━━━━━╇━━━━━━╇━━━━━━━━━━╇━━━━━━━━━━━━━━━━━━━━━━━╇━━━━━━━━━━┩
+│ calibrate │ all-on                           │ 4     │ 1    │ 1        │ 18                    │ diverged │
+│ check-off │ all-off                          │ 0     │ 1    │ 0        │ -                     │ clean    │
+│ search    │ forward-off                      │ 2     │ 1    │ 1        │ 6                     │ diverged │
+│ search    │ keep-only:bwd:layers.2->layers.1 │ 1     │ 1    │ 0        │ -                     │ clean    │
+│ search    │ drop-only:bwd:layers.1->layers.0 │ 3     │ 1    │ 1        │ 2                     │ diverged │
+│ search    │ drop-only:bwd:layers.2->layers.1 │ 3     │ 1    │ 0        │ -                     │ clean    │
+│ keep-only │ keep-only:bwd:layers.2->layers.1 │ 1     │ 1    │ 1        │ 19                    │ diverged │
+│ search    │ drop-only:bwd:layers.2->layers.1 │ 3     │ 2    │ 0        │ -                     │ clean    │
+│ drop-only │ drop-only:bwd:layers.2->layers.1 │ 3     │ 4    │ 0        │ -                     │ clean    │
+└───────────┴──────────────────────────────────┴───────┴──────┴──────────┴───────────────────────┴──────────┘
+per-run chance 0.8 (95% interval 0.284-0.995), per-step hazard 0.0615, from 5 runs that enabled the set
+reproduce: bisect-prefetch aa TMP/exp.yaml --runs=4 '--mask=keep-only:bwd:layers.2->layers.1'
+runs launched 10, reused from the journal 4; report: TMP/state/sim/report.html
+wrote TMP/out.json
+"""
 
 
-def test_render_result_shows_verdict_facts_evidence_and_reproduction():
-    _, result = transcript(["bwd:layers.2->layers.1"])
-    out = io.StringIO()
-    render_result(result, Console(file=out, width=120), reproduce="bisect-prefetch aa x.yaml --mask "
-                  + reproduce_mask(result))
-    text = out.getvalue()
-    assert text.startswith("verdict: culprit-found\nminimal set: bwd:layers.2->layers.1\n")
-    assert f"runs: {result.runs_used}   steps: {result.steps_used}" in text
-    for fact in result.facts:
-        assert fact in text
-    assert "evidence" in text and "double" not in text  # the table holds steps, not titles
-    assert text.count("keep-only:bwd:layers.2->layers.1") >= 2
-    assert text.rstrip().endswith("reproduce: bisect-prefetch aa x.yaml --mask keep-only:bwd:layers.2->layers.1")
+
+def lines(text: str) -> list[str]:
+    return [line.rstrip() for line in text.splitlines()]  # rich pads a table title line
 
 
-def test_resume_replays_the_journal_and_reruns_nothing():
-    culprit = "fwd:layers.1->layers.2"
-    first = Bisection(EDGES, steps_per_run=STEPS)
-    oracle = CountingOracle([culprit], trial=3)
-    journal = []
-    for _ in range(5):  # a crash after five runs
-        mask = first.next_mask()
-        result = oracle.run(mask)
-        journal.append((mask, result))
-        first.record(mask, result)
-
-    out = io.StringIO()
-    fresh = CountingOracle([culprit], trial=4)
-    appended = []
-    search = Bisection(EDGES, steps_per_run=STEPS)
-    result = run_bisection(search, fresh, console=Console(file=out, width=100), journal_results=journal,
-                           on_result=lambda mask, r: appended.append((mask, r)))
-    assert search.history[:5] == journal
-    assert len(fresh.masks) == len(appended) == result.runs_used - 5
-    assert "(from the journal)" in out.getvalue()
-    assert "replayed 5 finished runs from the journal" in out.getvalue()
-    assert result.verdict == "culprit-found" and result.minimal_set == [culprit]
+def test_culprit_found(tmp_path):
+    code, text = run_command(tmp_path, Simulation([CULPRIT]))
+    assert lines(text) == lines(CULPRIT_FOUND)
+    assert code == 1
+    data = json.loads((tmp_path / "out.json").read_text())
+    assert (data["verdict"], data["minimal_set"], data["runs_used"]) == ("culprit-found", [CULPRIT], 13)
+    assert data["facts"][0].startswith(f"keep-only:{CULPRIT} diverged (run 7, step 1)")
+    assert data == json.loads((tmp_path / "state" / "sim" / "bisect.json").read_text())
 
 
-class InterruptingOracle:
-    def run(self, mask):
-        raise KeyboardInterrupt
+def test_no_drift_reproduced(tmp_path):
+    code, text = run_command(tmp_path, Simulation([]), max_runs=11)
+    assert lines(text) == lines(NO_DRIFT)
+    assert code == 0
 
 
-def test_interrupt_prints_the_resume_command():
-    out = io.StringIO()
-    with pytest.raises(KeyboardInterrupt):
-        run_bisection(Bisection(EDGES), InterruptingOracle(), console=Console(file=out, width=100),
-                      resume_hint="bisect-prefetch bisect exp.yaml --resume")
-    text = out.getvalue()
-    assert "interrupted after 0 runs" in text
-    assert text.rstrip().endswith("resume with: bisect-prefetch bisect exp.yaml --resume")
+def test_not_prefetch(tmp_path):
+    code, text = run_command(tmp_path, Simulation([], background=0.9))
+    assert lines(text) == lines(NOT_PREFETCH)
+    assert code == 1
 
 
-def test_result_to_json_has_the_design_fields():
-    _, result = transcript(["bwd:layers.2->layers.1"])
-    data = json.loads(json.dumps(result_to_json(result, "bisect-prefetch aa x.yaml")))
-    assert {"verdict", "minimal_set", "confidence", "runs_used", "steps_used", "evidence",
-            "reproduce"} <= set(data)
-    assert data["minimal_set"] == ["bwd:layers.2->layers.1"]
-    assert data["reproduce"] == "bisect-prefetch aa x.yaml"
-    assert data["evidence"][0] == {
-        "step": "calibrate", "mask": "all-on", "edges": 4, "runs": 1, "divergences": 1, "errors": 0,
-        "first_diff_steps": [18], "verdict": "diverged",
-    }
+def test_inconclusive(tmp_path):
+    code, text = run_command(tmp_path, Simulation(["fwd:layers.0->layers.1"]), max_runs=4)
+    assert lines(text) == lines(INCONCLUSIVE)
+    assert code == 1
+
+
+def test_interrupted_then_resumed(tmp_path):
+    simulation = Simulation([CULPRIT], interrupt_after=4)  # the golden run and three more
+    code, text = run_command(tmp_path, simulation)
+    assert code == "interrupted"
+    assert lines(text) == lines(INTERRUPTED)
+    # What was learned is kept, unfinished.
+    saved = json.loads((tmp_path / "state" / "sim" / "bisect.json").read_text())
+    assert (saved["verdict"], saved["finished"], saved["runs_used"]) == ("inconclusive", False, 3)
+    assert saved["facts"][0].startswith("not finished; best guess")
+
+    simulation.interrupt_after = None
+    code, text = run_command(tmp_path, simulation, resume=True)
+    assert lines(text) == lines(RESUMED)
+    assert code == 1
+    data = json.loads((tmp_path / "out.json").read_text())
+    assert (data["runs_launched"], data["runs_reused"]) == (10, 4)
+
+
+def test_a_second_bisection_without_resume_is_refused(tmp_path):
+    simulation = Simulation([CULPRIT], interrupt_after=2)
+    run_command(tmp_path, simulation)
+    with pytest.raises(BisectPrefetchError, match="continue it with: bisect-prefetch bisect .* --resume"):
+        run_command(tmp_path, simulation)
+
+
+# -- wording of the facts the transcripts above do not reach ------------------------------------
+A, B = "fwd:layers.0->layers.1", "bwd:layers.2->layers.1"
+
+
+@pytest.mark.parametrize("fact, words", [
+    (Fact(p.EACH_NEEDED, edges=(A, B), clean=(3, 1)),
+     f"each edge of the set is needed: 3 runs enabling {A} without {B} and 1 run enabling {B} "
+     f"without {A} stayed consistent"),
+    (Fact(p.DROP_ONLY_DIVERGES, edges=(A,), runs=4),
+     f"drop-only:{A} still diverges while all-off stayed consistent (4 runs): another set of "
+     "edges causes drift too"),
+    (Fact(p.DROP_ONLY_FAILED, edges=(A, B), errors=3), f"drop-only:{A},{B} could not be run (3 failed)"),
+    (Fact(p.DROP_ONLY_NOT_RUN, edges=(A,)), f"drop-only:{A} was not run: the run budget ran out"),
+    (Fact(p.STOPPED, reason="all-unresolved", chance=0.5),
+     "stopped: every informative mask is unresolved; best guess no edge (drift without prefetch) "
+     "at probability 0.500"),
+    (Fact(p.STOPPED, edges=(B,), reason="keep-only-never-completed", chance=0.96),
+     "stopped: keep-only of the answer never completed a run; best guess {" + B + "} at "
+     "probability 0.960"),
+])
+def test_fact_wording(fact, words):
+    assert command.fact_line(fact, confidence=0.95) == words
+
+
+def test_step_titles():
+    assert command.step_title("check-off", "all-off", (A,), p.AFTER_DROP_ONLY_DIVERGED) == (
+        "drop-only still diverges: checking that all-off is consistent")
+    assert command.step_title("keep-only", "x", (A, B), None) == (
+        f"double checking the answer: keep-only:{A},{B} should diverge")
+
+
+if __name__ == "__main__":
+    # `python -m tests.test_bisection` prints every transcript as the search decides now:
+    # after a change of its decisions, check them and paste them into the constants above.
+    import tempfile
+
+    def show(name: str, text: str) -> None:
+        print(f"{name} = \"\"\"\\\n" + "\n".join(lines(text)) + "\n\"\"\"\n")
+
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp)
+        show("CULPRIT_FOUND", run_command(root / "a", Simulation([CULPRIT]))[1])
+        show("NO_DRIFT", run_command(root / "b", Simulation([]), max_runs=11)[1])
+        show("NOT_PREFETCH", run_command(root / "c", Simulation([], background=0.9))[1])
+        show("INCONCLUSIVE", run_command(root / "d", Simulation(["fwd:layers.0->layers.1"]),
+                                         max_runs=4)[1])
+        simulation = Simulation([CULPRIT], interrupt_after=4)
+        show("INTERRUPTED", run_command(root / "e", simulation)[1])
+        simulation.interrupt_after = None
+        show("RESUMED", run_command(root / "e", simulation, resume=True)[1])

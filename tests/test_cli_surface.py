@@ -8,18 +8,21 @@ import typer.main
 from bisect_prefetch.cli import app
 
 SURFACE = {
-    "aa": {"experiment", "--mask", "--runs", "--steps", "--guard", "--json", "--state-dir"},
-    "audit": {"experiment", "--guard", "--json", "--state-dir"},
-    "bisect": {"experiment", "--confidence", "--max-runs", "--resume", "--json", "--state-dir"},
-    "compare": {"a", "b", "--format", "--json"},
+    "aa": {"experiment", "--mask", "--runs", "--steps", "--guard", "--json", "--state-dir",
+           "--executor", "--slots"},
+    "audit": {"experiment", "--guard", "--kinds", "--json", "--state-dir"},
+    "bisect": {"experiment", "--confidence", "--max-runs", "--resume", "--json", "--state-dir",
+               "--executor", "--slots"},
+    "compare": {"a", "b", "--format", "--json", "--allow-truncated"},
     "graph": {"experiment", "--policy", "--layers", "--format", "--out", "--state-dir"},
     "masks": {"experiment", "--policy", "--layers", "--preset", "--state-dir"},
-    "matrix": {"matrix_file", "--junit", "--markdown", "--json", "--state-dir"},
+    "matrix": {"matrix_file", "--junit", "--markdown", "--json", "--state-dir", "--executor",
+               "--slots"},
     "report": {"state", "--html"},
     "simulate": {
         "--policy", "--layers", "--culprit", "--together", "--hazard", "--steps", "--trials",
-        "--seed", "--background", "--startup-cost", "--confidence", "--max-runs", "--method",
-        "--json",
+        "--seed", "--background", "--startup-cost", "--confidence", "--max-runs", "--slots",
+        "--hint-accuracy", "--json",
     },
 }
 

@@ -17,7 +17,7 @@ from bisect_prefetch.metrics.compare import (
     same_bits,
 )
 from bisect_prefetch.metrics.digests import DigestRecord, format_digest_line
-from bisect_prefetch.metrics.parsers import Series, Trajectory
+from bisect_prefetch.metrics.trajectory import Series, Trajectory
 from bisect_prefetch.report.compare_table import compare_tables
 
 NAN, INF = float("nan"), float("inf")
@@ -172,3 +172,85 @@ def test_compare_log_files_without_digests(tmp_path):
     assert result.metrics["loss"].missing_in_b == 2 and result.metrics["loss"].first_diff_step is None
     with pytest.raises(BisectPrefetchError, match="no such run"):
         compare_paths(tmp_path / "a.log", tmp_path / "nope")
+
+
+def test_every_rank_gets_its_statistics_and_the_first_rank_is_named():
+    a = Trajectory.from_records([(r, s, {"loss": float(s)}) for r in (0, 1, 2) for s in range(1, 8)])
+    b = Trajectory.from_records(
+        [(r, s, {"loss": float(s) + (0.5 if r == 2 and s >= 3 else 0.0)}) for r in (0, 1, 2) for s in range(1, 8)]
+    )
+    d = compare_trajectories(a, b)["loss"]
+    assert (d.first_diff_step, d.first_diff_rank, d.rank) == (3, 2, 0)
+    assert d.steps_differing == 0  # the metrics rank (0) is clean ...
+    out = d.to_json()["per_rank"]
+    assert sorted(out) == ["0", "1", "2"]  # ... and every rank is there
+    assert out["2"] == {"first_diff_step": 3, "mae": pytest.approx(0.5 * 5 / 7), "p95": 0.5, "max_abs": 0.5,
+                        "steps_compared": 7, "steps_differing": 5}
+    assert out["0"]["steps_differing"] == 0 and out["1"]["first_diff_step"] is None
+
+
+MF19 = ("{{ Epoch:[  1/  1], step:[{:5d}/   10], loss:[{:.6f}/{:.6f}], per_step_time: 28ms, lr: 0.0009054635, "
+        "overflow cond: False, loss_scale: 1.0, global_norm: [{:.7f}], train_throughput_per_npu: 0.012T")
+
+
+def _mf19_log(path, steps, tail=""):
+    path.write_text("".join(MF19.format(s, 5.5 - s / 100, 5.5, 1.43 + s / 1000) + "\n" for s in steps) + tail)
+    return path
+
+
+def _compare_cli(*args):
+    from typer.testing import CliRunner
+
+    from bisect_prefetch.cli import app
+
+    return CliRunner().invoke(app, ["compare", *map(str, args)])
+
+
+def test_compare_real_mindformers_19_logs(tmp_path):
+    a, b = _mf19_log(tmp_path / "a.log", range(1, 11)), _mf19_log(tmp_path / "b.log", range(1, 11))
+    same = _compare_cli(a, b, "--json", tmp_path / "out.json")
+    assert same.exit_code == 0, same.output
+    out = json.loads((tmp_path / "out.json").read_text())
+    assert out["metrics"]["loss"]["steps_compared"] == out["metrics"]["grad_norm"]["steps_compared"] == 10
+    assert out["truncated"] is None
+    b.write_text(b.read_text().replace("loss:[5.450000/", "loss:[5.450001/"))
+    differ = _compare_cli(a, b, "--json", tmp_path / "out.json")
+    assert differ.exit_code == 1 and json.loads((tmp_path / "out.json").read_text())["first_diff_step"] == 5
+
+
+def test_a_run_that_stops_early_is_a_finding_unless_allowed(tmp_path):
+    a, b = _mf19_log(tmp_path / "a.log", range(1, 11)), _mf19_log(tmp_path / "b.log", range(1, 8))
+    short = _compare_cli(a, b)
+    assert short.exit_code == 1
+    assert "truncated: B stops before A: last common step 7, A's last step 10, B's last step 7" in short.output
+    allowed = _compare_cli(a, b, "--allow-truncated")
+    assert allowed.exit_code == 0 and "compared the common steps (--allow-truncated)" in allowed.output
+
+
+def test_a_log_cut_mid_line_is_never_consistent(tmp_path):
+    a = _mf19_log(tmp_path / "a.log", range(1, 6))
+    b = _mf19_log(tmp_path / "b.log", range(1, 6), tail="{ Epoch:[  1/  1], step:[    6/   10], los")
+    result = compare_paths(a, b)
+    assert not result.differs and result.finding  # the common steps agree, yet it is no clean result
+    assert result.truncation.cut_mid_line["b"][1:] == (6, "{ Epoch:[  1/  1], step:[    6/   10], los")
+    cut = _compare_cli(a, b)
+    assert cut.exit_code == 1 and "B's log stops mid-line" in cut.output
+    assert cut.output.count("stops mid-line") == 1
+
+
+def test_compare_table_shows_every_rank_and_the_first(tmp_path):
+    for name, nudge in (("a", 0.0), ("b", 1e-6)):
+        log = tmp_path / name / "log"
+        log.mkdir(parents=True)
+        for rank in (0, 1):
+            _mf19_log(log / f"worker_{rank}.log", range(1, 6))
+            if rank == 1 and nudge:
+                text = (log / "worker_1.log").read_text().replace("loss:[5.470000/", "loss:[5.470001/")
+                (log / "worker_1.log").write_text(text)
+    out = compare_paths(tmp_path / "a", tmp_path / "b").to_json()
+    assert out["metrics"]["loss"]["first_diff_rank"] == 1 and out["metrics"]["loss"]["rank"] == 0
+    console = Console(width=150, record=True)
+    for table in compare_tables(out):
+        console.print(table)
+    text = console.export_text()
+    assert "3 (rank 1)" in text and "per rank" in text and "1 (first)" in text

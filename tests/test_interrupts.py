@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from bisect_prefetch.cli import main
-from tests.reliability import NAME, fake_job_experiment, job_processes, snapshot
+from tests.conftest import NAME, fake_job_experiment, job_processes, snapshot
 
 RESUME_HINT = "interrupted: finished runs are in the journal; to resume, run again:"
 

@@ -15,21 +15,14 @@ from pathlib import Path
 
 import pytest
 import yaml
-from rich.console import Console
 
-from bisect_prefetch import matrix as matrix_mod
 from bisect_prefetch.cli import main
-from bisect_prefetch.experiment import load_matrix
+from bisect_prefetch.commands import matrix as matrix_mod
+from bisect_prefetch.commands.matrix import CellRequest, count_divergences, run_matrix
+from bisect_prefetch.experiment import expectation_met, load_matrix
 from bisect_prefetch.graph import PrefetchGraph, from_policy
-from bisect_prefetch.matrix import (
-    CellRequest,
-    count_divergences,
-    expectation_met,
-    matrix_command,
-    run_matrix,
-)
 from bisect_prefetch.select import resolve_mask
-from tests.test_report import parse_markdown_table
+from tests.conftest import console, parse_markdown_table
 
 CONFIGS = Path(__file__).resolve().parent.parent / "configs"
 PLANTED = "bwd:layers.1->layers.0"
@@ -137,7 +130,7 @@ def test_topology_template_cells_change_the_topology():
         overrides = matrix.experiment_for(cell).overrides
         tp, cp = overrides["parallel_config.model_parallel"], overrides["parallel_config.context_parallel"]
         assert overrides["parallel_config.data_parallel"] * tp * cp == 8
-        assert overrides["training.seed"] == 42  # the shared settings survive the cell's override
+        assert overrides["seed"] == 42  # the shared settings survive the cell's override
         seen[cell.name] = (tp, cp)
     assert {seen["TP1+CP1"], seen["TP2+CP1"], seen["TP1+CP4"], seen["TP2+CP4"]} == {
         (1, 1), (2, 1), (1, 4), (2, 4)}
@@ -176,30 +169,79 @@ def test_failed_and_error_cells_make_exit_code_1(tmp_path):
     assert not result.ok and result.exit_code == 1
 
 
-def test_matrix_command_transcript_and_outputs(tmp_path):
-    path = write_matrix(tmp_path, [
-        {"name": "all-on", "mask": "all-on", "runs": 2, "expect": "diverged"},
-        {"name": "drop-planted", "mask": f"drop-only:{PLANTED}", "runs": 3,
-         "expect": "consistent"},
-        {"name": "forward-off", "mask": "forward-off", "runs": 2, "expect": "consistent"},
-    ])
+class Interrupting(FakeGroups):
+    """Ctrl-C while the named cell runs, the first time only."""
+
+    def __init__(self, graph: PrefetchGraph, at: str):
+        super().__init__(graph)
+        self.at = at
+
+    def __call__(self, request: CellRequest) -> dict:
+        if request.name == self.at:
+            self.at = None
+            raise KeyboardInterrupt
+        return super().__call__(request)
+
+
+CELLS = [
+    {"name": "all-on", "mask": "all-on", "runs": 2, "expect": "diverged"},
+    {"name": "drop-planted", "mask": f"drop-only:{PLANTED}", "runs": 3, "expect": "consistent"},
+    {"name": "forward-off", "mask": "forward-off", "runs": 2, "expect": "diverged"},
+]
+
+
+def run_command(tmp_path, cells, runner, **outputs):
+    """The matrix command's exit code (or "interrupted") and its transcript."""
+    path = write_matrix(tmp_path, cells)
     out = io.StringIO()
-    console = Console(file=out, width=200, color_system=None)
+    try:
+        code = matrix_mod.matrix(path, state_dir=tmp_path / "state", console=console(out),
+                                 run_group=runner, env={}, **outputs)
+    except KeyboardInterrupt:
+        code = "interrupted"
+    return code, [line.rstrip() for line in out.getvalue().replace(str(tmp_path), "TMP").splitlines()]
+
+
+ALL_MET = """\
+matrix m: 3 cells, up to 7 runs, experiment m
+cell 1/3 all-on: mask all-on, guard none, up to 2 runs, expect diverged
+-> diverged at step 4 (1 of 2 runs diverged); expected diverged: ok
+cell 2/3 drop-planted: mask drop-only:bwd:layers.1->layers.0, guard none, up to 3 runs, expect consistent
+-> consistent (0 of 3 runs diverged); expected consistent: ok
+cell 3/3 forward-off: mask forward-off, guard none, up to 2 runs, expect diverged
+-> diverged at step 4 (1 of 2 runs diverged); expected diverged: ok
+matrix m
+┏━━━━━━━━━━━━━━┳━━━━━━━━━━━━┳━━━━━━━━━━━━━━━━━┳━━━━━━━━━━┳━━━━━━━━━━┳━━━━━━━━━━━━━━┳━━━━━━━━━━━━━━━┳━━━━━━━━━━━━━━━┳━━━━━━━━━━━━━━━━━━━┳━━━━━━┳━━━━━━━━━━┳━━━━━━━━━━━━━━━━┓
+┃ cell         ┃ verdict    ┃ first diff step ┃ loss MAE ┃ loss P95 ┃ loss max abs ┃ grad_norm MAE ┃ grad_norm P95 ┃ grad_norm max abs ┃ runs ┃ diverged ┃ expect         ┃
+┡━━━━━━━━━━━━━━╇━━━━━━━━━━━━╇━━━━━━━━━━━━━━━━━╇━━━━━━━━━━╇━━━━━━━━━━╇━━━━━━━━━━━━━━╇━━━━━━━━━━━━━━━╇━━━━━━━━━━━━━━━╇━━━━━━━━━━━━━━━━━━━╇━━━━━━╇━━━━━━━━━━╇━━━━━━━━━━━━━━━━┩
+│ all-on       │ diverged   │               4 │    1e-07 │    2e-07 │        3e-07 │         1e-07 │         2e-07 │             3e-07 │    2 │        1 │ diverged: ok   │
+│ drop-planted │ consistent │               - │        0 │        0 │            0 │             0 │             0 │                 0 │    3 │        0 │ consistent: ok │
+│ forward-off  │ diverged   │               4 │    1e-07 │    2e-07 │        3e-07 │         1e-07 │         2e-07 │             3e-07 │    2 │        1 │ diverged: ok   │
+└──────────────┴────────────┴─────────────────┴──────────┴──────────┴──────────────┴───────────────┴───────────────┴───────────────────┴──────┴──────────┴────────────────┘
+all 3 expectations met
+"""
+
+
+def test_matrix_transcript_all_met(tmp_path):
+    code, lines = run_command(tmp_path, CELLS, FakeGroups(fsdp2_graph(4)))
+    assert lines == ALL_MET.splitlines()
+    assert code == 0
+
+
+def test_matrix_transcript_one_expectation_failed_and_its_outputs(tmp_path):
+    cells = [*CELLS[:2], {**CELLS[2], "expect": "consistent"}]
     summary = tmp_path / "summary.md"
     files = {k: tmp_path / f"out.{k}" for k in ("xml", "md", "json")}
-    result = matrix_command(
-        path, state_dir=tmp_path / "state", console=console, junit=files["xml"],
+    path = write_matrix(tmp_path, cells)
+    out = io.StringIO()
+    code = matrix_mod.matrix(
+        path, state_dir=tmp_path / "state", console=console(out), junit=files["xml"],
         markdown=files["md"], json_out=files["json"], run_group=FakeGroups(fsdp2_graph(4)),
         env={"GITHUB_STEP_SUMMARY": str(summary)},
     )
-    assert result.exit_code == 1
-    lines = out.getvalue().splitlines()
-    assert lines[0] == "matrix m: 3 cells, up to 7 runs, experiment m"
-    assert lines[1].startswith("cell 1/3 all-on: mask all-on, guard none, up to 2 runs")
-    assert lines[2] == "-> diverged at step 4 (1 of 2 runs diverged); expected diverged: ok"
-    assert lines[4] == "-> consistent (0 of 3 runs diverged); expected consistent: ok"
-    assert lines[6] == "-> diverged at step 4 (1 of 2 runs diverged); expected consistent: FAILED"
-    assert "1 of 3 expectations FAILED: forward-off" in out.getvalue()
+    lines = [line.rstrip() for line in out.getvalue().replace(str(tmp_path), "TMP").splitlines()]
+    assert lines == ONE_FAILED.splitlines()
+    assert code == 1
 
     suite = ET.parse(files["xml"]).getroot().find("testsuite")
     assert suite.get("tests") == "3" and suite.get("failures") == "1"
@@ -212,6 +254,52 @@ def test_matrix_command_transcript_and_outputs(tmp_path):
     assert data["failed"] == ["forward-off"]
     saved = json.loads((tmp_path / "state" / "m" / "matrix.json").read_text())
     assert saved["command"] == f"bisect-prefetch matrix {path}"
+
+
+ONE_FAILED = """\
+matrix m: 3 cells, up to 7 runs, experiment m
+cell 1/3 all-on: mask all-on, guard none, up to 2 runs, expect diverged
+-> diverged at step 4 (1 of 2 runs diverged); expected diverged: ok
+cell 2/3 drop-planted: mask drop-only:bwd:layers.1->layers.0, guard none, up to 3 runs, expect consistent
+-> consistent (0 of 3 runs diverged); expected consistent: ok
+cell 3/3 forward-off: mask forward-off, guard none, up to 2 runs, expect consistent
+-> diverged at step 4 (1 of 2 runs diverged); expected consistent: FAILED
+matrix m
+┏━━━━━━━━━━━━━━┳━━━━━━━━━━━━┳━━━━━━━━━━━━━━━━━┳━━━━━━━━━━┳━━━━━━━━━━┳━━━━━━━━━━━━━━┳━━━━━━━━━━━━━━━┳━━━━━━━━━━━━━━━┳━━━━━━━━━━━━━━━━━━━┳━━━━━━┳━━━━━━━━━━┳━━━━━━━━━━━━━━━━━━━━┓
+┃ cell         ┃ verdict    ┃ first diff step ┃ loss MAE ┃ loss P95 ┃ loss max abs ┃ grad_norm MAE ┃ grad_norm P95 ┃ grad_norm max abs ┃ runs ┃ diverged ┃ expect             ┃
+┡━━━━━━━━━━━━━━╇━━━━━━━━━━━━╇━━━━━━━━━━━━━━━━━╇━━━━━━━━━━╇━━━━━━━━━━╇━━━━━━━━━━━━━━╇━━━━━━━━━━━━━━━╇━━━━━━━━━━━━━━━╇━━━━━━━━━━━━━━━━━━━╇━━━━━━╇━━━━━━━━━━╇━━━━━━━━━━━━━━━━━━━━┩
+│ all-on       │ diverged   │               4 │    1e-07 │    2e-07 │        3e-07 │         1e-07 │         2e-07 │             3e-07 │    2 │        1 │ diverged: ok       │
+│ drop-planted │ consistent │               - │        0 │        0 │            0 │             0 │             0 │                 0 │    3 │        0 │ consistent: ok     │
+│ forward-off  │ diverged   │               4 │    1e-07 │    2e-07 │        3e-07 │         1e-07 │         2e-07 │             3e-07 │    2 │        1 │ consistent: FAILED │
+└──────────────┴────────────┴─────────────────┴──────────┴──────────┴──────────────┴───────────────┴───────────────┴───────────────────┴──────┴──────────┴────────────────────┘
+1 of 3 expectations FAILED: forward-off
+wrote TMP/out.md
+wrote TMP/summary.md
+wrote TMP/out.xml
+wrote TMP/out.json
+"""
+
+
+def test_matrix_transcript_interrupted_then_resumed(tmp_path):
+    runner = Interrupting(fsdp2_graph(4), at="drop-planted")
+    code, lines = run_command(tmp_path, CELLS, runner)
+    assert lines == INTERRUPTED.splitlines()
+    assert code == "interrupted"
+    assert not (tmp_path / "state" / "m" / "matrix.json").exists()
+    code, lines = run_command(tmp_path, CELLS, runner)
+    assert lines == ALL_MET.splitlines()
+    assert code == 0
+    assert [r.name for r in runner.requests] == ["all-on", "all-on", "drop-planted", "forward-off"]
+
+
+INTERRUPTED = """\
+matrix m: 3 cells, up to 7 runs, experiment m
+cell 1/3 all-on: mask all-on, guard none, up to 2 runs, expect diverged
+-> diverged at step 4 (1 of 2 runs diverged); expected diverged: ok
+cell 2/3 drop-planted: mask drop-only:bwd:layers.1->layers.0, guard none, up to 3 runs, expect consistent
+interrupted: finished runs are in the journal; to resume, run again:
+  bisect-prefetch matrix TMP/m.yaml --state-dir=TMP/state
+"""
 
 
 def test_cli_exit_codes(tmp_path, monkeypatch, capsys):

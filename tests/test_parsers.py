@@ -11,16 +11,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from bisect_prefetch.errors import BisectPrefetchError
-from bisect_prefetch.metrics import parsers
-from bisect_prefetch.metrics.parsers import (
-    Series,
-    Trajectory,
-    detect_format,
-    load_files,
-    load_run,
-    parse_file,
-    parse_jsonl_line,
-)
+from bisect_prefetch.metrics import console
+from bisect_prefetch.metrics.lines import parse_jsonl_line
+from bisect_prefetch.metrics.loading import detect_format, load_files, load_run, parse_file
+from bisect_prefetch.metrics.trajectory import Series, Trajectory
 
 FILE_PREFIX = "[INFO] 2026-01-01 10:00:00,123 [mindformers/core/callback/callback.py:532] _print_log: "
 STDOUT_PREFIX = "2026-01-01 10:00:00,123 - mindformers[mindformers/core/callback/callback.py:532] - INFO - "
@@ -119,6 +113,63 @@ def test_truncated_and_garbled_lines_are_counted_not_guessed(tmp_path):
     assert [s for _, s, _ in result.records()] == [1, 3]
     assert result.lines_unread == 2 and result.lines_read == 2
     assert [n for n, _ in result.unread_samples] == [2, 3]
+
+
+# MindFormers 1.9's loss callback, as run on CPU: step loss / running mean, global_norm an array.
+MF19_STDOUT = "2026-01-01 10:00:00,123 - mindformers - INFO - "
+MF19_FILE = "[INFO] 2026-01-01 10:00:00,123 [mindformers/core/callback/callback.py:361] print_output_info: "
+
+
+def mf19_line(step, loss="5.549648", mean="5.542563", norm="1.4394261", *, epoch=1, epochs=1, per_epoch=10,
+              prefix=MF19_STDOUT, sink=False):
+    loss_field = f"loss: {loss}, " if sink else f"loss:[{loss}/{mean}], "
+    return (
+        f"{prefix}{{ Epoch:[{epoch:3d}/{epochs:3d}], step:[{step:5d}/{per_epoch:5d}], {loss_field}"
+        f"per_step_time: 28ms, lr: 0.0009054635, overflow cond: False, loss_scale: 1.0, global_norm: [{norm}], "
+        "train_throughput_per_npu: 0.012T"
+    )
+
+
+def test_mindformers_19_step_loss_and_global_norm(tmp_path):
+    lines = [
+        mf19_line(1, "5.548586", "5.548586", "1.4357147"),
+        f"{MF19_STDOUT}  10.0% |█████                                             | 71.42857 samples/s/p  0:00:00 }}",
+        mf19_line(2, "5.536478", "5.542532", "1.4294261"),
+    ]
+    path = write(tmp_path / "stdout.log", lines)
+    assert detect_format(path) == "mindformers"
+    for fast in (True, False):
+        result = parse_file(path, "mindformers", fast=fast)
+        assert list(result.records()) == [
+            (0, 1, {"loss": 5.548586, "grad_norm": 1.4357147}),
+            (0, 2, {"loss": 5.536478, "grad_norm": 1.4294261}),
+        ]
+        assert (result.lines_read, result.lines_unread, result.values_not_numeric) == (2, 0, 0)
+
+
+def test_mindformers_sink_mode_and_info_log_prefix(tmp_path):
+    sink = write(tmp_path / "sink.log", [mf19_line(s, f"{s}.5", sink=True, prefix=MF19_FILE) for s in (1, 2)])
+    assert [(step, m["loss"]) for _, step, m in records(sink, "mindformers")] == [(1, 1.5), (2, 2.5)]
+
+
+def test_mindformers_epochs_count_on_from_the_last_epoch(tmp_path):
+    lines = [mf19_line(s, f"{e}.{s}", epoch=e, epochs=2, per_epoch=3) for e in (1, 2) for s in (1, 2, 3)]
+    path = write(tmp_path / "a.log", lines)
+    for fast in (True, False):
+        got = [(step, m["loss"]) for _, step, m in records(path, "mindformers", fast=fast)]
+        assert got == [(1, 1.1), (2, 1.2), (3, 1.3), (4, 2.1), (5, 2.2), (6, 2.3)]
+
+
+def test_mindformers_rank_logs_and_interleaved_ranks(tmp_path):
+    # MindFormers writes log/rank_<rank>/info.log; msrun --join interleaves all ranks in stdout.
+    for rank in (0, 1):
+        write(tmp_path / "output" / "log" / f"rank_{rank}" / "info.log",
+              [mf19_line(s, f"{s}.{rank}", prefix=MF19_FILE) for s in (1, 2)])
+    traj = load_run(tmp_path)
+    assert traj.ranks == [0, 1] and dict(traj.per_rank[1]["loss"]) == {1: 1.1, 2: 2.1}
+    interleaved = write(tmp_path / "stdout.log", [mf19_line(s, f"{s}.{r}") for s in (1, 2) for r in (0, 1)])
+    result = parse_file(interleaved, "mindformers")
+    assert result.steps_repeated == 4  # loss and grad_norm of steps 1 and 2: said, not hidden
 
 
 # --------------------------------------------------------------------------- torchtitan, megatron
@@ -247,17 +298,31 @@ def test_series_repeated_step_keeps_last_value():
 
 # --------------------------------------------------------------------------- fuzzing
 
-VALID = st.builds(
-    lambda step, loss, grad, prefix: mf_line(step, loss, grad, prefix=prefix),
-    st.integers(0, 10**6),
-    st.sampled_from(["11.854254", "N/A (not the last stage)", "NaN", "-0.5", "1e-3"]),
-    st.sampled_from(["13.831877", "NaN", "inf", "0"]),
-    st.sampled_from([FILE_PREFIX, STDOUT_PREFIX, ""]),
+VALID = st.one_of(
+    st.builds(
+        lambda step, loss, grad, prefix: mf_line(step, loss, grad, prefix=prefix),
+        st.integers(0, 10**6),
+        st.sampled_from(["11.854254", "N/A (not the last stage)", "NaN", "-0.5", "1e-3"]),
+        st.sampled_from(["13.831877", "NaN", "inf", "0"]),
+        st.sampled_from([FILE_PREFIX, STDOUT_PREFIX, ""]),
+    ),
+    st.builds(
+        lambda step, epoch, loss, norm, prefix, sink: mf19_line(
+            step, loss, loss, norm, epoch=epoch, epochs=3, per_epoch=1000, prefix=prefix, sink=sink),
+        st.integers(0, 10**6),
+        st.integers(0, 3),
+        st.sampled_from(["5.549648", "nan", "-0.5"]),
+        st.sampled_from(["1.4394261", "nan", "None"]),
+        st.sampled_from([MF19_FILE, MF19_STDOUT, ""]),
+        st.booleans(),
+    ),
 )
 GARBAGE = st.one_of(
     st.text(alphabet=st.characters(blacklist_characters="\n\r", blacklist_categories=("Cs",)), max_size=80),
     VALID.flatmap(lambda line: st.integers(0, len(line)).map(lambda cut: line[:cut])),
-    st.sampled_from(["step:[", "{ step:[  7/10], loss: ", "step:[ 3/10] step:[ 4/10], loss: 1.0", "\x00\xff loss: 1"]),
+    st.sampled_from(["step:[", "{ step:[  7/10], loss: ", "step:[ 3/10] step:[ 4/10], loss: 1.0", "\x00\xff loss: 1",
+                     "Epoch:[ 2/ 3], step:[ 4/ 5] Epoch:[ 1/ 1], step:[ 5/ 9], global_norm: [2]",
+                     "step:[ 4/ 5], Epoch:[ 2/ 3], step:[ 5/ 9], loss:[1/2]", "{ Epoch:[  2/  2], step:[ x/ 5], loss: 1"]),
 )
 
 
@@ -266,7 +331,7 @@ GARBAGE = st.one_of(
 def test_fuzz_fast_path_equals_line_by_line_and_counts_every_line(tmp_path_factory, monkeypatch, lines, chunk):
     path = tmp_path_factory.mktemp("fuzz") / "worker_0.log"
     path.write_bytes("\n".join(lines).encode())
-    monkeypatch.setattr(parsers, "CHUNK_BYTES", chunk)
+    monkeypatch.setattr(console, "CHUNK_BYTES", chunk)
     outcomes = []
     for fast in (True, False):
         try:

@@ -25,6 +25,8 @@ from bisect_prefetch.report import junit, markdown, plots, table
 from bisect_prefetch.report.html import build_report, journal_groups
 from bisect_prefetch.report.progress import RunProgress, fmt_duration
 from bisect_prefetch.runs.store import RunKey, StateDir, read_journal
+from bisect_prefetch.search.protocol import mask_name
+from tests.conftest import parse_markdown_table
 
 
 def _cell(name, verdict, expect, met, *, first=None, runs=3, divergences=0, mae=0.0,
@@ -51,32 +53,6 @@ def result():
 
 
 # -- Markdown ---------------------------------------------------------------
-def parse_markdown_table(text: str) -> list[dict[str, str]]:
-    """Rows of the first pipe table in text, as header -> cell text (escapes undone)."""
-    lines = [ln for ln in text.splitlines() if ln.startswith("|")]
-    assert len(lines) >= 2, text
-
-    def cells(line: str) -> list[str]:
-        out, cur, i = [], "", 1
-        while i < len(line):
-            ch = line[i]
-            if ch == "\\" and i + 1 < len(line):
-                cur += line[i + 1]
-                i += 2
-                continue
-            if ch == "|":
-                out.append(cur.strip())
-                cur = ""
-            else:
-                cur += ch
-            i += 1
-        return out
-
-    headers = cells(lines[0])
-    assert all(set(c) <= set("-: ") for c in cells(lines[1]))
-    return [dict(zip(headers, cells(line), strict=True)) for line in lines[2:]]
-
-
 def test_markdown_table_parses_back(result):
     rows = parse_markdown_table(markdown.matrix_markdown(result))
     assert [r["cell"] for r in rows] == ["all-on", "all|off", "forward-off", "broken"]
@@ -301,14 +277,19 @@ def _state_dir_with_a_bisection(root: Path) -> Path:
             key = RunKey.of(variant=f"{purpose}@abc", mask=mask, guard="none", steps=10,
                             index=index)
             state.append(key, {"run_id": run_id, "outcome": "ok", "reason": "",
-                               "first_diff_step": nudge, "wall_s": 3.0, "reference": golden})
+                               "first_diff_step": nudge, "wall_s": 3.0, "reference": golden,
+                               "step_time_ms": [8.0, 10.0, 12.5][index]})
             golden = golden or run_id
+    drop_only = frozenset(graph.edge_ids()) - {culprit}
     (root / "demo" / "bisect.json").write_text(json.dumps({
         "verdict": "culprit-found", "minimal_set": [culprit], "confidence": 0.97,
         "runs_used": 2, "steps_used": 16,
         "evidence": [{"step": "calibrate", "mask": "all-on", "edges": 6, "runs": 1,
                       "divergences": 1, "errors": 0, "first_diff_steps": [6],
-                      "verdict": "diverged"}],
+                      "verdict": "diverged"},
+                     {"step": "drop-only", "mask": mask_name(drop_only, graph.edge_ids()),
+                      "edges": 5, "runs": 1, "divergences": 0, "errors": 0,
+                      "first_diff_steps": [], "verdict": "clean"}],
         "reproduce": f"bisect-prefetch aa demo.yaml --mask keep-only:{culprit} --runs 5",
     }))
     return root / "demo"
@@ -324,14 +305,19 @@ def test_html_report_rebuilt_from_the_state_dir(tmp_path):
     assert "verdict: culprit-found" in text
     assert "bwd:layers.1->layers.0" in text
     assert "bisect-prefetch aa demo.yaml --mask keep-only:bwd:layers.1->layers.0" in text
-    # Embedded: the graph, the diverged group's curves, its digest heat map.
-    assert len(page.images) == 3
+    # Each evidence row's step time against all-on (10 ms), from the journal's runs of its mask.
+    assert "1.000x (10.0 ms; 1.00-1.00x)" in text and "1.250x (12.5 ms; 1.25-1.25x)" in text
+    # Embedded: the graph, the diverged group's curves, its digest heat maps (params, units).
+    assert len(page.images) == 4
     assert all(img.startswith(b"\x89PNG\r\n\x1a\n") for img in page.images)
     curves = mpimg.imread(state / "report" / "group-00.png")
     width, height = plots.group_figure_size(2)
     assert curves.shape[:2] == (height, width)
     assert mpimg.imread(state / "report" / "digests-00.png").shape[:2] == tuple(
         reversed(plots.heatmap_figure_size(4, 10)))
+    # Units x steps from 3 before the first divergence (6): parameters w0, w1 are in no unit.
+    assert mpimg.imread(state / "report" / "units-00.png").shape[:2] == tuple(
+        reversed(plots.heatmap_figure_size(1, 8)))
     assert mpimg.imread(state / "report" / "graph.png").shape[1] >= 600
 
 
@@ -354,3 +340,30 @@ def test_journal_groups_and_their_verdicts(tmp_path):
 def test_report_of_an_empty_state_dir_is_an_input_error(tmp_path):
     with pytest.raises(BisectPrefetchError, match="nothing to report"):
         build_report(tmp_path)
+
+
+def test_html_matrix_cells_show_step_time_against_all_on_and_the_first_differing_rank(tmp_path):
+    graph = from_policy("fsdp2-chain", 4)
+    edges = graph.edge_ids()
+    with StateDir(tmp_path, "grid") as state:
+        for index, (cell, mask, nudge, ms) in enumerate([("on", edges, 6, 20.0),
+                                                         ("half", edges[:3], None, 30.0)]):
+            run_id, run_dir = state.new_run_dir(f"matrix:{cell}")
+            _write_metrics(run_dir, nudge_from=nudge)
+            (run_dir / "graph.json").write_text(json.dumps(graph.to_dict()))
+            key = RunKey.of(variant=f"matrix:{cell}@abc", mask=mask, guard="none", steps=10,
+                            index=index)
+            state.append(key, {"run_id": run_id, "outcome": "ok", "reason": "", "wall_s": 1.0,
+                               "first_diff_step": nudge, "reference": "golden",
+                               "step_time_ms": ms})
+    (tmp_path / "grid" / "matrix.json").write_text(json.dumps({"matrix": "grid", "cells": [
+        {"name": "on", "expect": "diverged", "verdict": "diverged",
+         "metrics": {"loss": {"mae": 1e-7, "p95": 1e-7, "max_abs": 1e-7, "first_diff_rank": 1}}},
+        {"name": "half", "expect": "consistent", "verdict": "consistent", "metrics": {}}]}))
+    page = _TextOf()
+    # The matrix section alone: the evidence table below it also shows step times.
+    page.feed(build_report(tmp_path / "grid").read_text().split("<h2>Matrix</h2>")[1]
+              .split("<h2>")[0])
+    text = " ".join(page.text)
+    assert "first diff rank" in text and "loss: 1" in text
+    assert "1.000x (20.0 ms; 1.00-1.00x)" in text and "1.500x (30.0 ms; 1.50-1.50x)" in text

@@ -1,7 +1,7 @@
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from bisect_prefetch.search.ddmin import DeltaDebugger, split
+from benchmarks.ddmin import DeltaDebugger, split
 
 
 def run_ddmin(items, fails):

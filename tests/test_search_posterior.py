@@ -1,8 +1,7 @@
 import numpy as np
 import pytest
 
-from bisect_prefetch.search.posterior import Q_PRIOR, SECOND_CAUSE, EdgePosterior, _run_sums
-from bisect_prefetch.search.stats import log_beta
+from bisect_prefetch.search.posterior import EdgePosterior, _run_sums
 
 
 def mask(n, on):
@@ -15,13 +14,14 @@ def total(p):
     return p.none + p.single.sum() + p.pair.sum()
 
 
-def test_a_divergence_rules_out_every_set_its_mask_did_not_enable():
+def test_a_divergence_all_but_rules_out_every_set_its_mask_did_not_enable():
     post = EdgePosterior(5)
     post.observe(mask(5, [1, 2]), diverged=True)
     p = post.probabilities()
     assert total(p) == pytest.approx(1.0)
-    assert list(np.flatnonzero(p.single)) == [1, 2]
-    assert list(zip(*np.nonzero(p.pair), strict=True)) == [(1, 2)]
+    # Only background drift could explain it for the others: a small share.
+    assert p.single[[0, 3, 4]].max() < 0.05 * p.single[[1, 2]].min()
+    assert p.pair[1, 2] > 10 * p.pair[0, 3]
     assert p.none > 0  # drift without prefetch diverges under any mask
 
 
@@ -34,16 +34,25 @@ def test_a_clean_run_only_lowers_the_sets_it_enabled():
     assert p.pair[0, 1] == pytest.approx(p.pair[2, 3])  # a pair needs both: {0} alone was no test
 
 
-def test_divergence_enabling_a_ruled_out_edge_only_strikes():
-    post = EdgePosterior(4)
-    post.observe(mask(4, [0, 1]), diverged=True)  # rules out 2 and 3
-    post.observe(mask(4, [1, 2, 3]), diverged=True)  # enables ruled-out edges: a second cause?
-    p = post.probabilities()
-    assert p.single[0] > 0
-    # Edge 1 explains two divergences, edge 0 one plus a strike (Beta(1, 3) prior on q).
-    a, b = Q_PRIOR
-    expected = SECOND_CAUSE * np.exp(log_beta(a + 1, b) - log_beta(a + 2, b))
-    assert p.single[0] / p.single[1] == pytest.approx(float(expected))
+def test_all_off_divergences_move_the_posterior_to_drift_without_prefetch():
+    post = EdgePosterior(6)
+    post.observe(mask(6, range(6)), diverged=True)
+    for diverged in (True, False, True, True, False, True):
+        post.observe(mask(6, []), diverged=diverged)
+    assert post.top().kind == "none" and post.top().probability > 0.9
+    assert 0.3 < post.background() < 0.9
+
+
+def test_a_culprit_clearly_above_the_background_stays_the_answer():
+    post = EdgePosterior(6)
+    for _ in range(6):
+        post.observe(mask(6, [2]), diverged=True)
+        post.observe(mask(6, [0, 1, 3, 4, 5]), diverged=False)
+        post.observe(mask(6, []), diverged=False)
+    post.observe(mask(6, []), diverged=True)  # one background divergence
+    top = post.top()
+    assert top.edges == (2,) and top.probability > 0.9
+    assert post.background() < 0.2
 
 
 def test_conditional_posterior_without_pairs():
@@ -61,11 +70,24 @@ def test_miss_chance_is_the_expected_clean_streak_of_the_posterior_chance():
         post.observe(mask(2, [0]), diverged=diverged)
     d, e = post.counts((0,))
     assert (d, e) == (2, 3)
+    # Every run enabled edge 0: q follows about Beta(1 + d, 3 + e), a little lower where p0 > 0 takes a share.
     q = np.linspace(1e-6, 1 - 1e-6, 200_001)
-    density = q ** d * (1 - q) ** (e + 2)  # Beta(1 + d, 3 + e)
+    density = q ** d * (1 - q) ** (e + 2)
     density /= density.sum()
     for n in (0, 1, 5):
-        assert post.miss_chance((0,), n) == pytest.approx((density * (1 - q) ** n).sum(), rel=1e-4)
+        assert post.miss_chance((0,), n) == pytest.approx((density * (1 - q) ** n).sum(), rel=0.2)
+    many = post.miss_chance((0,), np.array([0, 1, 5]))
+    assert many[0] == pytest.approx(1.0) and many[1] > many[2]
+
+
+def test_runs_in_flight_count_for_planning_only():
+    post = EdgePosterior(4)
+    post.observe(mask(4, range(4)), diverged=True)
+    plan = post.with_pending([mask(4, [0, 1])])
+    assert plan.probabilities().single[0] < post.probabilities().single[0]
+    assert post.single_exposure.sum() == 0  # the real posterior did not move
+    chance = post.divergence_chance(mask(4, [0, 1]))
+    assert plan.single_exposure[0] == pytest.approx(1 - chance)
 
 
 def test_run_sums_match_brute_force():
@@ -88,9 +110,13 @@ def test_ranked_tests_score_what_information_says(pairs):
     post = EdgePosterior(6)
     post.observe(mask(6, range(6)), diverged=True)
     post.observe(mask(6, [0, 1, 2]), diverged=False)
-    post.observe(mask(6, [1, 2, 3, 4]), diverged=True)  # rules out 0 and 5
+    for _ in range(3):
+        post.observe(mask(6, [1, 2, 3, 4]), diverged=True)  # all but rules out 0 and 5
+    for _ in range(12):
+        post.observe(mask(6, []), diverged=False)  # and little background drift to explain it
     ranked = post.ranked_tests(limit=50, pairs=pairs)
     assert [bits for bits, _ in ranked] == sorted((bits for bits, _ in ranked), reverse=True)
+    assert not post.alive[[0, 5]].any()
     for bits, enabled in ranked:
         assert not enabled[[0, 5]].any()  # ruled-out edges stay off
         assert bits == pytest.approx(post.information(enabled, pairs=pairs), abs=1e-12)

@@ -4,6 +4,7 @@ import pytest
 
 from bisect_prefetch.errors import BisectPrefetchError
 from bisect_prefetch.graph import from_policy
+from bisect_prefetch.search import protocol as p
 from bisect_prefetch.search.oracle import RunResult
 from bisect_prefetch.search.protocol import Bisection, mask_name
 from bisect_prefetch.search.simulate import SimulatedOracle
@@ -41,8 +42,10 @@ def test_culprit_found_names_the_edge_and_both_checks(trial):
     assert result.verdict == "culprit-found"
     assert result.minimal_set == [culprit]
     assert result.confidence >= 0.95
-    assert result.facts[0].startswith(f"keep-only:{culprit} diverged (run ")
-    assert "removing the set removes drift" in result.facts[1]
+    keep, drop = result.facts
+    assert (keep.kind, keep.edges) == (p.KEEP_ONLY_DIVERGED, (culprit,))
+    assert search.history[keep.run - 1][1].first_diff_step == keep.step
+    assert (drop.kind, drop.edges) == (p.DROP_ONLY_CONSISTENT, (culprit,)) and drop.runs >= 1
     assert result.drop_only_diverges is False
     assert [row["step"] for row in result.evidence[:2]] == ["calibrate", "check-off"]
     assert result.runs_used == len(search.history) == sum(row["runs"] for row in result.evidence)
@@ -57,14 +60,15 @@ def test_no_drift_reproduced_states_the_bound_ruled_out():
     assert result.runs_used == 20
     assert result.minimal_set == []
     assert result.confidence == 0.95
-    assert "fewer than 3/20" in result.facts[0]
-    assert "0.139" in result.facts[0]  # 1 - 0.05 ** (1/20)
+    assert (result.facts[0].kind, result.facts[0].runs) == (p.NO_DRIFT, 20)
+    assert result.facts[0].chance == pytest.approx(1 - 0.05 ** (1 / 20))
 
 
 def test_drift_with_every_edge_off_is_not_prefetch():
     search, result = search_with([], background=0.9)
     assert result.verdict == "not-prefetch"
-    assert result.facts[0].startswith("all-off diverged")
+    assert result.facts[0].kind == p.ALL_OFF_DIVERGED and result.facts[0].divergences >= 1
+    assert result.confidence >= 0.95 and result.facts[0].chance > 0.5  # the background estimate
     assert result.evidence[-1]["mask"] == "all-off"
     assert result.evidence[-1]["verdict"] == "diverged"
 
@@ -73,7 +77,9 @@ def test_out_of_runs_is_inconclusive_with_the_best_guess():
     search, result = search_with(["fwd:layers.0->layers.1"], q=0.3, max_runs=5)
     assert result.verdict == "inconclusive"
     assert result.runs_used == 5
-    assert result.facts[0].startswith("stopped: the run budget (--max-runs 5) ran out; best guess")
+    stopped = result.facts[0]
+    assert (stopped.kind, stopped.reason, stopped.limit) == (p.STOPPED, "max-runs", 5)
+    assert list(stopped.edges) == result.top_hypotheses[0]["edges"]
     assert result.top_hypotheses and result.minimal_set == []
 
 
@@ -83,7 +89,8 @@ def test_pair_needed_together_is_found_one_minimal(trial):
     search, result = search_with(pair, together=True, trial=trial, max_runs=400)
     assert result.verdict == "culprit-found"
     assert sorted(result.minimal_set) == sorted(pair)
-    assert any(f.startswith("each edge of the set is needed") for f in result.facts)
+    needed = [f for f in result.facts if f.kind == p.EACH_NEEDED]
+    assert len(needed) == 1 and sorted(needed[0].edges) == sorted(pair)
     # 1-minimal: no run that enabled only one of the two ever diverged.
     for mask, r in search.history:
         if r.diverged:
@@ -96,7 +103,7 @@ def test_several_disjoint_causes_are_reported():
     assert result.verdict == "culprit-found"
     assert len(result.minimal_set) == 1 and result.minimal_set[0] in culprits
     assert result.drop_only_diverges is True
-    assert any("another set of edges causes drift too" in f for f in result.facts)
+    assert [f.kind for f in result.facts] == [p.KEEP_ONLY_DIVERGED, p.DROP_ONLY_DIVERGES]
 
 
 def test_replaying_the_runs_rebuilds_the_same_search():
@@ -109,7 +116,9 @@ def test_replaying_the_runs_rebuilds_the_same_search():
             assert again.next_mask() == mask
             again.record(mask, r)
         assert again.next_mask() == history[cut][0]
-        assert again.state == search.events[-1].step or again.runs_used < len(history)
+        # The step the first search took its next run for, found by run number.
+        asked = next(b for b in search.events if b.first_run <= cut + 1 < b.first_run + b.runs)
+        assert again.state == asked.step
     again = Bisection(EDGES, steps_per_run=STEPS)
     for mask, r in history:
         again.record(mask, r)
@@ -142,7 +151,7 @@ def test_failed_runs_never_count_as_clean_and_make_a_mask_unresolved():
     result = run(search, FailingOracle())
     assert result.verdict == "inconclusive"
     assert result.runs_used == 3
-    assert "all-on never completed a run" in result.facts[0]
+    assert (result.facts[0].kind, result.facts[0].reason) == (p.STOPPED, "all-on-never-completed")
     assert result.evidence[0]["errors"] == 3 and result.evidence[0]["verdict"] == "unresolved"
 
 
@@ -153,7 +162,7 @@ def test_a_failure_between_runs_is_retried_not_counted():
     search.record(all_on, RunResult("stopped-early", True, 12, 12))
     block = search.events[0]
     assert (block.runs, block.errors, block.divergences) == (2, 1, 1)
-    assert block.line == "diverged at run 2 (step 12), 1 failed"
+    assert (block.diverged_at, block.first_diff_steps) == (2, [12])
     assert search.steps_used == 19
     assert search.next_mask() == frozenset()  # on to all-off
 
@@ -161,7 +170,7 @@ def test_a_failure_between_runs_is_retried_not_counted():
 def test_a_clean_run_cut_short_counts_as_part_of_a_run():
     search = Bisection(EDGES, steps_per_run=40)
     search.record(frozenset(EDGES), RunResult("stopped-early", False, None, 10))
-    assert search.model.none_exposure == pytest.approx(0.25)
+    assert search.model.exposure == pytest.approx(0.25)
 
 
 def test_bad_input_is_a_bisect_prefetch_error():

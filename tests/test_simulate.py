@@ -1,21 +1,19 @@
-"""The simulated oracle, the baselines, and the calibration of the search's stated confidence."""
+"""The simulated oracle, the benchmark baselines, slots and hints, and the calibration of the search's stated confidence."""
 
 import math
 
 import numpy as np
 import pytest
 
-from bisect_prefetch.errors import BisectPrefetchError
-from bisect_prefetch.graph import from_policy
-from bisect_prefetch.search.simulate import (
-    SimulatedOracle,
+from benchmarks.baselines import (
     binary_search_pairs,
     binary_search_repeats,
     ddmin_repeats,
-    draw_culprits,
     each_edge_alone,
-    simulate,
 )
+from bisect_prefetch.errors import BisectPrefetchError
+from bisect_prefetch.graph import from_policy
+from bisect_prefetch.search.simulate import SimulatedOracle, draw_culprits, simulate
 from bisect_prefetch.search.stats import hazard_for_chance
 
 EDGES = from_policy("fsdp2-chain", 4).edge_ids()
@@ -125,6 +123,27 @@ def test_simulate_reports_the_design_fields():
     assert all(r["culprits"] == [CULPRIT] for r in report["results"])
 
 
+def test_simulate_reports_slots_rounds_and_hints():
+    print("seed 11")
+    common = dict(hazard=hazard_for_chance(0.5, STEPS), steps=STEPS, trials=6, seed=11)
+    serial = simulate("fsdp2-chain", 4, [CULPRIT], **common)
+    wide = simulate("fsdp2-chain", 4, [CULPRIT], slots=4, hint_accuracy=1.0, **common)
+    assert (serial["slots"], wide["slots"], wide["hint_accuracy"]) == (1, 4, 1.0)
+    assert {"rounds_median", "rounds_p90", "background", "inconclusive"} <= set(wide)
+    # One slot: wall-clock is the runs' lengths added up (diverged runs stop early).
+    for r in serial["results"]:
+        assert r["rounds"] == pytest.approx(r["steps"] / STEPS)
+        assert r["rounds"] <= r["runs"]
+    assert wide["rounds_median"] < serial["rounds_median"]
+    assert wide["accuracy"] == serial["accuracy"] == 1.0
+
+
+def test_background_without_a_culprit_is_scored_as_not_prefetch():
+    report = simulate("fsdp2-chain", 4, [], hazard=0.0, steps=STEPS, trials=4, seed=3, background=0.6)
+    assert report["background"] == 0.6
+    assert all(r["correct"] == (r["verdict"] == "not-prefetch") for r in report["results"])
+
+
 def test_simulate_rejects_bad_input():
     with pytest.raises(BisectPrefetchError):
         simulate("fsdp2-chain", 4, [CULPRIT], hazard=0.01, steps=STEPS, trials=0)
@@ -132,6 +151,9 @@ def test_simulate_rejects_bad_input():
         simulate("fsdp2-chain", 4, [CULPRIT], hazard=0.01, steps=STEPS, method="guess")
     with pytest.raises(BisectPrefetchError):
         simulate("fsdp2-chain", 4, [CULPRIT], hazard=1.5, steps=STEPS)
+    for bad in (dict(slots=0), dict(hint_accuracy=1.5), dict(background=1.0)):
+        with pytest.raises(BisectPrefetchError):
+            simulate("fsdp2-chain", 4, [CULPRIT], hazard=0.01, steps=STEPS, **bad)
 
 
 CALIBRATION_SEED = 424242

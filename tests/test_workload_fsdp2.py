@@ -7,96 +7,17 @@ directory first on PYTHONPATH and BISECT_PREFETCH_PLAN pointing at a plan file.
 from __future__ import annotations
 
 import json
-import os
-import signal
-import socket
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+
+from tests.conftest import read_jsonl, read_probe, run_fsdp2, write_plan
 
 pytest.importorskip("torch")
 
 pytestmark = pytest.mark.slow
 
-REPO = Path(__file__).resolve().parents[1]
-SITE = REPO / "bisect_prefetch" / "adapters" / "site"
-LAYERS = 4
 FAULT_EDGE = "bwd:layers.3->layers.2"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def write_plan(run_dir: Path, **fields) -> Path:
-    plan = {
-        "version": 1,
-        "experiment": "test",
-        "run_id": run_dir.name,
-        "out_dir": str(run_dir),
-        "mask": None,
-        "guard": "none",
-        "record": {"graph": True, "probe": True, "digests": None, "digest_every": 1},
-        "fault": None,
-        "seed": 1234,
-        "steps": 30,
-    }
-    plan.update(fields)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    path = run_dir / "plan.json"
-    path.write_text(json.dumps(plan))
-    return path
-
-
-def run_fsdp2(
-    run_dir: Path,
-    *,
-    steps: int,
-    nproc: int = 2,
-    plan: Path | None = None,
-    extra_args: tuple[str, ...] = (),
-    timeout: float = 120,
-) -> subprocess.CompletedProcess:
-    """Launch the workload under torchrun; kill the whole process group on timeout."""
-    env = dict(os.environ, OMP_NUM_THREADS="1")
-    env.pop("BISECT_PREFETCH_PLAN", None)
-    if plan is not None:
-        env["PYTHONPATH"] = os.pathsep.join([str(SITE), str(REPO)])
-        env["BISECT_PREFETCH_PLAN"] = str(plan)
-    command = [
-        sys.executable, "-m", "torch.distributed.run",
-        f"--nproc_per_node={nproc}", f"--master_port={free_port()}",
-        "-m", "bisect_prefetch.workloads.fsdp2",
-        "--layers", str(LAYERS), "--steps", str(steps), "--seed", "1234", *extra_args,
-    ]  # fmt: skip
-    run_dir.mkdir(parents=True, exist_ok=True)
-    process = subprocess.Popen(
-        command, cwd=run_dir, env=env, text=True, start_new_session=True,
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-    )  # fmt: skip
-    try:
-        stdout, stderr = process.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(process.pid, signal.SIGKILL)
-        process.communicate()
-        raise
-    result = subprocess.CompletedProcess(command, process.returncode, stdout, stderr)
-    assert result.returncode == 0, f"workload failed:\n{stderr[-4000:]}"
-    return result
-
-
-def read_jsonl(path: Path) -> list[dict]:
-    """Records sorted by (step, rank, param): ranks append in any order."""
-    records = [json.loads(line) for line in path.read_text().splitlines()]
-    return sorted(records, key=lambda r: (r["step"], r["rank"], r.get("param", "")))
-
-
-def read_probe(run_dir: Path, rank: int = 0) -> dict:
-    return json.loads((run_dir / f"probe.rank{rank}.json").read_text())
 
 
 def all_edges(run_dir: Path) -> list[str]:

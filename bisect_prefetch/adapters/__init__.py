@@ -23,9 +23,17 @@ For framework adapters (fsdp2, hyper_parallel, ...), through ``session()``:
   gate every prefetch goes through. It applies the mask and the size-one guard,
   calls ``run() -> bool`` (True when a real unshard was issued) only if the
   edge may fire, tallies the outcome for the probe and notifies listeners.
-  Returns the outcome name.
+  Returns the outcome name (vocab.PROBE_OUTCOMES). ``Session.guard_skips(size)``
+  is the guard alone, for a prefetch that is no edge.
 - ``Session.add_step_end_listener(fn(step))`` / ``add_exit_listener(fn())``:
   per-step work (digests, graph rewrite) and last words at exit.
+- ``Session.order`` (adapters/order.py; None when the plan records no order):
+  the framework adapters report each unit's unshards, uses and reshards to it;
+  the gate itself records each prefetch and which edge the unshards inside it
+  belong to. It records the plan's first ``record.order_steps`` steps.
+- ``Session.step_seconds``: ``[step, seconds]`` per reported step (time since
+  the previous report; step 1: since install), written to the probe as
+  ``step_seconds``: each run's step time comes from it (runs/step_time.py).
 - ``Session.recorder`` (None when the plan records nothing), ``Session.plan``,
   ``Session.probe_extra`` (a dict merged into probe.rank{R}.json) and
   ``Session.note_error(msg)`` (reported on stderr and listed in the probe).
@@ -41,7 +49,10 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from bisect_prefetch.vocab import GUARD_SIZE_ONE, GUARDED, ISSUED, MASKED, NOOP
+
 from .import_hook import when_imported
+from .order import OrderLog
 from .plan import Plan, load_plan
 from .recorder import ProbeTally, Recorder
 
@@ -61,6 +72,8 @@ FRAMEWORK_ADAPTERS = {
 # its size grows with the step count, and long jobs must not pay for it each step.
 _PROBE_EVERY_STEP_UNTIL = 100
 _PROBE_MIN_INTERVAL_S = 2.0
+# Seconds per step are kept for this many steps (enough for a median after warm-up).
+_STEP_TIMES_KEPT = 10_000
 
 
 def rank_from_env() -> int:
@@ -86,10 +99,17 @@ class Session:
         self._prefetch_listeners: list[PrefetchListener] = []
         self._step_end_listeners: list[Callable[[int], None]] = []
         self._exit_listeners: list[Callable[[], None]] = []
-        self._guard_size_one = plan is not None and plan.guard == "size-one"
+        self._guard_size_one = plan is not None and plan.guard == GUARD_SIZE_ONE
         self._mask = plan.mask if plan is not None else None
         self._last_probe_write = 0.0
         self._lock = threading.Lock()
+        # The unit order of the first steps (None: not recorded); the framework adapters feed it.
+        self.order: OrderLog | None = None
+        if self.recorder is not None and plan.order_steps > 0:
+            self.order = OrderLog(rank=rank, steps=plan.order_steps, write=self.recorder.order)
+        # [step, seconds since the previous step ended (step 1: since install)]
+        self.step_seconds: list[list[float]] = []
+        self._step_started = time.perf_counter()
 
     # -- the prefetch gate ------------------------------------------------------------
     def prefetch(
@@ -100,18 +120,32 @@ class Session:
         target_module: Any,
         run: Callable[[], bool],
     ) -> str:
+        order = self.order
+        event = order.begin_prefetch(edge_id) if order is not None else None
         if self._mask is not None and edge_id not in self._mask:
-            outcome = "masked"
-        elif self._guard_size_one and target_shard_size == 1:
-            outcome = "guarded"
+            outcome = MASKED
+        elif self.guard_skips(target_shard_size):
+            outcome = GUARDED
         else:
-            issued = run()
-            outcome = "issued" if issued else "noop"
+            if order is not None:
+                order.set_running_edge(edge_id)  # unshards inside are this edge's
+            try:
+                issued = run()
+            finally:
+                if order is not None:
+                    order.set_running_edge(None)
+            outcome = ISSUED if issued else NOOP
             for listener in self._prefetch_listeners:
                 listener(edge_id, target_module, issued)
         with self._lock:
             self.tally.count(edge_id, outcome)
+        if event is not None:
+            event[2] = outcome
         return outcome
+
+    def guard_skips(self, target_shard_size: int) -> bool:
+        """The guard alone: whether a prefetch into a unit of this shard size is skipped."""
+        return self._guard_size_one and target_shard_size == 1
 
     # -- listeners ----------------------------------------------------------------------
     def add_prefetch_listener(self, fn: PrefetchListener) -> None:
@@ -129,6 +163,12 @@ class Session:
 
     # -- steps and files ----------------------------------------------------------------
     def report_step(self, step: int, metrics: dict[str, Any]) -> None:
+        now = time.perf_counter()
+        if len(self.step_seconds) < _STEP_TIMES_KEPT:
+            self.step_seconds.append([step, round(now - self._step_started, 6)])
+        self._step_started = now
+        if self.order is not None:
+            self.order.end_step(step)
         if self.recorder is not None:
             self.recorder.metrics(step, metrics)
         with self._lock:
@@ -144,7 +184,7 @@ class Session:
     def write_probe(self) -> None:
         if self.recorder is None or not self.plan.record_probe:
             return
-        head = {"plan_hash": self.plan.hash, **self.probe_extra}
+        head = {"plan_hash": self.plan.hash, **self.probe_extra, "step_seconds": self.step_seconds}
         if self.errors:
             head["errors"] = list(self.errors)
         with self._lock:

@@ -25,6 +25,12 @@ What it patches (class attributes, once per process):
   guards, probes and notifies listeners. An empty backward list does not
   switch prefetch off in FSDP2 (it falls back to the implicit one), so the
   mask is applied here, not by editing the lists.
+- ``FSDPParamGroup.unshard``, ``pre_forward``, ``pre_backward``,
+  ``_to_sharded`` and ``_to_sharded_post_forward``: while the session records
+  the order (the first steps), each unshard that starts an all-gather (by the
+  group's own hook, or inside a prefetch: the gate names the edge), each use
+  (forward or backward pre-hook) and each reshard; afterwards they pass
+  straight through.
 
 At each step end it rewrites the graph if a prefetch edge not yet in it was
 seen, and writes gradient digests when the plan asks for them.
@@ -37,6 +43,7 @@ import ctypes
 import datetime
 import fnmatch
 import hashlib
+import struct
 import threading
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
@@ -44,7 +51,14 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.distributed as dist
 
-from bisect_prefetch.adapters.units import ROOT_NAME, UNKNOWN_NAME, is_layer, node_kind
+from bisect_prefetch import vocab
+from bisect_prefetch.adapters.units import (
+    ROOT_NAME,
+    UNKNOWN_NAME,
+    is_layer,
+    node_kind,
+    record_graph,
+)
 
 if TYPE_CHECKING:
     from torch.distributed.fsdp._fully_shard._fsdp_param_group import FSDPParamGroup
@@ -79,6 +93,8 @@ class _Fsdp2Adapter:
         self._unknown_source_reported = False
         self.plan_store: Any = None  # the job's c10d store, once this rank posted its plan hash
         self.world_size = 1
+        self._digest_key: tuple[str, int] | None = None
+        self._digest_params: list[tuple[str, Any]] = []
 
     # -- prefetch sources -------------------------------------------------------------
     def sources(self) -> list[FSDPState]:
@@ -86,6 +102,9 @@ class _Fsdp2Adapter:
         if stack is None:
             stack = self._local.stack = []
         return stack
+
+    def group_name(self, group: FSDPParamGroup) -> str:
+        return self.name_of(self.group_states.get(group))
 
     def name_of(self, state: FSDPState | None) -> str:
         if state is None:
@@ -111,8 +130,8 @@ class _Fsdp2Adapter:
                 self.group_shard_sizes[group] = _group_shard_size(group)
         for state in root._state_ctx.all_states:
             for phase, targets in (
-                ("fwd", state._states_to_forward_prefetch),
-                ("bwd", state._states_to_backward_prefetch),
+                (vocab.FWD, state._states_to_forward_prefetch),
+                (vocab.BWD, state._states_to_backward_prefetch),
             ):
                 for target in targets:
                     self.add_edge(phase, self.name_of(state), self.name_of(target), implicit=False)
@@ -166,7 +185,7 @@ class _Fsdp2Adapter:
             raise RuntimeError(f"bisect-prefetch: ranks run with different plans: {hashes}")
 
     def add_edge(self, phase: str, src: str, dst: str, *, implicit: bool) -> str:
-        edge_id = f"{phase}:{src}->{dst}"
+        edge_id = vocab.edge_id(phase, src, dst)
         if edge_id not in self.edges:
             self.edges[edge_id] = {
                 "id": edge_id,
@@ -191,10 +210,10 @@ class _Fsdp2Adapter:
             while j >= 0 and sequence[j] is state:  # a state's own groups are not an edge
                 j -= 1
             if j >= 0:
-                self.add_edge("bwd", self.name_of(state), self.name_of(sequence[j]), implicit=True)
+                self.add_edge(vocab.BWD, self.name_of(state), self.name_of(sequence[j]), implicit=True)
         self.write_graph()
 
-    def graph(self) -> dict[str, Any]:
+    def graph_nodes(self) -> list[dict[str, Any]]:
         order: dict[FSDPState, int] = {}
         for state in self.post_forward_sequence:
             order.setdefault(state, len(order))
@@ -218,13 +237,11 @@ class _Fsdp2Adapter:
                 }
             )
         nodes.sort(key=lambda n: (n["order"] is None, n["order"] or 0))
-        return {"nodes": nodes, "edges": list(self.edges.values())}
+        return nodes
 
     def write_graph(self) -> None:
         self.graph_dirty = False
-        recorder = self.session.recorder
-        if recorder is not None and self.session.plan.record_graph:
-            recorder.graph(self.graph())
+        record_graph(self.session, nodes=self.graph_nodes(), edges=self.edges)
 
     # -- the prefetch choke point -----------------------------------------------------
     def prefetch(self, original, target: FSDPParamGroup, pass_type: str) -> None:
@@ -235,12 +252,12 @@ class _Fsdp2Adapter:
             self.session.note_error(
                 "prefetch from an unknown FSDP state: was the adapter installed after fully_shard?"
             )
-        phase = "fwd" if pass_type == "forward" else "bwd"
+        phase = vocab.FWD if pass_type == "forward" else vocab.BWD
         target_state = self.group_states.get(target)
-        edge_id = f"{phase}:{self.name_of(source)}->{self.name_of(target_state)}"
+        edge_id = vocab.edge_id(phase, self.name_of(source), self.name_of(target_state))
         if edge_id not in self.edges:
             implicit = (
-                phase == "bwd" and source is not None and not source._states_to_backward_prefetch
+                phase == vocab.BWD and source is not None and not source._states_to_backward_prefetch
             )
             self.add_edge(
                 phase, self.name_of(source), self.name_of(target_state), implicit=implicit
@@ -283,42 +300,110 @@ class _Fsdp2Adapter:
             if self.graph_dirty:
                 self.write_graph()
 
-    def write_digests(self, step: int, glob: str) -> None:
-        """blake2b of each matching parameter's local gradient shard.
+    def digest_params(self, glob: str) -> list[tuple[str, Any]]:
+        """(name, FSDPParam) of the parameters whose gradients are digested (cached)."""
+        key = (glob, len(self.states))  # a second root adds states: look again
+        if self._digest_key != key:
+            self._digest_key = key
+            self._digest_params = [
+                (fsdp_param._param_fqn, fsdp_param)
+                for state in self.states
+                for group in state._fsdp_param_groups
+                for fsdp_param in group.fsdp_params
+                if fnmatch.fnmatchcase(fsdp_param._param_fqn, glob)
+            ]
+        return self._digest_params
 
-        All shards are packed into one byte tensor so the host copy (and, on an
-        accelerator, the only sync) happens once per step, after the step.
+    def write_digests(self, step: int, glob: str) -> None:
+        """Digest, norm and max abs of each matching parameter's local gradient shard.
+
+        The digest is blake2b over the shard's bytes (or a sample of them: see
+        DIGEST_FULL_BYTES); norm and max abs cover every element. On the CPU the bytes
+        are hashed where they lie; on an accelerator they are copied to the host once.
         """
         recorder = self.session.recorder
         if recorder is None:
             return
-        selected: list[tuple[str, torch.Tensor]] = []
-        for state in self.states:
-            for group in state._fsdp_param_groups:
-                for fsdp_param in group.fsdp_params:
-                    name = fsdp_param._param_fqn
-                    grad = fsdp_param.sharded_param.grad
-                    if grad is None or not fnmatch.fnmatchcase(name, glob):
-                        continue
-                    local = grad.to_local() if hasattr(grad, "to_local") else grad
-                    selected.append((name, local.detach().reshape(-1).view(torch.uint8)))
-        if not selected:
+        names, grads = [], []
+        for name, fsdp_param in self.digest_params(glob):
+            grad = fsdp_param.sharded_param.grad
+            if grad is None:
+                continue
+            # A DTensor's local shard, without to_local()'s autograd bookkeeping.
+            local = getattr(grad, "_local_tensor", grad)
+            if local.numel():  # an uneven split can leave a rank an empty shard: nothing to hash
+                names.append(name)
+                grads.append(local)
+        if not grads:
             return
-        packed = torch.cat([t for _, t in selected]).cpu()
-        data = ctypes.string_at(packed.data_ptr(), packed.numel()) if packed.numel() else b""
-        items, offset = [], 0
-        for name, t in selected:
-            chunk = data[offset : offset + t.numel()]
-            offset += t.numel()
-            items.append((name, hashlib.blake2b(chunk, digest_size=16).hexdigest()))
+        norms = torch._foreach_norm(grads)
+        if grads[0].device.type == "cpu":  # cheaper there than the inf-norm, which fuses on GPUs
+            max_abs = torch._foreach_max(torch._foreach_abs(grads))
+        else:
+            max_abs = torch._foreach_norm(grads, float("inf"))
+        stats = torch.stack([*norms, *max_abs]).tolist()
+        count = len(grads)
+        items = []
+        for k, data in enumerate(_hashed_bytes(grads)):
+            digest = hashlib.blake2b(data, digest_size=16)
+            if len(data) < grads[k].numel() * grads[k].element_size():
+                digest.update(struct.pack("=d", stats[count + k]))  # sampled: add the exact max
+            items.append((names[k], digest.hexdigest(), stats[k], stats[count + k]))
         recorder.digests(step, items)
+
+
+# Gradients of up to DIGEST_FULL_BYTES are hashed whole. Larger ones are hashed through
+# DIGEST_CHUNKS evenly spaced chunks of DIGEST_CHUNK_BYTES, plus their max abs (exact: a max
+# does not depend on summation order). That bounds the hashing (and, on an accelerator, the
+# host copy) to a few KiB a parameter however large the model (on the FSDP2 bench, with small
+# parameters, the cost is per parameter, not per byte: about 3% of a step). What it gives up: a difference confined to unsampled bytes that
+# leaves the max abs bit-equal is not seen by that digest at that step. Drift rarely stays
+# there: a perturbed parameter changes the activations, hence nearly every element of the
+# next gradients, which the samples and the other parameters' digests then show.
+DIGEST_CHUNKS = 4
+DIGEST_CHUNK_BYTES = 1024
+DIGEST_FULL_BYTES = DIGEST_CHUNKS * DIGEST_CHUNK_BYTES
+
+
+def _hashed_bytes(grads: list[torch.Tensor]) -> list[bytes]:
+    """Per gradient, the bytes its digest covers (see DIGEST_FULL_BYTES)."""
+    if grads[0].device.type != "cpu":
+        samples = [_sample_on_device(g) for g in grads]
+        packed = torch.cat(samples).cpu()  # one copy to the host, one sync
+        data = ctypes.string_at(packed.data_ptr(), packed.numel())
+        out, offset = [], 0
+        for t in samples:
+            out.append(data[offset : offset + t.numel()])
+            offset += t.numel()
+        return out
+    out = []
+    for g in grads:  # on the CPU: straight from the tensor's memory
+        if not g.is_contiguous():
+            g = g.contiguous()
+        size, address = g.numel() * g.element_size(), g.data_ptr()
+        if size <= DIGEST_FULL_BYTES:
+            out.append(ctypes.string_at(address, size))
+        else:
+            row = size // DIGEST_CHUNKS
+            out.append(b"".join([ctypes.string_at(address + i * row, DIGEST_CHUNK_BYTES)
+                                 for i in range(DIGEST_CHUNKS)]))
+    return out
+
+
+def _sample_on_device(grad: torch.Tensor) -> torch.Tensor:
+    """The same bytes _hashed_bytes takes on the CPU, gathered where the gradient lies."""
+    raw = grad.reshape(-1).view(torch.uint8)
+    if raw.numel() <= DIGEST_FULL_BYTES:
+        return raw
+    row = raw.numel() // DIGEST_CHUNKS
+    return raw[: row * DIGEST_CHUNKS].view(DIGEST_CHUNKS, row)[:, :DIGEST_CHUNK_BYTES].reshape(-1)
 
 
 def _patch_torch() -> None:
     """Wrap the FSDP2 internals listed in the module docstring (once per process)."""
     # Imported here, not at the top: importing this module must not import
     # torch.distributed.fsdp, whose import hook would activate it half-imported.
-    from torch.distributed.fsdp._fully_shard._fsdp_common import _dynamo_disable
+    from torch.distributed.fsdp._fully_shard._fsdp_common import TrainingState, _dynamo_disable
     from torch.distributed.fsdp._fully_shard._fsdp_param_group import FSDPParamGroup
     from torch.distributed.fsdp._fully_shard._fsdp_state import FSDPState
 
@@ -331,6 +416,11 @@ def _patch_torch() -> None:
     original_pre_backward = FSDPState._pre_backward
     original_record_post_forward = FSDPParamGroup._record_post_forward
     original_prefetch_unshard = FSDPParamGroup._prefetch_unshard
+    original_unshard = FSDPParamGroup.unshard
+    original_group_pre_forward = FSDPParamGroup.pre_forward
+    original_group_pre_backward = FSDPParamGroup.pre_backward
+    original_to_sharded = FSDPParamGroup._to_sharded
+    original_to_sharded_post_forward = FSDPParamGroup._to_sharded_post_forward
 
     def _lazy_init(self: FSDPState) -> None:
         original_lazy_init(self)
@@ -379,11 +469,61 @@ def _patch_torch() -> None:
         else:
             adapter.prefetch(original_prefetch_unshard, target, pass_type)
 
+    # The order record (first steps only): who unsharded each group, its uses, its reshards.
+    def unshard(self: FSDPParamGroup, async_op: bool = False) -> None:
+        order = _recording_order()
+        if order is None:
+            return original_unshard(self, async_op)
+        starts = self._all_gather_result is None and not self.is_unsharded
+        original_unshard(self, async_op)
+        if starts and self._all_gather_result is not None:
+            order.unshard(_adapter.group_name(self))
+
+    def group_pre_forward(self: FSDPParamGroup, module, args, kwargs):
+        result = original_group_pre_forward(self, module, args, kwargs)
+        order = _recording_order()
+        if order is not None:
+            order.use(_adapter.group_name(self), "fwd")
+        return result
+
+    @_dynamo_disable
+    def group_pre_backward(self: FSDPParamGroup, default_prefetch: bool, *unused: Any):
+        order = _recording_order()
+        first = order is not None and self._training_state != TrainingState.PRE_BACKWARD
+        result = original_group_pre_backward(self, default_prefetch, *unused)
+        if first:
+            order.use(_adapter.group_name(self), "bwd")
+        return result
+
+    def resharding(original):
+        def to_sharded(self: FSDPParamGroup) -> None:
+            order = _recording_order()
+            was_unsharded = order is not None and self.is_unsharded
+            original(self)
+            if was_unsharded and not self.is_unsharded:
+                order.reshard(_adapter.group_name(self))
+
+        return to_sharded
+
+    FSDPParamGroup.unshard = unshard
+    FSDPParamGroup.pre_forward = group_pre_forward
+    FSDPParamGroup.pre_backward = group_pre_backward
+    FSDPParamGroup._to_sharded = resharding(original_to_sharded)
+    FSDPParamGroup._to_sharded_post_forward = resharding(original_to_sharded_post_forward)
     FSDPState._lazy_init = _lazy_init
     FSDPState._pre_forward = _pre_forward
     FSDPState._pre_backward = _pre_backward
     FSDPParamGroup._record_post_forward = _record_post_forward
     FSDPParamGroup._prefetch_unshard = staticmethod(_prefetch_unshard)
+
+
+def _recording_order() -> Any:
+    """The session's order log while it still records, else None."""
+    adapter = _adapter
+    if adapter is None:
+        return None
+    order = adapter.session.order
+    return order if order is not None and order.steps_left > 0 else None
 
 
 def activate(session: Any) -> None:

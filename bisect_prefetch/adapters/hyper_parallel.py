@@ -1,9 +1,9 @@
 """The adapter for hyper-parallel's ``fully_shard`` (MindSpore and torch backends).
 
 Activated by ``bisect_prefetch.adapters.install()`` when the job imports
-``hyper_parallel``; the MindSpore reference workload activates it by hand for
-hyper-parallel's test double (bisect_prefetch.workloads.hsdp_double), which
-follows the same interface. It imports no framework itself.
+``hyper_parallel``; a job whose schedulers live in other modules (something
+that follows hyper-parallel's interface) names them to ``activate(session,
+modules=...)`` itself. It imports no framework itself.
 
 What it patches (class attributes of every scheduler class, i.e. a class with
 ``set_forward_prefetch_cells`` and ``set_backward_prefetch_cells``, in the
@@ -11,23 +11,28 @@ modules of ``SCHEDULER_MODULES`` as they are imported):
 
 - ``set_forward_prefetch_cells`` / ``set_backward_prefetch_cells`` (MindFormers
   calls the module-level ``set_modules_to_*_prefetch``, which forward to these):
-  the list given is kept as the original; once names are known the scheduler
-  gets only the cells the mask enables.
+  once names are known, each edge of the list given joins the graph. The
+  lists themselves are left as given: the mask is applied at one place only.
 - ``_hsdp_forward_pre_hook`` / ``_hsdp_backward_pre_hook``, the hooks that
   unshard a cell and prefetch its lists: they note the running scheduler, the
   source of any prefetch issued inside (a thread-local stack). The first
   forward pre-hook is the root's: before it runs, every wrapped module is named
   by fqn (``cells_and_names()`` / ``named_modules()``; the root is ``root``),
-  the lists are filtered (before the scheduler can back a list up for
-  recompute), each state is instrumented and the graph is written.
+  each state is instrumented and the graph is written.
 
 Each state's ``prefetch()`` (instance attribute) goes through ``Session.prefetch``,
-which masks, applies the size-one guard, probes and notifies listeners. Each
+the one gate: it masks, applies the size-one guard, probes and notifies
+listeners; a prefetch from outside any hook (no edge) meets the guard alone. Each
 parameter's ``unshard`` (and a comm-fusion ``param_group.unshard``) counts
 calls with ``async_op=True``. The probe gets, under ``"hyper_parallel"``,
 per edge ``async_unshards`` and ``already_unsharded`` (the target was unsharded
 when the prefetch came), and per unit its effective shard size, whether it is
 size-one, and how many of its parameters carry ``shard_size``.
+
+While the session records the order (the first steps), the state's
+``unshard`` and ``shard`` (instance attributes) record unshards that start
+work (an async unshard leaves its gathers pending until the state is
+unsharded) and reshards, and each prefetching hook records its cell's use.
 
 Effective shard size of a parameter: ``shard_size`` where present (the FSDP
 shard group's size, from ``_init_group_infos()``), else ``shard_world_size``
@@ -44,17 +49,23 @@ import threading
 from collections.abc import Iterator
 from typing import Any
 
-from bisect_prefetch.adapters.units import ROOT_NAME, UNKNOWN_NAME, is_layer, node_kind
+from bisect_prefetch.adapters.units import (
+    ROOT_NAME,
+    UNKNOWN_NAME,
+    is_layer,
+    node_kind,
+    record_graph,
+)
+from bisect_prefetch.vocab import BWD, FWD, edge_id
 
 SCHEDULER_MODULES = (
     "hyper_parallel.core.fully_shard.hsdp_scheduler",  # HSDPSchedulerV2, both backends
     "hyper_parallel.core.hsdp.hsdp_scheduler",  # the older HSDPScheduler
-    "bisect_prefetch.workloads.hsdp_double",  # the test double
 )
-PREFETCH_HOOKS = {"_hsdp_forward_pre_hook": "fwd", "_hsdp_backward_pre_hook": "bwd"}
+PREFETCH_HOOKS = {"_hsdp_forward_pre_hook": FWD, "_hsdp_backward_pre_hook": BWD}
 LIST_SETTERS = {
-    "set_forward_prefetch_cells": ("fwd", "forward_prefetch_cells"),
-    "set_backward_prefetch_cells": ("bwd", "backward_prefetch_cells"),
+    "set_forward_prefetch_cells": (FWD, "forward_prefetch_cells"),
+    "set_backward_prefetch_cells": (BWD, "backward_prefetch_cells"),
 }
 _adapter: HyperParallelAdapter | None = None
 
@@ -99,18 +110,18 @@ def _async_op(args: tuple, kwargs: dict) -> bool:
 
 
 class HyperParallelAdapter:
-    """Names wrapped modules, filters prefetch lists, routes prefetches through the session."""
+    """Names wrapped modules, graphs their prefetch lists, routes prefetches through the gate."""
 
     def __init__(self, session: Any) -> None:
         self.session = session
         self.names: dict[int, str] = {}  # id(scheduler) -> unit name
         self.schedulers: list[Any] = []  # named schedulers, in discovery order
         self.state_owner: dict[int, Any] = {}  # id(state) -> scheduler
-        self.originals: dict[tuple[int, str], list[Any]] = {}  # (id(scheduler), phase) -> list given
         self.edges: dict[str, dict[str, Any]] = {}
         self.edge_extra: dict[str, dict[str, int]] = {}
         self.units: dict[str, dict[str, Any]] = {}
         self.async_unshards = 0
+        self.pending: set[int] = set()  # id(state) of states with an async unshard not yet waited
         self.graph_dirty = False
         self._local = threading.local()
         session.probe_extra["hyper_parallel"] = {"edges": self.edge_extra, "units": self.units}
@@ -131,19 +142,21 @@ class HyperParallelAdapter:
     @contextlib.contextmanager
     def running_hook(self, scheduler: Any, phase: str) -> Iterator[None]:
         """Around a scheduler's prefetching pre-hook: it is the source of prefetches inside."""
-        if id(scheduler) not in self.names and phase == "fwd":
+        if id(scheduler) not in self.names and phase == FWD:
             self.discover(scheduler)  # the first forward pre-hook to run is the root's
-        self.tally_masked(scheduler, phase)
         sources = self.sources()
         sources.append((phase, scheduler))
         try:
             yield
         finally:
             sources.pop()
+        order = self.session.order
+        if order is not None and order.steps_left > 0:
+            order.use(self.name_of(scheduler), phase)  # the hook unsharded it: it computes now
 
     # -- discovery --------------------------------------------------------------------
     def discover(self, root_scheduler: Any) -> None:
-        """Name every wrapped module under the root, filter their lists, instrument their states."""
+        """Name every wrapped module under the root, graph their lists, instrument their states."""
         root = scheduler_modules(root_scheduler)[0]
         found: dict[int, tuple[Any, list[str]]] = {}
         for fqn, module in named_submodules(root):
@@ -157,11 +170,8 @@ class HyperParallelAdapter:
             self.schedulers.append(scheduler)
         for scheduler, _ in found.values():
             self.instrument_state(scheduler)
-            for setter, (phase, attr) in LIST_SETTERS.items():
-                cells = self.originals.get((id(scheduler), phase))
-                if cells is None:
-                    cells = list(getattr(scheduler, attr, None) or [])
-                getattr(scheduler, setter)(cells)  # the patched setter filters now
+            for phase, attr in LIST_SETTERS.values():
+                self.note_list(scheduler, phase, getattr(scheduler, attr, None) or [])
         self.check_plan_agreement(root)
         self.write_graph()
 
@@ -182,6 +192,46 @@ class HyperParallelAdapter:
             if unsharder is not None and hasattr(unsharder, "unshard"):
                 unsharder.unshard = self._counting_unshard(unsharder.unshard)
         state.prefetch = self._routed_prefetch(state, state.prefetch)
+        if self.session.order is not None:
+            name = self.name_of(scheduler)
+            if hasattr(state, "unshard"):  # an interface without it just records less
+                state.unshard = self._ordered_unshard(state, name, state.unshard)
+            if hasattr(state, "shard"):
+                state.shard = self._ordered_shard(state, name, state.shard)
+
+    # -- the order record (first steps only) ------------------------------------------
+    def _ordered_unshard(self, state: Any, name: str, original: Any) -> Any:
+        """Records who starts the state's unshard: its own hook, or the edge prefetching it."""
+        @functools.wraps(original)
+        def unshard(*args: Any, **kwargs: Any) -> Any:
+            order = self.session.order
+            if order.steps_left <= 0:
+                return original(*args, **kwargs)
+            # An async unshard leaves the state sharded with its gathers pending.
+            starts = getattr(state, "is_shard", True) and id(state) not in self.pending
+            result = original(*args, **kwargs)
+            if starts:
+                order.unshard(name)
+            if getattr(state, "is_shard", False):
+                if _async_op(args, kwargs):
+                    self.pending.add(id(state))
+            else:
+                self.pending.discard(id(state))
+            return result
+
+        return unshard
+
+    def _ordered_shard(self, state: Any, name: str, original: Any) -> Any:
+        @functools.wraps(original)
+        def shard(*args: Any, **kwargs: Any) -> Any:
+            order = self.session.order
+            was_unsharded = order.steps_left > 0 and getattr(state, "is_shard", True) is False
+            result = original(*args, **kwargs)
+            if was_unsharded and getattr(state, "is_shard", False):
+                order.reshard(name)
+            return result
+
+        return shard
 
     def _counting_unshard(self, original: Any) -> Any:
         @functools.wraps(original)
@@ -214,49 +264,22 @@ class HyperParallelAdapter:
             raise RuntimeError(f"bisect-prefetch: ranks run with different plans: {hashes}")
 
     # -- prefetch lists ---------------------------------------------------------------
-    def enabled_cells(self, scheduler: Any, phase: str, cells: Any) -> Any:
-        """Keep ``cells`` as the original list; return what the scheduler should get."""
-        self.originals[(id(scheduler), phase)] = list(cells)
+    def note_list(self, scheduler: Any, phase: str, cells: Any) -> None:
+        """Graph the edges of a prefetch list (once names are known: at discovery, or now)."""
         if id(scheduler) not in self.names:
-            return cells  # names come at the first root forward; filtered then
+            return  # names come at the first root forward; graphed then
         src = self.name_of(scheduler)
         for cell in cells:
             self.add_edge(phase, src, self.name_of_cell(cell))
-        plan = self.session.plan
-        if plan is None or plan.mask is None:
-            return cells
-        kept = [c for c in cells if plan.allows(self.edge_id(phase, scheduler, c))]
-        return type(cells)(kept) if isinstance(cells, tuple) else kept
-
-    def tally_masked(self, scheduler: Any, phase: str) -> None:
-        """Count, as masked, each original target the scheduler no longer has."""
-        plan = self.session.plan
-        if plan is None or plan.mask is None:
-            return
-        for cell in self.originals.get((id(scheduler), phase), ()):
-            edge_id = self.edge_id(phase, scheduler, cell)
-            if not plan.allows(edge_id):
-                self.session.prefetch(
-                    edge_id,
-                    target_shard_size=self.units.get(self.name_of_cell(cell), {}).get(
-                        "shard_size", 1
-                    ),
-                    target_module=cell,
-                    run=_never_runs,
-                )
-
-    def edge_id(self, phase: str, scheduler: Any, cell: Any) -> str:
-        return f"{phase}:{self.name_of(scheduler)}->{self.name_of_cell(cell)}"
 
     def add_edge(self, phase: str, src: str, dst: str) -> str:
-        edge_id = f"{phase}:{src}->{dst}"
-        if edge_id not in self.edges:
-            self.edges[edge_id] = {
-                "id": edge_id, "phase": phase, "src": src, "dst": dst, "implicit": False,
-            }
-            self.edge_extra[edge_id] = {"async_unshards": 0, "already_unsharded": 0}
+        edge = edge_id(phase, src, dst)
+        if edge not in self.edges:
+            self.edges[edge] = {"id": edge, "phase": phase, "src": src, "dst": dst,
+                                "implicit": False}
+            self.edge_extra[edge] = {"async_unshards": 0, "already_unsharded": 0}
             self.graph_dirty = True
-        return edge_id
+        return edge
 
     # -- the prefetch gate ------------------------------------------------------------
     def prefetch(self, state: Any, original: Any, args: tuple, kwargs: dict) -> Any:
@@ -265,13 +288,12 @@ class HyperParallelAdapter:
         size = state_shard_size(state)
         if not sources:
             # Not from a scheduler hook (a user's unshard(async_op=True)): no edge; the guard holds.
-            plan = self.session.plan
-            if plan is not None and plan.guard == "size-one" and size == 1:
+            if self.session.guard_skips(size):
                 return None
             return original(*args, **kwargs)
         phase, source = sources[-1]
-        edge_id = self.add_edge(phase, self.name_of(source), self.name_of(target))
-        extra = self.edge_extra[edge_id]
+        edge = self.add_edge(phase, self.name_of(source), self.name_of(target))
+        extra = self.edge_extra[edge]
         result = None
 
         def run() -> bool:
@@ -285,7 +307,7 @@ class HyperParallelAdapter:
             return issued > 0
 
         self.session.prefetch(
-            edge_id,
+            edge,
             target_shard_size=size,
             target_module=scheduler_modules(target)[0],
             run=run,
@@ -293,11 +315,11 @@ class HyperParallelAdapter:
         return result
 
     # -- graph, steps and exit --------------------------------------------------------
-    def graph(self) -> dict[str, Any]:
+    def graph_nodes(self) -> list[dict[str, Any]]:
         names = [self.name_of(s) for s in self.schedulers]
         layers = [i for i, n in enumerate(names) if is_layer(n)]
         first_layer = min(layers, default=None)
-        nodes = [
+        return [
             {
                 "name": name,
                 "kind": node_kind(name, order, names, first_layer),
@@ -306,13 +328,10 @@ class HyperParallelAdapter:
             }
             for order, name in enumerate(names)
         ]
-        return {"nodes": nodes, "edges": list(self.edges.values())}
 
     def write_graph(self) -> None:
         self.graph_dirty = False
-        recorder = self.session.recorder
-        if recorder is not None and self.session.plan.record_graph:
-            recorder.graph(self.graph())
+        record_graph(self.session, nodes=self.graph_nodes(), edges=self.edges)
 
     def on_step_end(self, step: int) -> None:
         if self.graph_dirty:
@@ -321,10 +340,6 @@ class HyperParallelAdapter:
     def on_exit(self) -> None:
         if self.graph_dirty:
             self.write_graph()
-
-
-def _never_runs() -> bool:
-    raise AssertionError("a masked prefetch must not run")
 
 
 def _gather_plan_hashes(root: Any, plan_hash: str) -> list[str] | None:
@@ -370,7 +385,8 @@ def _patched_setter(original: Any, phase: str) -> Any:
         adapter = _adapter
         if adapter is None:
             return original(self, hsdp_cell_list)
-        return original(self, adapter.enabled_cells(self, phase, hsdp_cell_list))
+        adapter.note_list(self, phase, hsdp_cell_list)
+        return original(self, hsdp_cell_list)
 
     return setter
 
@@ -398,8 +414,12 @@ def _patch_module(module: Any) -> None:
             patch_scheduler_class(obj)
 
 
-def activate(session: Any) -> None:
-    """Hook hyper-parallel (and its test double) for this session; idempotent."""
+def activate(session: Any, *, modules: tuple[str, ...] = SCHEDULER_MODULES) -> None:
+    """Hook the scheduler classes of these modules for this session; idempotent.
+
+    modules: where scheduler classes are defined (default: hyper-parallel's); each
+    is patched when imported, or now if it already is.
+    """
     global _adapter
     if _adapter is None:
         _adapter = HyperParallelAdapter(session)
@@ -407,7 +427,7 @@ def activate(session: Any) -> None:
         session.add_exit_listener(_adapter.on_exit)
     from .import_hook import when_imported
 
-    for name in SCHEDULER_MODULES:
+    for name in modules:
         when_imported(name, _patch_module)
 
 

@@ -8,7 +8,8 @@ environment variable ``BISECT_PREFETCH_PLAN``. Version 1::
      "mask": [edge ids] | null,      # enabled edges; null = change nothing, only record
      "guard": "none" | "size-one",   # size-one: skip prefetches into shard-size-1 units
      "record": {"graph": bool, "probe": bool,
-                "digests": null | glob over parameter names, "digest_every": int},
+                "digests": null | glob over parameter names, "digest_every": int,
+                "order_steps": int},   # steps whose unit order is recorded (0: none; default 3)
      "fault": null | {"edge": str, "hazard": float, "mode": "nudge"},  # reference workloads only
      "seed": int, "steps": int}
 
@@ -26,9 +27,11 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
+from bisect_prefetch.vocab import GUARD_NONE, GUARDS, Mask
+
 PLAN_ENV = "BISECT_PREFETCH_PLAN"
 PLAN_VERSION = 1
-GUARDS = ("none", "size-one")
+DEFAULT_ORDER_STEPS = 3  # the first few steps show every edge's order; more costs memory
 
 
 class PlanError(ValueError):
@@ -48,13 +51,14 @@ class Plan:
     raw: dict[str, Any]
     hash: str
     out_dir: str | None
-    mask: frozenset[str] | None
+    mask: Mask | None  # read once here; the gate uses it as is
     guard: str
     record_graph: bool
     record_probe: bool
     digest_glob: str | None
     digest_every: int
     fault: dict[str, Any] | None
+    order_steps: int = DEFAULT_ORDER_STEPS
 
     def allows(self, edge_id: str) -> bool:
         """Whether the mask lets this edge prefetch (no mask: every edge)."""
@@ -74,8 +78,8 @@ def parse_plan(data: Any) -> Plan:
     if mask is not None:
         if not isinstance(mask, list) or not all(isinstance(e, str) for e in mask):
             raise PlanError("plan mask must be a list of edge ids or null")
-        mask = frozenset(mask)
-    guard = data.get("guard", "none")
+        mask = Mask(mask)
+    guard = data.get("guard", GUARD_NONE)
     if guard not in GUARDS:
         raise PlanError(f"plan guard must be one of {GUARDS}, got {guard!r}")
     record = data.get("record") or {}
@@ -87,6 +91,9 @@ def parse_plan(data: Any) -> Plan:
     digest_every = record.get("digest_every", 1)
     if not isinstance(digest_every, int) or digest_every < 1:
         raise PlanError("plan record.digest_every must be an integer >= 1")
+    order_steps = record.get("order_steps", DEFAULT_ORDER_STEPS)
+    if not isinstance(order_steps, int) or order_steps < 0:
+        raise PlanError("plan record.order_steps must be an integer >= 0")
     fault = data.get("fault")
     if fault is not None and not (isinstance(fault, dict) and isinstance(fault.get("edge"), str)):
         raise PlanError("plan fault must be null or an object with an 'edge'")
@@ -101,6 +108,7 @@ def parse_plan(data: Any) -> Plan:
         digest_glob=digest_glob,
         digest_every=digest_every,
         fault=fault,
+        order_steps=order_steps,
     )
 
 

@@ -7,12 +7,15 @@ Files (all in the plan's ``out_dir``; R is the rank):
   Python's json writes them). Each line is one ``os.write`` on an O_APPEND
   descriptor, so ranks sharing the file never tear each other's lines, and it
   is on disk (page cache) as soon as it is written: the engine tails it live.
-- ``digests.jsonl``: ``{"step", "rank", "param", "digest"}`` lines, same writing rule.
+- ``digests.jsonl``: ``{"step", "rank", "param", "digest", "norm", "max_abs"}`` lines,
+  same writing rule: a hash of one parameter's local gradient shard per step and
+  rank, its norm and max abs as full-precision floats.
+- ``order.rank{R}.jsonl``: the first few steps' unit order (adapters/order.py).
 - ``graph.rank{R}.json``: ``{"nodes": [{"name", "kind", "order", "shard_size"}],
   "edges": [{"id", "phase", "src", "dst", "implicit"}]}``, written atomically.
 - ``probe.rank{R}.json``: ``{"rank", "plan_hash", "edges": {EDGE: {"fired",
   "issued", "noop", "masked", "guarded"}}, "steps": [{"step", "issued": [...],
-  "noop": [...], "masked": [...], "guarded": [...]}], ...}``, rewritten
+  "noop": [...], "masked": [...], "guarded": [...]}], "step_seconds": [[step, s]], ...}``, rewritten
   atomically (temp file + rename) so a reader never sees half a file.
 
 Probe outcomes of one prefetch attempt: ``issued`` (it started a real
@@ -33,7 +36,9 @@ import json
 import os
 from typing import Any
 
-OUTCOMES = ("issued", "noop", "masked", "guarded")
+from bisect_prefetch.vocab import PROBE_OUTCOMES
+
+OUTCOMES = PROBE_OUTCOMES
 
 
 def _to_json_number(value: Any) -> Any:
@@ -103,6 +108,7 @@ class Recorder:
         self.out_dir = out_dir
         self.rank = rank
         self._fds: dict[str, int] = {}
+        self._quoted_params: dict[str, str] = {}  # param name -> its JSON string
         os.makedirs(out_dir, exist_ok=True)
 
     def _append(self, filename: str, text: str) -> None:
@@ -128,15 +134,27 @@ class Recorder:
         line = json.dumps({"step": step, "rank": self.rank, **values}, default=_to_json_number)
         self._append("metrics.jsonl", line + "\n")
 
-    def digests(self, step: int, items: list[tuple[str, str]]) -> None:
-        """One write for all of a step's (param, digest) pairs."""
+    def digests(self, step: int, items: list[tuple[str, str, float, float]]) -> None:
+        """One write for all of a step's (param, digest, norm, max_abs) records."""
         if not items:
             return
-        lines = "".join(
-            json.dumps({"step": step, "rank": self.rank, "param": param, "digest": digest}) + "\n"
-            for param, digest in items
-        )
-        self._append("digests.jsonl", lines)
+        quoted = self._quoted_params
+        head = f'{{"step": {step}, "rank": {self.rank}, "param": '
+        # Full-precision float texts, all at once (NaN and Infinity as Python's json writes them).
+        numbers = json.dumps([x for _, _, norm, max_abs in items for x in (norm, max_abs)])
+        texts = numbers[1:-1].split(", ")
+        lines = []
+        for k, (param, digest, _, _) in enumerate(items):
+            norm, max_abs = texts[2 * k], texts[2 * k + 1]
+            name = quoted.get(param)
+            if name is None:
+                name = quoted[param] = json.dumps(param)
+            lines.append(f'{head}{name}, "digest": "{digest}", "norm": {norm}, "max_abs": {max_abs}}}\n')
+        self._append("digests.jsonl", "".join(lines))
+
+    def order(self, line: str) -> None:
+        """One finished step of the order record (adapters/order.py) into order.rank{R}.jsonl."""
+        self._append(f"order.rank{self.rank}.jsonl", line)
 
     def graph(self, graph: dict[str, Any]) -> None:
         self._replace(f"graph.rank{self.rank}.json", json.dumps(graph, indent=1))

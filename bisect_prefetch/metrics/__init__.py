@@ -20,18 +20,16 @@ from bisect_prefetch.metrics.digests import (
     parse_digest_line,
     read_digests,
 )
-from bisect_prefetch.metrics.parsers import (
+from bisect_prefetch.metrics.lines import parse_jsonl_line
+from bisect_prefetch.metrics.loading import (
     FORMATS,
-    ParseResult,
-    Series,
-    Trajectory,
     detect_format,
     load_files,
     load_run,
     parse_file,
-    parse_jsonl_line,
     run_files,
 )
+from bisect_prefetch.metrics.trajectory import ParseResult, Series, Trajectory
 
 __all__ = [
     "FORMATS",

@@ -15,14 +15,20 @@ In JSON the statistics stay floats, so an infinite one is written as Python's js
 it (Infinity), like the recorder's NaN/Infinity tokens.
 
 A metric's ``first_diff_step`` is the earliest differing step on any rank both runs have
-(``first_diff_rank`` says which); the statistics are over the metrics rank.
+(``first_diff_rank`` says which). Its top-level statistics are over the metrics rank
+(``rank``); ``per_rank`` holds the same statistics for every rank both runs logged it on, so
+a run that diverged on another rank first shows that rank's numbers too.
+
+A comparison where one run stops before the other (fewer steps, or a last line cut off
+mid-write) is ``truncated``: `compare` reports it as a finding unless told to compare the
+common prefix on purpose.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from itertools import combinations
 from pathlib import Path
 
@@ -30,13 +36,10 @@ import numpy as np
 
 from bisect_prefetch.errors import BisectPrefetchError
 from bisect_prefetch.metrics.digests import DigestResult, compare_digest_files
-from bisect_prefetch.metrics.parsers import (
-    EMPTY_SERIES,
-    Series,
-    Trajectory,
-    load_run,
-    parse_jsonl_line,
-)
+from bisect_prefetch.metrics.lines import parse_jsonl_line
+from bisect_prefetch.metrics.loading import load_run
+from bisect_prefetch.metrics.localize import compare_run_digests
+from bisect_prefetch.metrics.trajectory import EMPTY_SERIES, Series, Trajectory
 
 
 def same_bits(a: float, b: float) -> bool:
@@ -64,6 +67,8 @@ class MetricDiff:
     nan_mismatches: int = 0
     first_diff_rank: int | None = None
     rank_first_diff: dict[int, int] = field(default_factory=dict)  # every rank that differs
+    rank: int | None = None  # the rank of the top-level statistics (the metrics rank)
+    per_rank: dict[int, MetricDiff] = field(default_factory=dict)  # every rank both runs logged
 
     @property
     def differs(self) -> bool:
@@ -74,7 +79,8 @@ class MetricDiff:
         """Both runs have the same steps (neither stopped early nor skipped any)."""
         return self.missing_in_a == 0 and self.missing_in_b == 0
 
-    def to_json(self) -> dict:
+    def stats_json(self) -> dict:
+        """The statistics alone (what per_rank holds for each rank)."""
         return {
             "first_diff_step": self.first_diff_step,
             "mae": self.mae,
@@ -82,6 +88,11 @@ class MetricDiff:
             "max_abs": self.max_abs,
             "steps_compared": self.steps_compared,
             "steps_differing": self.steps_differing,
+        }
+
+    def to_json(self) -> dict:
+        return {
+            **self.stats_json(),
             "missing_in_a": self.missing_in_a,
             "missing_in_b": self.missing_in_b,
             "first_missing_in_a": self.first_missing_in_a,
@@ -89,6 +100,8 @@ class MetricDiff:
             "nan_mismatches": self.nan_mismatches,
             "first_diff_rank": self.first_diff_rank,
             "rank_first_diff": {str(r): s for r, s in sorted(self.rank_first_diff.items())},
+            "rank": self.rank,
+            "per_rank": {str(r): d.stats_json() for r, d in sorted(self.per_rank.items())},
         }
 
 
@@ -165,23 +178,27 @@ def compare_trajectories(
 ) -> dict[str, MetricDiff]:
     """Compare each metric of two runs (default: every metric either run has).
 
-    Statistics come from the metrics rank; first_diff_step is the earliest difference
-    on any rank both runs have.
+    Top-level statistics come from the metrics rank, per_rank from every rank both runs
+    have; first_diff_step is the earliest difference on any of them.
     """
     if names is None:
         names = list(dict.fromkeys([*a, *b]))
     out: dict[str, MetricDiff] = {}
     for name in names:
         diff = compare_series(a.get(name, EMPTY_SERIES), b.get(name, EMPTY_SERIES), name)
-        if diff.first_diff_step is not None:
-            rank = a.series_rank.get(name, b.series_rank.get(name))
-            diff.rank_first_diff[rank] = diff.first_diff_step
+        diff.rank = a.series_rank.get(name, b.series_rank.get(name))
         for rank in a.ranks_with(name):
-            if rank == a.series_rank.get(name) or name not in b.per_rank.get(rank, {}):
+            if name not in b.per_rank.get(rank, {}):
                 continue
-            step = first_diff(a.per_rank[rank][name], b.per_rank[rank][name])
-            if step is not None:
-                diff.rank_first_diff[rank] = step
+            if rank == a.series_rank.get(name) and rank == b.series_rank.get(name):
+                per_rank = replace(diff)  # the top-level statistics are this rank's
+            else:
+                per_rank = compare_series(a.per_rank[rank][name], b.per_rank[rank][name], name)
+            diff.per_rank[rank] = per_rank
+            if per_rank.first_diff_step is not None:
+                diff.rank_first_diff[rank] = per_rank.first_diff_step
+        if diff.first_diff_step is not None and diff.rank not in diff.rank_first_diff:
+            diff.rank_first_diff[diff.rank] = diff.first_diff_step  # the ranks' metrics ranks differ
         if diff.rank_first_diff:
             rank, step = min(diff.rank_first_diff.items(), key=lambda rs: (rs[1], rs[0]))
             diff.first_diff_step, diff.first_diff_rank = step, rank
@@ -272,48 +289,76 @@ def compare_group(trajectories: Sequence[Trajectory], names: Sequence[str] | Non
 
 
 class StreamingComparator:
-    """Compares a run in flight, line by line, against a reference trajectory.
+    """Compares a run in flight, as its values arrive, against a reference trajectory.
 
-    feed() returns the first differing step as soon as a value differs from the reference
-    at the same rank, metric and step (bitwise, NaN equal to NaN), else None; once a
-    difference is seen it keeps returning the earliest one. Values at steps, ranks or of
-    metrics the reference lacks cannot be compared and are counted in ``unmatched``;
-    metrics outside `names` are ignored. Cost per line: a dict lookup and a float
-    comparison per metric. feed_line() takes whole lines only (a tailer holds back a line
-    until its newline is written).
+    Values come one record at a time (feed, feed_line: the recorder's jsonl) or as columns
+    of one rank and metric (feed_columns: what a console parser read from new lines). The
+    first differing step is known as soon as a value differs from the reference at the same
+    rank, metric and step (bitwise, NaN equal to NaN); once a difference is seen it keeps
+    the earliest one. Values at steps, ranks or of metrics the reference lacks cannot be
+    compared and are counted in ``unmatched``; metrics outside `names` are ignored. Other
+    evidence (a gradient digest that differs) is noted with note_diff.
     """
 
     def __init__(self, reference: Trajectory, names: Iterable[str] | None = None):
         wanted = set(names) if names is not None else None
         self._names = wanted
-        self._ref: dict[tuple[int, str], dict[int, float]] = {}
-        for rank, metrics in reference.per_rank.items():
-            for name, s in metrics.items():
-                if wanted is None or name in wanted:
-                    self._ref[(rank, name)] = dict(zip(s.steps.tolist(), s.values.tolist(), strict=True))
+        self._ref: dict[tuple[int, str], Series] = {
+            (rank, name): s
+            for rank, metrics in reference.per_rank.items()
+            for name, s in metrics.items()
+            if wanted is None or name in wanted
+        }
         self.first_diff_step: int | None = None
         self.first_diff: tuple[int, str] | None = None  # (rank, metric)
         self.lines_fed = 0
         self.lines_unread = 0
         self.unmatched = 0
+        self.last_step = 0  # the highest step fed
 
     @property
     def diverged(self) -> bool:
         return self.first_diff_step is not None
 
+    def note_diff(self, step: int, rank: int, what: str) -> None:
+        """Record a difference found elsewhere (e.g. a gradient digest)."""
+        if self.first_diff_step is None or step < self.first_diff_step:
+            self.first_diff_step, self.first_diff = step, (rank, what)
+
     def feed(self, rank: int, step: int, metrics: Mapping[str, float]) -> int | None:
         self.lines_fed += 1
+        self.last_step = max(self.last_step, step)
         for name, value in metrics.items():
             if self._names is not None and name not in self._names:
                 continue
             ref = self._ref.get((rank, name))
-            expected = ref.get(step) if ref is not None else None
+            try:
+                expected = ref[step] if ref is not None else None
+            except KeyError:
+                expected = None
             if expected is None:
                 self.unmatched += 1
             elif not same_bits(value, expected):
-                if self.first_diff_step is None or step < self.first_diff_step:
-                    self.first_diff_step = step
-                    self.first_diff = (rank, name)
+                self.note_diff(step, rank, name)
+        return self.first_diff_step
+
+    def feed_columns(self, rank: int, name: str, steps: np.ndarray, values: np.ndarray) -> int | None:
+        """Many steps of one rank and metric at once (vectorized)."""
+        if len(steps) == 0 or (self._names is not None and name not in self._names):
+            return self.first_diff_step
+        self.last_step = max(self.last_step, int(steps.max()))
+        ref = self._ref.get((rank, name))
+        if ref is None:
+            self.unmatched += len(steps)
+            return self.first_diff_step
+        at = np.searchsorted(ref.steps, steps)
+        inside = at < len(ref.steps)
+        found = np.zeros(len(steps), dtype=bool)
+        found[inside] = ref.steps[at[inside]] == steps[inside]
+        self.unmatched += int(len(steps) - found.sum())
+        differ = _differing(values[found], ref.values[at[found]])
+        if differ.any():
+            self.note_diff(int(steps[found][differ].min()), rank, name)
         return self.first_diff_step
 
     def feed_line(self, line: str | bytes) -> int | None:
@@ -330,6 +375,50 @@ class StreamingComparator:
 
 
 @dataclass
+class Truncation:
+    """One run stops before the other: where their common part ends and where each stops.
+
+    last_common_step is the last step every rank and metric compared has in both runs;
+    cut_mid_line names, per side, a file whose last line was cut off mid-write.
+    """
+
+    last_common_step: int | None
+    last_step: dict[str, int | None]  # "a", "b"
+    cut_mid_line: dict[str, tuple[str, int, str]] = field(default_factory=dict)
+
+    def to_json(self) -> dict:
+        return {
+            "last_common_step": self.last_common_step,
+            "last_step": dict(self.last_step),
+            "cut_mid_line": {side: {"file": f, "line": n, "text": t} for side, (f, n, t) in self.cut_mid_line.items()},
+        }
+
+
+def _ends(trajectory: Trajectory, names: Sequence[str]) -> dict[tuple[int, str], int]:
+    return {
+        (rank, name): int(s.steps[-1])
+        for rank, metrics in trajectory.per_rank.items()
+        for name, s in metrics.items()
+        if name in names and len(s)
+    }
+
+
+def find_truncation(a: Trajectory, b: Trajectory, names: Sequence[str]) -> Truncation | None:
+    """None when both runs end at the same step on every rank and metric and neither log
+    stops mid-line."""
+    ends_a, ends_b = _ends(a, names), _ends(b, names)
+    cut = {side: t.cut_mid_line[0] for side, t in (("a", a), ("b", b)) if t.cut_mid_line}
+    if ends_a == ends_b and not cut:
+        return None
+    both = ends_a.keys() & ends_b.keys()
+    return Truncation(
+        last_common_step=min((min(ends_a[k], ends_b[k]) for k in both), default=None),
+        last_step={"a": max(ends_a.values(), default=None), "b": max(ends_b.values(), default=None)},
+        cut_mid_line=cut,
+    )
+
+
+@dataclass
 class CompareResult:
     a: str
     b: str
@@ -337,6 +426,16 @@ class CompareResult:
     digests: DigestResult | None
     lines_unread: tuple[int, int] = (0, 0)
     unread_samples: list[tuple[str, int, str]] = field(default_factory=list)
+    truncation: Truncation | None = None
+    allow_truncated: bool = False  # compare the common prefix on purpose
+    steps_repeated: tuple[int, int] = (0, 0)
+
+    @property
+    def finding(self) -> bool:
+        """What makes `compare` exit 1: a difference, a run that stops before the other, or
+        digests that cannot vouch for the runs (never a false "identical")."""
+        unvouched = bool(self.digests and self.digests.problems)
+        return self.differs or unvouched or (self.truncation is not None and not self.allow_truncated)
 
     @property
     def first_diff_step(self) -> int | None:
@@ -355,6 +454,9 @@ class CompareResult:
             "digests": self.digests.to_json() if self.digests else None,
             "first_diff_step": self.first_diff_step,
             "lines_unread": {"a": self.lines_unread[0], "b": self.lines_unread[1]},
+            "steps_repeated": {"a": self.steps_repeated[0], "b": self.steps_repeated[1]},
+            "truncated": self.truncation.to_json() if self.truncation else None,
+            "allow_truncated": self.allow_truncated,
         }
 
 
@@ -370,11 +472,13 @@ def compare_paths(
     names: Sequence[str] | None = None,
     *,
     pattern: str | None = None,
+    allow_truncated: bool = False,
 ) -> CompareResult:
     """`bisect-prefetch compare A B`: two run directories or two log files.
 
     The format is detected unless given. Gradient digests are compared when both run
-    directories hold a digests.jsonl.
+    directories hold a digests.jsonl. A run that stops before the other is a finding
+    (truncation) unless allow_truncated: then the common prefix is what counts.
     """
     a, b = Path(a), Path(b)
     ta = load_run(a, fmt, names, pattern=pattern)
@@ -384,8 +488,11 @@ def compare_paths(
         raise BisectPrefetchError(f"no metric in common to compare between {a} and {b}")
     digests = None
     da, db = _digest_file(a), _digest_file(b)
-    if da and db:
-        found = earliest(metrics)
+    found = earliest(metrics)
+    if a.is_dir() and b.is_dir():  # with the checks of metrics/localize.py (cut, silent rank, ...)
+        digests = compare_run_digests(a, b, labels=("a", "b"),
+                                      metric_first_diff=found[0] if found else None)
+    elif da and db:
         digests = compare_digest_files(da, db, metric_first_diff=found[0] if found else None)
     return CompareResult(
         a=str(a),
@@ -394,4 +501,7 @@ def compare_paths(
         digests=digests,
         lines_unread=(ta.lines_unread, tb.lines_unread),
         unread_samples=ta.unread_samples + tb.unread_samples,
+        truncation=find_truncation(ta, tb, list(metrics)),
+        allow_truncated=allow_truncated,
+        steps_repeated=(ta.steps_repeated, tb.steps_repeated),
     )

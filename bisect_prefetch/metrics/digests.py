@@ -32,12 +32,15 @@ class DigestRecord(NamedTuple):
     rank: int
     param: str
     digest: str
+    norm: float | None = None  # of the whole gradient, for the report (the digest decides)
+    max_abs: float | None = None
 
 
 # The canonical line json.dumps writes for a record; anything else goes through json.loads.
 # ([^"]* is much faster in re than [^"\\]*; an escaped quote then fails the match and the
 # line takes the json path; other escapes are undone by _unescape.)
-CANONICAL = rb'\{"step": (\d+), "rank": (\d+), "param": "([^"]*)", "digest": "([^"]*)"\}[ \t\r]*'
+CANONICAL = (rb'\{"step": (\d+), "rank": (\d+), "param": "([^"]*)", "digest": "([^"]*)"'
+             rb'(?:, "norm": ([^,}]*), "max_abs": ([^,}]*))?\}[ \t\r]*')
 CANONICAL_RE = re.compile(CANONICAL + rb"\n?$")
 # The same over many lines at once: the lookbehind (after the literal, so re can still
 # search for it fast) and the final newline make each match exactly one whole line.
@@ -58,12 +61,23 @@ def parse_digest_line(line: str | bytes) -> DigestRecord | None:
     raw = line.encode() if isinstance(line, str) else line
     m = CANONICAL_RE.match(raw)
     if m:
-        return DigestRecord(int(m[1]), int(m[2]), _unescape(m[3]), _unescape(m[4]))
+        return DigestRecord(int(m[1]), int(m[2]), _unescape(m[3]), _unescape(m[4]),
+                            _float(m[5]), _float(m[6]))
     try:
         obj = json.loads(raw)
     except ValueError:
         return None
     return _from_mapping(obj)
+
+
+def _float(text: bytes | None) -> float | None:
+    """A JSON number's text (NaN and Infinity as Python's json writes them) -> float."""
+    if not text:
+        return None
+    try:
+        return float(text)
+    except ValueError:
+        return None
 
 
 def _unescape(text: bytes) -> str:
@@ -79,7 +93,10 @@ def _from_mapping(obj: object) -> DigestRecord | None:
         return None
     if isinstance(step, bool) or isinstance(rank, bool) or not isinstance(digest, str | int):
         return None
-    return DigestRecord(step, rank, param, str(digest))
+    norm, max_abs = (obj.get(k) for k in ("norm", "max_abs"))
+    return DigestRecord(step, rank, param, str(digest),
+                        float(norm) if isinstance(norm, int | float) else None,
+                        float(max_abs) if isinstance(max_abs, int | float) else None)
 
 
 def _as_record(item: object) -> DigestRecord | None:
@@ -87,7 +104,7 @@ def _as_record(item: object) -> DigestRecord | None:
         return item
     if isinstance(item, Mapping):
         return _from_mapping(item)
-    if isinstance(item, tuple) and len(item) == 4:
+    if isinstance(item, tuple) and len(item) in (4, 6):
         return DigestRecord(*item)
     return None
 
@@ -112,6 +129,7 @@ class DigestResult:
     missing_in_b: int = 0
     lines_unread: tuple[int, int] = (0, 0)
     metric_first_diff_step: int | None = None  # where the printed loss or grad_norm first differs
+    problems: list[str] = field(default_factory=list)  # why "no difference" would not be proof
 
     @property
     def lead_steps(self) -> int | None:
@@ -132,6 +150,7 @@ class DigestResult:
             "missing_in_a": self.missing_in_a,
             "missing_in_b": self.missing_in_b,
             "lines_unread": {"a": self.lines_unread[0], "b": self.lines_unread[1]},
+            "problems": self.problems,
         }
 
 
@@ -320,5 +339,5 @@ def _parse_block(lines: Sequence[bytes | None]) -> list[tuple | DigestRecord | N
 def _as_digest_record(item: tuple | DigestRecord | None) -> DigestRecord | None:
     if item is None or isinstance(item, DigestRecord):
         return item
-    step, rank, param, digest = item
-    return DigestRecord(int(step), int(rank), _unescape(param), _unescape(digest))
+    step, rank, param, digest = item[:4]
+    return DigestRecord(int(step), int(rank), _unescape(param), _unescape(digest), *map(_float, item[4:]))

@@ -45,12 +45,37 @@ def metrics_table(result: dict) -> Table:
     return table
 
 
+def ranks_table(result: dict) -> Table | None:
+    """Every rank's statistics for the metrics that differ on more than one logged rank;
+    the rank that diverged first is marked. None when there is nothing to add."""
+    rows = []
+    for name, stats in result["metrics"].items():
+        per_rank = stats.get("per_rank") or {}
+        if len(per_rank) < 2 or stats.get("first_diff_step") is None:
+            continue
+        for rank, rs in sorted(per_rank.items(), key=lambda kv: int(kv[0])):
+            mark = " (first)" if str(stats.get("first_diff_rank")) == rank else ""
+            rows.append((name, rank + mark, fmt_step(rs.get("first_diff_step")),
+                         *(fmt_number(rs.get(field)) for field, _ in STAT_FIELDS),
+                         f"{rs.get('steps_differing', 0)}/{rs.get('steps_compared', 0)}"))
+    if not rows:
+        return None
+    table = Table(title="per rank", title_justify="left")
+    for header in ("metric", "rank", "first diff step", *(t for _, t in STAT_FIELDS), "differing"):
+        table.add_column(header, justify="left" if header in ("metric", "rank") else "right")
+    for row in rows:
+        table.add_row(*row)
+    return table
+
+
 def digests_table(digests: dict) -> Table:
     """Where the gradient digests first differ and how the difference spreads."""
     table = Table(title="gradient digests", title_justify="left", show_header=False)
     table.add_column("what")
     table.add_column("value")
     table.add_row("first diff step", fmt_step(digests.get("first_diff_step")))
+    for problem in digests.get("problems") or []:  # why "no difference" would prove nothing
+        table.add_row("problem", problem)
     at_first = [f"rank {r['rank']}: {r['param']}" for r in digests.get("at_first", [])]
     table.add_row("differing there", "\n".join(at_first) or "-")
     spread = list(digests.get("spread", {}).items())
@@ -67,8 +92,11 @@ def digests_table(digests: dict) -> Table:
 
 
 def compare_tables(result: dict) -> list[Table]:
-    """The tables `compare` prints: metrics, then digests when both runs had them."""
+    """The tables `compare` prints: metrics, every rank's when several differ, then digests
+    when both runs had them."""
     tables = [metrics_table(result)]
+    if (ranks := ranks_table(result)) is not None:
+        tables.append(ranks)
     if result.get("digests"):
         tables.append(digests_table(result["digests"]))
     return tables

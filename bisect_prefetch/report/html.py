@@ -21,17 +21,21 @@ from pathlib import Path
 from typing import Any
 
 from bisect_prefetch.errors import BisectPrefetchError
+from bisect_prefetch.experiment import expectation_met
+from bisect_prefetch.files import write_text_atomic
 from bisect_prefetch.report import plots
 from bisect_prefetch.report.table import fmt_step, matrix_rows, matrix_summary
-from bisect_prefetch.runs.atomic import write_text_atomic
-from bisect_prefetch.runs.launcher import OUTCOMES
-from bisect_prefetch.runs.store import JOURNAL, read_journal
+from bisect_prefetch.runs.faults import fault_lines
+from bisect_prefetch.runs.merge import GRAPH_FILE
+from bisect_prefetch.runs.step_time import group_cost
+from bisect_prefetch.runs.store import JOURNAL, SUBMITTED, read_journal
+from bisect_prefetch.search.protocol import mask_name
+from bisect_prefetch.vocab import CONSISTENT, DIVERGED, RUN_OUTCOMES, USABLE_OUTCOMES
 
 REPORT_FILE = "report.html"
 PLOTS_DIR = "report"
 BISECT_FILE = "bisect.json"
 MATRIX_FILE = "matrix.json"
-USABLE = ("ok", "stopped-early")  # run outcomes that enter a verdict (runs.execute)
 MAX_PLOTTED_GROUPS = 12  # a long bisection has many groups; the diverged ones tell the story
 
 
@@ -47,7 +51,7 @@ class RunGroup:
 
     @property
     def usable(self) -> list[dict[str, Any]]:
-        return [r for r in self.records if r.get("outcome") in USABLE]
+        return [r for r in self.records if r.get("outcome") in USABLE_OUTCOMES]
 
     @property
     def diverged_runs(self) -> list[dict[str, Any]]:
@@ -77,7 +81,7 @@ class RunGroup:
 def outcome_counts_text(records: list[dict[str, Any]]) -> str:
     """How the runs ended, every kind named even at zero: `run outcomes: 5 ok, 1 error, ...`."""
     counts = Counter(r.get("outcome") for r in records)
-    known = [f"{counts.pop(name, 0)} {name}" for name in OUTCOMES]
+    known = [f"{counts.pop(name, 0)} {name}" for name in RUN_OUTCOMES]
     other = [f"{n} {name}" for name, n in counts.items()]  # a journal from another version
     return "run outcomes: " + ", ".join(known + other)
 
@@ -161,7 +165,7 @@ def _plot_group(state_dir: Path, group: RunGroup, title: str, out_dir: Path,
                 index: int) -> list[tuple[str, Path]]:
     """The diverged group's first divergence against its reference, and its digests."""
     from bisect_prefetch.metrics.digests import read_digests
-    from bisect_prefetch.metrics.parsers import load_run
+    from bisect_prefetch.metrics.loading import load_run
 
     run = group.first_divergence()
     if run is None or not run.get("reference"):
@@ -183,7 +187,23 @@ def _plot_group(state_dir: Path, group: RunGroup, title: str, out_dir: Path,
         heat = plots.plot_digest_heatmap(read_digests(digests_a), read_digests(digests_b),
                                          out_dir / f"digests-{index:02d}.png")
         found.append((f"{title}: gradient digests", heat))
+        found.append(_unit_heatmap(dir_a, dir_b, run, out_dir / f"units-{index:02d}.png", title))
     return found
+
+
+def _unit_heatmap(dir_a: Path, dir_b: Path, run: dict, path: Path,
+                  title: str) -> tuple[str, Path]:
+    """Units x steps around the first divergence: differing digests, the first one boxed."""
+    from bisect_prefetch.metrics.localize import DIGEST_FILE, unit_step_differences, units_in_graph
+    from bisect_prefetch.report.localization import describe
+
+    units = units_in_graph(dir_b / GRAPH_FILE) or units_in_graph(dir_a / GRAPH_FILE)
+    rows, steps, counts = unit_step_differences(dir_a / DIGEST_FILE, dir_b / DIGEST_FILE, units,
+                                                around=run.get("first_diff_step"))
+    where = run.get("localization")
+    first = (where["unit"], where["step"]) if where else None
+    heat = plots.plot_unit_heatmap(rows, steps, counts, path, first=first)
+    return f"{title}: gradient digests per unit" + (f"; {describe(where)}" if where else ""), heat
 
 
 # -- rendering ------------------------------------------------------------------
@@ -251,6 +271,9 @@ def render_html(
             parts.append(f"<figure>{_image(graph_png, 'prefetch graph')}</figure>")
     if matrix is not None:
         headers, rows = matrix_rows(matrix)
+        headers = [*headers, "first diff rank", "step time vs all-on"]
+        rows = [[*row, _first_diff_ranks(cell), _cost_text(cell.get("step_time"))]
+                for row, cell in zip(rows, matrix["cells"], strict=True)]
         parts.append("<h2>Matrix</h2>")
         parts.append(f"<p>{_esc(matrix_summary(matrix))}</p>")
         parts.append(_table(headers, rows, [not c["expectation_met"] for c in matrix["cells"]]))
@@ -272,29 +295,64 @@ def render_html(
 
 
 # -- building -------------------------------------------------------------------
-def _bisect_evidence(bisect: dict[str, Any]) -> tuple[list[str], list[list[Any]]]:
+def _bisect_evidence(bisect: dict[str, Any], groups: list[RunGroup],
+                     edge_ids: list[str] | None) -> tuple[list[str], list[list[Any]]]:
     headers = ["step", "mask", "edges", "runs", "divergences", "errors", "first diff steps",
-               "verdict"]
+               "verdict", "step time vs all-on"]
+    # Evidence rows name their mask (protocol.mask_name): the journal's runs of that mask.
+    times: dict[str, list[float | None]] = {}
+    for g in groups:
+        if g.purpose == "search" and g.mask is not None and edge_ids:
+            name = mask_name(frozenset(g.mask), edge_ids)
+            times.setdefault(name, []).extend(r.get("step_time_ms") for r in g.records)
+    base_ms = _all_on_ms(groups, edge_ids)
     rows = [[e.get("step", ""), e.get("mask", ""), e.get("edges", ""), e.get("runs", 0),
              e.get("divergences", 0), e.get("errors", 0),
              ", ".join(str(s) for s in e.get("first_diff_steps", [])) or "-",
-             e.get("verdict", "")] for e in bisect.get("evidence", [])]
+             e.get("verdict", ""), _cost_text(group_cost(times.get(e.get("mask"), []), base_ms))]
+            for e in bisect.get("evidence", [])]
     return headers, rows
+
+
+def _all_on_ms(groups: list[RunGroup], edge_ids: list[str] | None) -> float | None:
+    """The baseline: median step time of every run with every edge on and no guard
+    (runs/step_time.py)."""
+    every = set(edge_ids or [])
+    base = group_cost([r.get("step_time_ms") for g in groups for r in g.records
+                       if g.guard == "none" and (g.mask is None or set(g.mask) == every)], None)
+    return base["median_ms"] if base else None
+
+
+def _first_diff_ranks(cell: dict[str, Any]) -> str:
+    """The rank each metric differed on first (matrix statistics), e.g. `loss: 1`."""
+    ranks = [f"{name}: {stats['first_diff_rank']}" for name, stats in (cell.get("metrics") or {}).items()
+             if (stats or {}).get("first_diff_rank") is not None]
+    return ", ".join(ranks) or "-"
 
 
 def _group_evidence(groups: list[RunGroup], edge_ids: list[str] | None):
     headers = ["runs of", "mask", "guard", "steps", "runs", "divergences", "errors",
-               "first diff step", "verdict"]
+               "first diff step", "verdict", "step time vs all-on"]
+    base_ms = _all_on_ms(groups, edge_ids)
     rows = [[g.purpose, _mask_label(g.mask, edge_ids), g.guard, g.steps, len(g.records),
              len(g.diverged_runs), len(g.records) - len(g.usable), fmt_step(g.first_diff_step),
-             g.verdict] for g in groups]
+             g.verdict, _cost_text(group_cost([r.get("step_time_ms") for r in g.records],
+                                              base_ms))] for g in groups]
     return headers, rows
 
 
-def _matrix_from_journal(groups: list[RunGroup], saved: dict[str, Any] | None) -> dict | None:
-    """Matrix cells rebuilt from the journal; expectations from matrix.json when it is there."""
-    from bisect_prefetch.matrix import expectation_met
+def _cost_text(cost: dict[str, Any] | None) -> str:
+    if cost is None:
+        return "-"
+    if cost["ratio"] is None:
+        return f"{cost['median_ms']:.1f} ms"
+    return (f"{cost['ratio']:.3f}x ({cost['median_ms']:.1f} ms; "
+            f"{cost['ratio_min']:.2f}-{cost['ratio_max']:.2f}x)")
 
+
+def _matrix_from_journal(groups: list[RunGroup], saved: dict[str, Any] | None,
+                         edge_ids: list[str] | None) -> dict | None:
+    """Matrix cells rebuilt from the journal; expectations from matrix.json when it is there."""
     latest = {g.purpose.removeprefix("matrix:"): g for g in groups
               if g.purpose.startswith("matrix:")}  # a cell run again: its newest group
     if not latest:
@@ -302,6 +360,7 @@ def _matrix_from_journal(groups: list[RunGroup], saved: dict[str, Any] | None) -
     saved_cells = {c["name"]: c for c in (saved or {}).get("cells", [])}
     # The matrix file's order where it is known, then any other cells the journal has.
     names = [n for n in saved_cells if n in latest] + [n for n in latest if n not in saved_cells]
+    base_ms = _all_on_ms(groups, edge_ids)
     out = []
     for name in names:
         group = latest[name]
@@ -316,6 +375,7 @@ def _matrix_from_journal(groups: list[RunGroup], saved: dict[str, Any] | None) -
             "metrics": before.get("metrics", {}) if before.get("verdict") == verdict else {},
             "runs": len(group.records), "divergences": len(group.diverged_runs),
             "mask": group.mask or [], "seconds": sum(r.get("wall_s") or 0 for r in group.records),
+            "step_time": group_cost([r.get("step_time_ms") for r in group.records], base_ms),
         })
     return {"matrix": (saved or {}).get("matrix", "matrix"), "cells": out}
 
@@ -324,7 +384,7 @@ def _summary(records, groups, edge_ids, bisect, matrix):
     """The headline verdict, the facts under it, the evidence table, reproduction commands."""
     facts = [f"{len(records)} runs in {len(groups)} groups, "
              f"{sum(len(g.diverged_runs) for g in groups)} diverged from their reference",
-             outcome_counts_text(records)]
+             outcome_counts_text(records), *fault_lines(records)]
     if bisect:
         culprits = list(bisect.get("minimal_set", []))
         if culprits:
@@ -333,11 +393,12 @@ def _summary(records, groups, edge_ids, bisect, matrix):
             facts.append(f"confidence {bisect['confidence']:.3f}")
         facts += list(bisect.get("facts", []))
         reproduce = [bisect["reproduce"]] if bisect.get("reproduce") else []
-        return bisect.get("verdict", "?"), facts, _bisect_evidence(bisect), reproduce
+        return (bisect.get("verdict", "?"), facts, _bisect_evidence(bisect, groups, edge_ids),
+                reproduce)
     if matrix is not None:
         verdict = matrix_summary(matrix)
     else:
-        decided = [g for g in groups if g.verdict in ("diverged", "consistent")]
+        decided = [g for g in groups if g.verdict in (DIVERGED, CONSISTENT)]
         verdict = decided[-1].verdict if decided else "no group decided"
     return verdict, facts, _group_evidence(groups, edge_ids), []
 
@@ -357,6 +418,7 @@ def build_report(state_dir: str | Path, out: str | Path | None = None) -> Path:
     """Write the HTML report of a state dir (default `<state_dir>/report.html`); return its path."""
     state_dir = Path(state_dir)
     journal = read_journal(state_dir / JOURNAL)
+    journal.records = [r for r in journal.records if SUBMITTED not in r]  # jobs, not runs
     if not journal.records:
         raise BisectPrefetchError(
             f"no finished runs in {state_dir / JOURNAL}: nothing to report"
@@ -367,7 +429,7 @@ def build_report(state_dir: str | Path, out: str | Path | None = None) -> Path:
     edge_ids = graph.edge_ids() if graph is not None else None
     bisect = _read_json(state_dir / BISECT_FILE)
     saved_matrix = _read_json(state_dir / MATRIX_FILE)
-    matrix = _matrix_from_journal(groups, saved_matrix)
+    matrix = _matrix_from_journal(groups, saved_matrix, edge_ids)
     out_dir = state_dir / PLOTS_DIR
     out_dir.mkdir(parents=True, exist_ok=True)
 

@@ -10,8 +10,8 @@ from __future__ import annotations
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
+from bisect_prefetch.files import write_bytes_atomic
 from bisect_prefetch.report.table import fmt_step
-from bisect_prefetch.runs.atomic import write_bytes_atomic
 
 
 def _failure_message(cell: dict) -> str:

@@ -12,8 +12,9 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from bisect_prefetch.errors import BisectPrefetchError
+from bisect_prefetch.files import write_text_atomic
 from bisect_prefetch.report.table import matrix_rows, matrix_summary
-from bisect_prefetch.runs.atomic import write_text_atomic
+from bisect_prefetch.runs.faults import fault_lines
 
 SUMMARY_ENV = "GITHUB_STEP_SUMMARY"
 
@@ -31,6 +32,12 @@ def matrix_markdown(result: dict) -> str:
     lines.append("|" + "|".join("---" for _ in headers) + "|")
     for row in rows:
         lines.append("| " + " | ".join(_escape(v) for v in row) + " |")
+    runs = [run for cell in result.get("cells", [])
+            for run in (cell.get("group") or {}).get("run_details") or []]
+    faults = fault_lines(runs)
+    if faults:
+        lines += ["", "Infrastructure faults (runs left out of every verdict):", ""]
+        lines += [f"- {_escape(line)}" for line in faults]
     return "\n".join(lines) + "\n"
 
 

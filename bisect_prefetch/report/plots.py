@@ -11,8 +11,8 @@ import math
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
+from bisect_prefetch.files import save_figure_atomic
 from bisect_prefetch.metrics.digests import DigestRecord
-from bisect_prefetch.runs.atomic import save_figure_atomic
 
 DPI = 100
 Series = Mapping[int, float]
@@ -25,6 +25,15 @@ def _pyplot():
     import matplotlib.pyplot as plt
 
     return plt
+
+
+def _save(plt, fig, path: str | Path) -> Path:
+    """Lay out, write atomically and close a figure (pyplot keeps every open one alive)."""
+    fig.tight_layout()
+    path = Path(path)
+    save_figure_atomic(fig, path, dpi=DPI)
+    plt.close(fig)
+    return path
 
 
 def _same(x: float, y: float) -> bool:
@@ -94,11 +103,7 @@ def plot_group(
         bottom.set_ylabel("|A - B|")
     if title:
         fig.suptitle(title, fontsize=10)
-    fig.tight_layout()
-    path = Path(path)
-    save_figure_atomic(fig, path, dpi=DPI)
-    plt.close(fig)
-    return path
+    return _save(plt, fig, path)
 
 
 MAX_HEATMAP_ROWS = 60
@@ -140,6 +145,15 @@ def heatmap_figure_size(n_rows: int, n_steps: int) -> tuple[int, int]:
     return int(round(width * DPI)), int(round(height * DPI))
 
 
+def _finish_heatmap(plt, fig, ax, *, drawn: bool, path: str | Path, title: str) -> Path:
+    """Title and save a digest heat map; an empty one says so instead of drawing axes."""
+    if not drawn:
+        ax.text(0.5, 0.5, "no digest records", ha="center", va="center", transform=ax.transAxes)
+        ax.axis("off")
+    ax.set_title(title, fontsize=9)
+    return _save(plt, fig, path)
+
+
 def plot_digest_heatmap(
     records_a: Iterable[DigestRecord], records_b: Iterable[DigestRecord], path: str | Path,
     *, title: str = "",
@@ -158,13 +172,45 @@ def plot_digest_heatmap(
         ax.set_yticks(range(len(rows)))
         ax.set_yticklabels([f"r{rank} {param}" for rank, param in rows], fontsize=6)
         ax.set_xlabel("step")
-    else:
-        ax.text(0.5, 0.5, "no digest records", ha="center", va="center", transform=ax.transAxes)
-        ax.axis("off")
-    ax.set_title(title or "gradient digests: red differs, amber in one run only, grey equal",
-                 fontsize=9)
-    fig.tight_layout()
-    path = Path(path)
-    save_figure_atomic(fig, path, dpi=DPI)
-    plt.close(fig)
-    return path
+    return _finish_heatmap(
+        plt, fig, ax, drawn=bool(rows and steps), path=path,
+        title=title or "gradient digests: red differs, amber in one run only, grey equal")
+
+
+def plot_unit_heatmap(
+    units: list[str], steps: list[int], counts: Mapping[tuple[str, int], int], path: str | Path,
+    *, first: tuple[str, int] | None = None, title: str = "",
+) -> Path:
+    """Heat map of units x steps: how many digest records differ, the first divergence boxed.
+
+    counts: (unit, step) -> differing records (parameters x ranks) of that unit at that step.
+    """
+    plt = _pyplot()
+    from matplotlib.patches import Rectangle
+
+    fig_w, fig_h = heatmap_figure_size(len(units), len(steps))
+    fig, ax = plt.subplots(figsize=(fig_w / DPI, fig_h / DPI))
+    if units and steps:
+        row = {u: i for i, u in enumerate(units)}
+        col = {s: i for i, s in enumerate(steps)}
+        grid = [[0.0] * len(steps) for _ in units]
+        for (unit, step), n in counts.items():
+            if unit in row and step in col:
+                grid[row[unit]][col[step]] = float(n)
+        top = max((max(r) for r in grid), default=0.0) or 1.0
+        image = ax.imshow(grid, aspect="auto", interpolation="nearest", cmap="Reds", vmin=0,
+                          vmax=top, extent=(-0.5, len(steps) - 0.5, len(units) - 0.5, -0.5))
+        fig.colorbar(image, ax=ax, label="differing digests")
+        ax.set_yticks(range(len(units)))
+        ax.set_yticklabels(units, fontsize=7)
+        shown = range(0, len(steps), max(1, len(steps) // 20))
+        ax.set_xticks(list(shown))
+        ax.set_xticklabels([str(steps[i]) for i in shown], fontsize=7)
+        ax.set_xlabel("step")
+        if first is not None and first[0] in row and first[1] in col:
+            x, y = col[first[1]], row[first[0]]
+            ax.add_patch(Rectangle((x - 0.5, y - 0.5), 1, 1, fill=False, edgecolor="black",
+                                   linewidth=2))
+    return _finish_heatmap(
+        plt, fig, ax, drawn=bool(units and steps), path=path,
+        title=title or "gradient digests per unit: differing records, first divergence boxed")

@@ -14,6 +14,8 @@ from collections.abc import Callable
 from rich.console import Console
 from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn
 
+from bisect_prefetch.vocab import DIVERGED, SAME
+
 
 def fmt_duration(seconds: float | None) -> str:
     if seconds is None:
@@ -94,12 +96,15 @@ class RunProgress:
     def run_finished(self, k: int, outcome: str, seconds: float, *, reused: bool = False) -> None:
         self.group_done += 1
         self.runs_done += 1
-        if outcome == "diverged":
+        if outcome == DIVERGED:
             self.divergences += 1
         if not reused:
             self.run_seconds.append(seconds)
         if self.live:
             self._bar.update(self._task, completed=self.group_done, status=self.status_text())
+            if outcome not in (DIVERGED, SAME):  # a failed run and why: kept above the bar
+                self._bar.console.print(f"  run {k}/{self.group_runs} {outcome}", markup=False,
+                                        highlight=False, soft_wrap=True)
         else:
             how = "reused from the journal" if reused else f"in {seconds:.1f}s"
             self._line(f"  run {k}/{self.group_runs} {outcome} {how} ({self.status_text()})")

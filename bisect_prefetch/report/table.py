@@ -101,7 +101,10 @@ def group_table(group: dict, *, title: str = "") -> Table:
         table.add_column(header, justify=justify)
     for name, stats in (group.get("metrics") or {}).items():
         differing = f"{stats.get('steps_differing', 0)}/{stats.get('steps_compared', 0)}"
-        table.add_row(name, fmt_step(stats.get("first_diff_step")),
+        first = fmt_step(stats.get("first_diff_step"))
+        if stats.get("first_diff_step") is not None and stats.get("first_diff_rank") is not None:
+            first += f" (rank {stats['first_diff_rank']})"
+        table.add_row(name, first,
                       *(fmt_number(stats.get(f)) for f, _ in STAT_FIELDS), differing)
     return table
 

@@ -8,16 +8,15 @@ experiment and reused afterwards.
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from rich.console import Console
 
 from bisect_prefetch import graph as graphs
 from bisect_prefetch.errors import BisectPrefetchError
-from bisect_prefetch.experiment import Experiment, load_experiment
+from bisect_prefetch.experiment import Experiment
 from bisect_prefetch.runs.execute import Runner
 from bisect_prefetch.runs.merge import GRAPH_FILE
-from bisect_prefetch.runs.store import StateDir
+from bisect_prefetch.runs.workloads import has_prefetch_graph
+from bisect_prefetch.workloads import mindformers
 
 DISCOVERY_STEPS = 1
 
@@ -35,6 +34,10 @@ def discover_graph(runner: Runner, console: Console | None = None) -> graphs.Pre
     experiment = runner.experiment
     if experiment.graph.source == "static":
         return static_graph(experiment)
+    if not has_prefetch_graph(experiment):
+        if console is not None:
+            console.print(f"-> {mindformers.NO_PREFETCH_GRAPH}", markup=False)
+        return graphs.PrefetchGraph()
     key = runner.key("discover", mask=None, guard="none", steps=DISCOVERY_STEPS, index=0)
     if console is not None and runner.state.find(key) is None:
         console.print(f"discovering the prefetch graph: one {DISCOVERY_STEPS}-step run "
@@ -59,13 +62,3 @@ def discover_graph(runner: Runner, console: Console | None = None) -> graphs.Pre
                       f"(run {out.run_id}, {how})", markup=False)
     return graph
 
-
-def graph_for_experiment(
-    path: str | Path, *, state_dir: str | Path, console: Console | None = None
-) -> graphs.PrefetchGraph:
-    """`bisect-prefetch graph EXPERIMENT.yaml`: load, take the state dir's lock, discover."""
-    experiment = load_experiment(path)
-    if experiment.graph.source == "static":
-        return static_graph(experiment)
-    with StateDir(state_dir, experiment.name) as state:
-        return discover_graph(Runner(experiment, state), console)

@@ -16,7 +16,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from bisect_prefetch.runs.atomic import write_text_atomic
+from bisect_prefetch.files import write_text_atomic
 
 ENV_FILE = "env.json"
 

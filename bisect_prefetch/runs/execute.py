@@ -4,10 +4,10 @@ The Runner is what the A/A group, the search's oracle and graph discovery
 share. A run is identified by its RunKey; when the journal already holds it,
 the finished run is returned as it was (reused), never run again.
 
-While a run goes, its metrics.jsonl is followed line by line and compared
-with the reference trajectory; at the first differing step the run is
-decided and stopped (a divergence is conclusive; only a clean verdict needs
-the full length).
+While a run goes, its metrics (any format) and gradient digests are followed
+(metrics/live.py) and compared with the reference run; at the first differing
+step the run is decided and stopped (a divergence is conclusive; only a clean
+verdict needs the full length).
 """
 
 from __future__ import annotations
@@ -15,45 +15,57 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import time
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-import yaml
 
 from bisect_prefetch.errors import BisectPrefetchError
-from bisect_prefetch.experiment import Experiment, apply_overrides
+from bisect_prefetch.experiment import Experiment
+from bisect_prefetch.files import write_text_atomic
 from bisect_prefetch.metrics.compare import StreamingComparator, compare_trajectories, earliest
-from bisect_prefetch.metrics.parsers import Trajectory, load_files, load_run
+from bisect_prefetch.metrics.live import DIGEST_FILE, LiveMetrics
+from bisect_prefetch.metrics.loading import load_files, load_run
+from bisect_prefetch.metrics.localize import judge_digests, units_in_graph
+from bisect_prefetch.metrics.trajectory import Trajectory
 from bisect_prefetch.runs import envprint
-from bisect_prefetch.runs.atomic import write_text_atomic
+from bisect_prefetch.runs.executors import Executor, Job, make_executor
+from bisect_prefetch.runs.executors.base import LOST
+from bisect_prefetch.runs.faults import RANK_LOG_DIR, find_fault
+from bisect_prefetch.runs.faults import describe as describe_fault
+from bisect_prefetch.runs.first_error import first_error_line
 from bisect_prefetch.runs.launcher import (
     STATUS_FILE,
     JobSpec,
     check_command,
     free_port,
     job_env,
-    run_job,
 )
-from bisect_prefetch.runs.merge import merge_graphs, merge_probes
-from bisect_prefetch.runs.plan import PLAN_ENV, build_plan, plan_hash, write_plan
+from bisect_prefetch.runs.merge import GRAPH_FILE, merge_graphs, merge_probes
+from bisect_prefetch.runs.plan import PLAN_ENV, PLAN_FILE, build_plan, plan_hash, write_plan
 from bisect_prefetch.runs.procs import kill_leftovers
+from bisect_prefetch.runs.step_time import run_step_time_ms
 from bisect_prefetch.runs.store import RunKey, StateDir
-from bisect_prefetch.runs.tail import LineFollower
-from bisect_prefetch.runs.workloads import argv_template, render_argv, workload_env
+from bisect_prefetch.runs.workloads import argv_template, render_argv, render_config, workload_env
+from bisect_prefetch.search.oracle import RunResult
+from bisect_prefetch.vocab import ERROR, OK, TIMEOUT, TRUNCATED, USABLE_OUTCOMES, Mask
 
-USABLE = ("ok", "stopped-early")
-RANK_LOG_DIR = "rank_logs"
+POLL_S = 0.05  # how often a waiting run asks its executor
 
 
 @dataclass
 class RunOutcome:
-    """How one run ended, as journaled. first_diff_step is against its reference."""
+    """How one run ended, as journaled. first_diff_step is against its reference.
+
+    The search sees it as a RunResult (`.result()`); the rest is for the journal
+    and the reports.
+    """
 
     run_id: str
-    outcome: str  # ok | error | timeout | stopped-early
+    outcome: str  # one of vocab.RUN_OUTCOMES
     reason: str
     first_diff_step: int | None = None
     reference: str | None = None  # run id it was compared with
@@ -63,16 +75,32 @@ class RunOutcome:
     first_progress_s: float | None = None  # launch to first metrics line
     exit_code: int | None = None
     problems: list[str] = field(default_factory=list)
+    fault: dict[str, Any] | None = None  # runs.faults record of a failed run, if a log names one
+    step_time_ms: float | None = None  # median step time after warm-up (runs/step_time.py)
+    # Where the digests first differ from the reference: metrics.localize.Localization's JSON.
+    localization: dict[str, Any] | None = None
     reused: bool = False
 
     @property
     def usable(self) -> bool:
         """Only ok and stopped-early runs enter a verdict."""
-        return self.outcome in USABLE
+        return self.outcome in USABLE_OUTCOMES
 
     @property
     def diverged(self) -> bool:
         return self.first_diff_step is not None
+
+    def why(self) -> str:
+        """The reason it ended, with the fault its logs name: for a run's terminal line."""
+        return self.reason + (f"; fault {describe_fault(self.fault)}" if self.fault else "")
+
+    def result(self) -> RunResult:
+        """What the search sees of this run."""
+        if not self.usable:
+            return RunResult(outcome=self.outcome, steps=self.steps_done)
+        return RunResult(outcome=self.outcome, diverged=self.diverged,
+                         first_diff_step=self.first_diff_step, steps=self.steps_done,
+                         unit=(self.localization or {}).get("unit"))
 
     def to_record(self) -> dict[str, Any]:
         record = asdict(self)
@@ -103,21 +131,44 @@ def last_step(trajectory: Trajectory) -> int:
     return max(steps, default=0)
 
 
+@dataclass
+class StartedRun:
+    """A run whose job an executor has: what collecting it needs once it ended."""
+
+    key: RunKey
+    run_id: str
+    run_dir: Path
+    job: Job
+    reference: str | None
+    ref_trajectory: Trajectory | None
+    comparator: StreamingComparator | None
+    plan_hash: str
+    job_id: str = ""
+
+
 class Runner:
     """Runs of one experiment in one (locked) state dir."""
 
-    def __init__(self, experiment: Experiment, state: StateDir) -> None:
+    def __init__(self, experiment: Experiment, state: StateDir, *,
+                 executor: Executor | None = None) -> None:
         self.experiment = experiment
         self.state = state
         self.names = list(experiment.metrics.names)
         self._trajectories: dict[str, Trajectory] = {}
+        # Where jobs execute (local slots or Slurm); checked before any run is journaled.
+        self.executor: Executor = executor or make_executor(experiment.executor)
+        self.executor.check(state.path)
+        self.reattached: list[str] = []
         # An orchestrator killed hard (SIGKILL) leaves its job running; we hold the
         # lock now, so whatever still runs under this state dir is such a leftover.
-        self.killed_leftovers = kill_leftovers(f"{PLAN_ENV}={state.runs_path}{os.sep}")
+        # (A Slurm job is not: it is re-attached or scancelled by its journaled id.)
+        self.killed_leftovers = [] if self.executor.reattachable else kill_leftovers(
+            f"{PLAN_ENV}={state.runs_path}{os.sep}")
         # A program that does not exist fails now, before a run dir is made for it.
         program = argv_template(experiment, steps=experiment.steps)[:1]
         if "{" not in program[0]:
             check_command(program, {**os.environ, **workload_env(experiment), **experiment.env})
+        render_config(experiment, steps=experiment.steps)  # a bad override fails now, not in a run
 
     # -- keys -------------------------------------------------------------
     def key(self, purpose: str, *, mask: Iterable[str] | None, guard: str, steps: int,
@@ -149,135 +200,197 @@ class Runner:
         *,
         label: str,
         reference: str | None = None,
-        stop_on_diff: bool = True,
     ) -> RunOutcome:
         """The run with this key: from the journal if it finished before, else launched now.
 
         reference is the run id to compare with (None: nothing to compare).
         """
+        started = self.start(key, label=label, reference=reference)
+        if isinstance(started, RunOutcome):
+            return started
+        try:
+            while (outcome := self.poll(started)) is None:
+                time.sleep(POLL_S)
+        except BaseException:
+            self.executor.cancel(started.job_id)  # Ctrl-C, SIGTERM: no job left behind
+            raise
+        return outcome
+
+    def start(self, key: RunKey, *, label: str,
+              reference: str | None = None) -> RunOutcome | StartedRun:
+        """Submit the run with this key to the executor (a free slot is the caller's care).
+
+        A run the journal holds as finished comes back as its RunOutcome; a job a
+        previous orchestrator submitted for this key and that Slurm still knows
+        is re-attached, never submitted twice.
+        """
         found = self.state.find(key)
         if found is not None:
             return RunOutcome.from_record(found)
-        mask = None if key.mask is None else frozenset(key.mask)
+        mask = key.mask
+        submitted = self.state.submitted(key)
+        if submitted is not None and submitted.get("executor") == self.executor.kind:
+            run_id = submitted["run_id"]
+            started = self._prepare(key, run_id, self.state.run_dir(run_id), mask=mask,
+                                    reference=reference, fresh=False)
+            if self.executor.attach(submitted["job_id"], started.job):
+                started.job_id = submitted["job_id"]
+                self.reattached.append(started.job_id)
+                return started
         run_id, run_dir = self.state.new_run_dir(label)
-        outcome = self._launch(run_id, run_dir, mask=mask, guard=key.guard, steps=key.steps,
-                               reference=reference, stop_on_diff=stop_on_diff)
-        write_text_atomic(run_dir / STATUS_FILE,
-                          json.dumps(outcome.to_record(), indent=1, allow_nan=True) + "\n")
-        self.state.append(key, outcome.to_record())
-        return outcome
+        started = self._prepare(key, run_id, run_dir, mask=mask, reference=reference,
+                                fresh=True)
+        started.job_id = self.executor.submit(started.job)
+        if self.executor.reattachable:
+            # Journaled before waiting on it: a resumed orchestrator re-attaches to it.
+            self.state.append_submitted(key, run_id=run_id, job_id=started.job_id,
+                                        executor=self.executor.kind)
+        return started
 
-    def _launch(self, run_id: str, run_dir: Path, *, mask: frozenset[str] | None, guard: str,
-                steps: int, reference: str | None, stop_on_diff: bool) -> RunOutcome:
-        exp = self.experiment
-        plan = build_plan(experiment=exp, run_id=run_id, out_dir=run_dir, mask=mask, guard=guard,
-                          steps=steps)
-        plan_path = write_plan(run_dir, plan)
+    def poll(self, started: StartedRun) -> RunOutcome | None:
+        """None while the run's job goes; once it ended, the run collected and journaled."""
+        job = self.executor.poll(started.job_id)
+        if job is None:
+            return None
+        out = RunOutcome(run_id=started.run_id, outcome=job.outcome, reason=job.reason,
+                         reference=started.reference, wall_s=round(job.wall_s, 3),
+                         first_progress_s=None if job.first_progress_s is None
+                         else round(job.first_progress_s, 3),
+                         exit_code=job.exit_code)
+        self._collect(out, started.run_dir, started.plan_hash, started.key.steps,
+                      started.ref_trajectory, started.comparator)
+        write_text_atomic(started.run_dir / STATUS_FILE,
+                          json.dumps(out.to_record(), indent=1, allow_nan=True) + "\n")
+        self.state.append(started.key, out.to_record())
+        return out
+
+    def close(self) -> None:
+        """Cancel jobs in flight, and those a dead orchestrator left that were not re-attached."""
+        self.executor.close()
+        orphans = [r["job_id"] for r in self.state.unfinished_submissions()
+                   if r.get("executor") == self.executor.kind and r["job_id"] not in self.reattached]
+        if orphans:
+            self.executor.cancel_ids(orphans)
+
+    def _prepare(self, key: RunKey, run_id: str, run_dir: Path, *, mask: Mask | None,
+                 reference: str | None, fresh: bool) -> StartedRun:
+        """The job of one run: plan, environment and argv (written when fresh), live hooks."""
+        exp, steps = self.experiment, key.steps
+        if fresh:
+            plan = build_plan(experiment=exp, run_id=run_id, out_dir=run_dir, mask=mask,
+                              guard=key.guard, steps=steps)
+            plan_path = write_plan(run_dir, plan)
+        else:
+            plan_path = run_dir / PLAN_FILE
+            plan = json.loads(plan_path.read_text())
         env = job_env(plan_path=plan_path, experiment_env=exp.env, workload_env=workload_env(exp))
-        envprint.write_env(run_dir, envprint.fingerprint(env, world_size=exp.world_size()))
         rank_log_dir = run_dir / RANK_LOG_DIR
-        rank_log_dir.mkdir(exist_ok=True)
         values = {"run_dir": run_dir.resolve(), "port": free_port(),
                   "rank_log_dir": rank_log_dir.resolve(), "steps": steps, "seed": exp.seed}
-        config = write_config(exp, run_dir)
-        if config is not None:
-            values["config"] = config
+        if fresh:
+            envprint.write_env(run_dir, envprint.fingerprint(env, world_size=exp.world_size()))
+            rank_log_dir.mkdir(exist_ok=True)
+            config = write_config(exp, run_dir, steps=steps, index=key.index)
+            if config is not None:
+                values["config"] = config
         argv = render_argv(argv_template(exp, steps=steps), values)
 
         ref_trajectory = self.trajectory(reference) if reference is not None else None
         comparator = StreamingComparator(ref_trajectory, self.names) if ref_trajectory else None
-        live = LiveMetrics(run_dir, exp, comparator)
+        ref_digests = self.state.run_dir(reference) / DIGEST_FILE if reference is not None else None
+        live = LiveMetrics(run_dir, exp.metrics, comparator, reference_digests=ref_digests)
         # A user's command starts where the user started the tool, as if typed there
         # (`python train.py` works); built-in workloads start in their run dir, so
         # whatever a framework drops in its working directory stays with the run.
         cwd = None if exp.workload is not None else Path.cwd()
         spec = JobSpec(argv=argv, run_dir=run_dir, env=env, timeout_s=exp.timeout_s,
                        no_progress_timeout_s=exp.no_progress_timeout_s, cwd=cwd)
-        should_stop = (lambda: live.diverged) if comparator is not None and stop_on_diff else None
-        job = run_job(spec, should_stop=should_stop, progress=live.progress)
-
-        out = RunOutcome(run_id=run_id, outcome=job.outcome, reason=job.reason,
-                         reference=reference, wall_s=round(job.wall_s, 3),
-                         first_progress_s=None if job.first_progress_s is None
-                         else round(job.first_progress_s, 3),
-                         exit_code=job.exit_code)
-        self._collect(out, run_dir, plan_hash(plan), steps, ref_trajectory, comparator)
-        return out
+        # A run compared with a reference stops at its first difference.
+        should_stop = (lambda: live.diverged) if comparator is not None else None
+        return StartedRun(key=key, run_id=run_id, run_dir=run_dir,
+                          job=Job(spec=spec, should_stop=should_stop, progress=live.progress),
+                          reference=reference, ref_trajectory=ref_trajectory,
+                          comparator=comparator, plan_hash=plan_hash(plan))
 
     def _collect(self, out: RunOutcome, run_dir: Path, expected_hash: str, steps: int,
                  ref: Trajectory | None, comparator: StreamingComparator | None) -> None:
-        """Merge the ranks' files, read the metrics, compare; downgrade a bad run to error."""
+        """Merge the ranks' files, read the metrics, compare; downgrade a bad run.
+
+        A run that ended by itself (any exit code) after some but fewer steps than
+        asked is truncated; a failed run gets the fault its logs name, if any.
+        """
         _, graph_problems = merge_graphs(run_dir)
         _, probe_problems = merge_probes(run_dir, expected_hash)
         out.problems = graph_problems + probe_problems
+        out.step_time_ms = run_step_time_ms(run_dir)
+        self._read_metrics(out, run_dir, steps, ref, comparator)
+        if out.outcome == ERROR and out.steps_done == 0:
+            line = first_error_line(run_dir)  # why it never reached a step
+            if line:
+                out.reason = f"{out.reason}: {line}"
         if not out.usable:
-            return
+            out.fault = find_fault(run_dir, exit_code=out.exit_code, reason=out.reason,
+                                   killed_by_us=out.outcome == TIMEOUT)
+
+    def _read_metrics(self, out: RunOutcome, run_dir: Path, steps: int,
+                      ref: Trajectory | None, comparator: StreamingComparator | None) -> None:
         try:
             trajectory = self._load(run_dir)
         except BisectPrefetchError as exc:
-            out.outcome, out.reason = "error", f"missing metrics: {exc}"
+            if out.usable:
+                out.outcome, out.reason = ERROR, f"missing metrics: {exc}"
+            return
+        out.steps_done = last_step(trajectory)
+        # A job the scheduler took away (executors.base.LOST) did not end by itself.
+        ended_by_itself = (out.outcome in (OK, ERROR) and not out.problems
+                           and not out.reason.startswith(f"{LOST}: "))
+        if ended_by_itself and 0 < out.steps_done < steps:
+            how = "" if out.exit_code == 0 else f", {out.reason}"
+            out.outcome, out.reason = TRUNCATED, f"stopped at step {out.steps_done} of {steps}{how}"
+        if not out.usable:
             return
         self._trajectories[out.run_id] = trajectory
-        out.steps_done = last_step(trajectory)
         if ref is not None:
             found = earliest(compare_trajectories(ref, trajectory, self.names))
             live_step = comparator.first_diff_step if comparator is not None else None
             candidates = [s for s in (found[0] if found else None, live_step) if s is not None]
             out.first_diff_step = min(candidates, default=None)
+            out.problems += self.judge_digests(out, out.reference)
         out.trajectory_hash = trajectory_hash(trajectory, upto=out.first_diff_step)
         if out.problems:
-            out.outcome, out.reason = "error", "; ".join(out.problems)
-        elif out.outcome == "ok" and self.experiment.workload is not None and out.steps_done < steps:
-            out.outcome, out.reason = "error", f"stopped at step {out.steps_done} of {steps}"
+            out.outcome, out.reason = ERROR, "; ".join(out.problems)
+
+    def judge_digests(self, out: RunOutcome, reference: str | None) -> list[str]:
+        """A run's digests against a reference run's: an earlier first difference, and where.
+
+        Updates out's first_diff_step and localization. Returns the digest problems (a cut
+        file, a silent rank, other parameters) when the run showed no difference: then its
+        digests cannot vouch for it, and it must not count as consistent.
+        """
+        if reference is None:
+            return []
+        workload = self.experiment.workload
+        run_dir = self.state.run_dir(out.run_id)
+        verdict = judge_digests(self.state.run_dir(reference), run_dir,
+                                units=units_in_graph(run_dir / GRAPH_FILE),
+                                ranks=workload.world_size if workload is not None else None,
+                                metric_first_diff=out.first_diff_step,
+                                labels=(f"reference {reference}", f"run {out.run_id}"))
+        if verdict is None:
+            return []
+        steps = [s for s in (out.first_diff_step, verdict.first_diff_step) if s is not None]
+        out.first_diff_step = min(steps, default=None)
+        if verdict.localization is not None:
+            out.localization = verdict.localization.to_json()
+        return verdict.problems if out.first_diff_step is None else []
 
 
-class LiveMetrics:
-    """Progress and the live comparison of a running job, polled by the launcher."""
-
-    def __init__(self, run_dir: Path, experiment: Experiment,
-                 comparator: StreamingComparator | None) -> None:
-        self.comparator = comparator
-        m = experiment.metrics
-        self.jsonl = m.format == "jsonl" and m.files in (None, "metrics.jsonl")
-        self.follower = LineFollower(run_dir / "metrics.jsonl") if self.jsonl else None
-        self.run_dir = run_dir
-        self.glob = m.default_files()
-
-    @property
-    def diverged(self) -> bool:
-        return self.comparator is not None and self.comparator.diverged
-
-    def progress(self) -> int:
-        """Metrics lines so far (jsonl), else the size of the metrics files."""
-        if self.follower is None:
-            return sum(p.stat().st_size for p in self.run_dir.glob(self.glob) if p.is_file())
-        for line in self.follower.new_lines():
-            if self.comparator is not None:
-                self.comparator.feed_line(line)
-        return self.follower.lines
-
-
-def write_config(experiment: Experiment, run_dir: Path) -> Path | None:
+def write_config(experiment: Experiment, run_dir: Path, *, steps: int, index: int = 0) -> Path | None:
     """Copy the experiment's config into the run dir, overrides applied; its path is {config}."""
-    source = experiment.config_path()
-    if source is None:
+    rendered = render_config(experiment, steps=steps, index=index)
+    if rendered is None:
         return None
-    try:
-        text = source.read_text()
-    except OSError as exc:
-        raise BisectPrefetchError(f"cannot read config {source}: {exc.strerror}") from None
+    source, text = rendered
     target = run_dir / source.name
-    if experiment.overrides:
-        is_json = source.suffix.lower() == ".json"
-        if not is_json and source.suffix.lower() not in (".yaml", ".yml"):
-            raise BisectPrefetchError(f"overrides apply to YAML or JSON configs, not {source.name}")
-        try:
-            data = json.loads(text) if is_json else yaml.safe_load(text)
-        except (ValueError, yaml.YAMLError) as exc:
-            raise BisectPrefetchError(f"config {source} cannot be read: {exc}") from None
-        if not isinstance(data, dict):
-            raise BisectPrefetchError(f"config {source} is not a mapping: cannot apply overrides")
-        data = apply_overrides(data, experiment.overrides)
-        text = json.dumps(data, indent=1) if is_json else yaml.safe_dump(data, sort_keys=False)
     write_text_atomic(target, text)
     return target.resolve()

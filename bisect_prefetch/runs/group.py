@@ -3,9 +3,11 @@
 The first usable run (A) goes to the end; each further run is compared with
 A live and stopped at its first differing step, and once one run diverged
 the group is decided (a divergence is conclusive). Then every pair of usable
-runs is compared in full for the statistics. Runs that ended in error or
-timeout never make a group consistent: with fewer than two usable runs the
-verdict is "error". Environment drift (fingerprints that differ inside the
+runs is compared in full for the statistics. Runs that ended in error,
+timeout or truncated never make a group consistent: with fewer than two
+usable runs the verdict is "error", and so it is when the usable runs agree
+but a failed run got part of the way (truncated, or a timeout after some
+steps): the steps it never ran may be where the runs part. Environment drift (fingerprints that differ inside the
 group) and graph drift (runs that discovered different graphs) are reported
 apart from prefetch drift.
 """
@@ -20,9 +22,13 @@ from typing import Any, Protocol
 from bisect_prefetch.metrics.compare import compare_group
 from bisect_prefetch.runs import envprint
 from bisect_prefetch.runs.execute import Runner, RunOutcome
-from bisect_prefetch.runs.launcher import OUTCOMES
+from bisect_prefetch.runs.executors.base import LOST
 from bisect_prefetch.runs.merge import GRAPH_FILE
+from bisect_prefetch.runs.slots import RunRequest, keep_slots_busy
+from bisect_prefetch.runs.step_time import group_cost
+from bisect_prefetch.vocab import CONSISTENT, DIVERGED, ERROR, RUN_OUTCOMES, SAME, Mask
 
+LOST_RETRIES = 2  # runs of a group whose job the scheduler took away are run again this often
 STAT_FIELDS = ("first_diff_step", "mae", "p95", "max_abs", "steps_compared", "steps_differing")
 
 
@@ -51,10 +57,12 @@ class GroupResult:
     reason: str = ""
     experiment: str = ""
     mask_name: str = ""
+    # The earliest divergence read back to a unit (metrics.localize.Localization's JSON).
+    localization: dict[str, Any] | None = None
 
     def outcome_counts(self) -> dict[str, int]:
         counts = Counter(run.outcome for run in self.runs)
-        return {name: counts.get(name, 0) for name in OUTCOMES}
+        return {name: counts.get(name, 0) for name in RUN_OUTCOMES}
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -70,24 +78,27 @@ class GroupResult:
             "metrics": self.metrics,
             "first_diff_step": self.first_diff_step,
             "first_pair": self.first_pair,
+            "localization": self.localization,
             "environment_drift": self.environment_drift,
             "graph_drift": self.graph_drift,
             "reason": self.reason,
             "run_details": [run.to_record() | {"reused": run.reused} for run in self.runs],
+            # median and range of the runs' step times (runs/step_time.py); ratio: see matrix/bisect
+            "step_time": group_cost((run.step_time_ms for run in self.runs), None),
         }
 
 
 def _label(outcome: RunOutcome) -> str:
     """A run's word for the progress display: a divergence is what it is counting."""
     if outcome.usable:
-        return "diverged" if outcome.diverged else "same"
-    return f"{outcome.outcome} ({outcome.reason})"
+        return DIVERGED if outcome.diverged else SAME
+    return f"{outcome.outcome} ({outcome.why()})"
 
 
 def run_group(
     runner: Runner,
     *,
-    mask: frozenset[str] | None,
+    mask: Mask | None,
     runs: int,
     steps: int,
     guard: str,
@@ -99,21 +110,47 @@ def run_group(
     """Run (or reuse from the journal) up to `runs` runs under one mask and judge them."""
     if progress is not None:
         progress.start_group(name or purpose, runs)
-    done: list[RunOutcome] = []
+    # With several slots the runs go at once: a run started before A finished has
+    # nothing to follow live and is compared in full by judge() afterwards.
+    finished: dict[tuple[int, int], RunOutcome] = {}  # by (index, attempt)
+    retries: list[RunRequest] = []
     reference: str | None = None
-    for index in range(runs):
+    proposed = 0
+    stopped = False
+
+    def propose() -> RunRequest | None:
+        nonlocal proposed
+        if retries:
+            return retries.pop(0)
+        if stopped or proposed >= runs:
+            return None
+        index, proposed = proposed, proposed + 1
         key = runner.key(purpose, mask=mask, guard=guard, steps=steps, index=index)
+        return RunRequest(key, label=f"{purpose}-k{index}", reference=reference, tag=index)
+
+    def started(request: RunRequest) -> None:
         if progress is not None:
-            progress.run_started(index + 1)
-        outcome = runner.run(key, label=f"{purpose}-k{index}", reference=reference)
-        done.append(outcome)
+            progress.run_started(request.tag + 1)
+
+    def arrived(request: RunRequest, outcome: RunOutcome) -> None:
+        nonlocal reference, stopped
+        finished[request.tag, request.key.attempt] = outcome
+        if f"{LOST}: " in outcome.reason and request.key.attempt < LOST_RETRIES:
+            # The scheduler took the job away (cancelled, preempted, a node lost): run it again.
+            key = runner.key(purpose, mask=mask, guard=guard, steps=steps, index=request.tag,
+                             attempt=request.key.attempt + 1)
+            retries.append(RunRequest(key, label=f"{purpose}-k{request.tag}-a{key.attempt}",
+                                      reference=reference, tag=request.tag))
         if progress is not None:
-            progress.run_finished(index + 1, _label(outcome), outcome.wall_s or 0.0,
+            progress.run_finished(request.tag + 1, _label(outcome), outcome.wall_s or 0.0,
                                   reused=outcome.reused)
         if reference is None and outcome.usable:
             reference = outcome.run_id
         elif stop_at_divergence and outcome.usable and outcome.diverged:
-            break
+            stopped = True
+
+    keep_slots_busy(runner, propose, arrived, on_start=started)
+    done = [finished[at] for at in sorted(finished)]
     result = judge(runner, done, mask=mask, guard=guard, steps=steps, runs_requested=runs)
     result.mask_name = name
     if progress is not None:
@@ -121,11 +158,11 @@ def run_group(
     return result
 
 
-def judge(runner: Runner, done: list[RunOutcome], *, mask: frozenset[str] | None, guard: str,
+def judge(runner: Runner, done: list[RunOutcome], *, mask: Mask | None, guard: str,
           steps: int, runs_requested: int) -> GroupResult:
     """The verdict and statistics of finished runs."""
     result = GroupResult(
-        verdict="error", mask=None if mask is None else sorted(mask), guard=guard, steps=steps,
+        verdict=ERROR, mask=None if mask is None else sorted(mask), guard=guard, steps=steps,
         runs_requested=runs_requested, runs=done, experiment=runner.experiment.name,
     )
     usable = [run for run in done if run.usable]
@@ -134,7 +171,7 @@ def judge(runner: Runner, done: list[RunOutcome], *, mask: frozenset[str] | None
     )
     result.graph_drift = _graph_drift(runner, usable)
     if len(usable) < 2:
-        failed = [f"{run.run_id}: {run.outcome} ({run.reason})" for run in done if not run.usable]
+        failed = [f"{run.run_id}: {run.outcome} ({run.why()})" for run in done if not run.usable]
         result.reason = (f"only {len(usable)} usable run(s) of {len(done)}; "
                          + ("; ".join(failed) or "nothing ran"))
         return result
@@ -150,15 +187,55 @@ def judge(runner: Runner, done: list[RunOutcome], *, mask: frozenset[str] | None
         result.metrics[metric] = {
             **{f: stats[f] for f in STAT_FIELDS},
             "pair": [usable[pair.a].run_id, usable[pair.b].run_id],
+            # which rank differed first, and every rank's statistics (metrics/compare.py)
+            "first_diff_rank": stats["first_diff_rank"],
+            "rank": stats["rank"],
+            "per_rank": stats["per_rank"],
         }
+    digest_problems = _digests_against_first(runner, usable)
     first = group.first
     live = [run.first_diff_step for run in usable if run.first_diff_step is not None]
     steps_found = live + ([first[0]] if first else [])
     result.first_diff_step = min(steps_found, default=None)
     if first:
         result.first_pair = [usable[first[1].a].run_id, usable[first[1].b].run_id]
-    result.verdict = "diverged" if result.first_diff_step is not None else "consistent"
+    if result.first_diff_step is not None:
+        result.verdict = DIVERGED
+        result.localization = _earliest_localization(usable)
+        return result
+    if digest_problems:
+        result.reason = "gradient digests cannot vouch for these runs: " + "; ".join(digest_problems)
+        return result
+    # A failed run that got part of the way (truncated, or a timeout after some steps)
+    # may have stopped just before the step where the runs part: no clean verdict.
+    # (A run whose job the scheduler took away says nothing: it was run again.)
+    short = [f"{run.run_id}: {run.outcome}, {run.why()}" for run in done
+             if not run.usable and 0 < run.steps_done < steps
+             and not run.reason.startswith(f"{LOST}: ")]
+    if short:
+        result.reason = (f"{len(short)} run(s) stopped short of the {steps} steps asked "
+                         f"({'; '.join(short)}): consistent needs every run to complete them")
+        return result
+    result.verdict = CONSISTENT
     return result
+
+
+def _digests_against_first(runner: Runner, usable: list[RunOutcome]) -> list[str]:
+    """Digests of runs that had no reference (started alongside the first) against the first's.
+
+    Returns the digest problems found; a run's divergence lands in its first_diff_step.
+    """
+    problems = []
+    for run in usable[1:]:
+        if run.reference is None:
+            problems += runner.judge_digests(run, usable[0].run_id)
+    return problems
+
+
+def _earliest_localization(usable: list[RunOutcome]) -> dict[str, Any] | None:
+    """The localization of the run whose digests differed first."""
+    located = [run.localization for run in usable if run.localization is not None]
+    return min(located, key=lambda where: where["step"], default=None)
 
 
 def _graph_drift(runner: Runner, usable: list[RunOutcome]) -> list[str]:

@@ -1,4 +1,4 @@
-"""Start one job and see it to its end: ok, error, timeout or stopped-early.
+"""Start one job and see it to its end: ok, error, timeout or stopped-early (vocab words).
 
 A job is an argument list (never a shell) started in its own process group
 (session); a timeout, an early stop or Ctrl-C kills that group and every
@@ -24,11 +24,11 @@ from typing import Any
 
 import bisect_prefetch
 from bisect_prefetch.errors import BisectPrefetchError
-from bisect_prefetch.runs.atomic import write_text_atomic
+from bisect_prefetch.files import write_text_atomic
 from bisect_prefetch.runs.plan import PLAN_ENV
 from bisect_prefetch.runs.procs import kill_job
+from bisect_prefetch.vocab import ERROR, OK, STOPPED_EARLY, TIMEOUT
 
-OUTCOMES = ("ok", "error", "timeout", "stopped-early")
 STATUS_FILE = "status.json"
 
 # Same in every run of a group unless the experiment sets them: on CPU the
@@ -190,13 +190,13 @@ def _watch(
                 if first_progress is None:
                     first_progress = now - start
             if should_stop is not None and should_stop():
-                outcome, reason = "stopped-early", "stopped early: decided"
+                outcome, reason = STOPPED_EARLY, "stopped early: decided"
                 break
             if now - start > spec.timeout_s:
-                outcome, reason = "timeout", f"timed out after {spec.timeout_s:g}s"
+                outcome, reason = TIMEOUT, f"timed out after {spec.timeout_s:g}s"
                 break
             if spec.no_progress_timeout_s is not None and now - last_change > spec.no_progress_timeout_s:
-                outcome = "timeout"
+                outcome = TIMEOUT
                 reason = f"no progress for {spec.no_progress_timeout_s:g}s"
                 break
     finally:
@@ -210,7 +210,7 @@ def _watch(
         first_progress = wall
     if exit_code != 0:
         how = f"killed by signal {-exit_code}" if exit_code < 0 else f"exit code {exit_code}"
-        return JobResult("error", exit_code, wall, how, first_progress)
+        return JobResult(ERROR, exit_code, wall, how, first_progress)
     if progress() == 0:
-        return JobResult("error", exit_code, wall, "no metrics written", first_progress)
-    return JobResult("ok", exit_code, wall, "finished", first_progress)
+        return JobResult(ERROR, exit_code, wall, "no metrics written", first_progress)
+    return JobResult(OK, exit_code, wall, "finished", first_progress)

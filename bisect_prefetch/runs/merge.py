@@ -13,7 +13,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from bisect_prefetch.runs.atomic import write_text_atomic
+from bisect_prefetch.files import write_text_atomic
 
 GRAPH_FILE = "graph.json"
 PROBE_FILE = "probe.json"

@@ -22,9 +22,12 @@ from collections.abc import Callable
 
 from bisect_prefetch.errors import BisectPrefetchError
 from bisect_prefetch.runs.execute import Runner, RunOutcome
+from bisect_prefetch.runs.executors.base import LOST
+from bisect_prefetch.runs.slots import RunRequest
 from bisect_prefetch.search.oracle import RunResult
+from bisect_prefetch.vocab import Mask
 
-OnRun = Callable[[frozenset[str], RunOutcome], None]
+OnRun = Callable[[Mask, RunOutcome], None]
 
 
 class RealOracle:
@@ -46,20 +49,21 @@ class RealOracle:
         self.on_run = on_run
         self.runs_launched = 0
         self.runs_reused = 0
-        self._requests: Counter[frozenset[str]] = Counter()
+        self.runs_lost: list[str] = []  # "run id: reason" of runs whose job the scheduler took away
+        self._requests: Counter[Mask] = Counter()
         self._golden: str | None = None
-        self._mask_reference: dict[frozenset[str], str] = {}
-        self._divergences: dict[frozenset[str], list[tuple[int, str]]] = defaultdict(list)
+        self._mask_reference: dict[Mask, str] = {}
+        self._divergences: dict[Mask, list[tuple[int, str]]] = defaultdict(list)
 
     # -- the golden reference ---------------------------------------------
     @property
     def golden(self) -> str:
         """Run id of the golden trajectory: the first usable all-off run."""
         if self._golden is None:
-            self._golden = self._full_run(frozenset(), f"{self.purpose}-golden")
+            self._golden = self._full_run(Mask(), f"{self.purpose}-golden")
         return self._golden
 
-    def _full_run(self, mask: frozenset[str], purpose: str) -> str:
+    def _full_run(self, mask: Mask, purpose: str) -> str:
         """A full-length run of mask compared with nothing, retried on error."""
         failures = []
         for attempt in range(self.max_retries + 1):
@@ -74,9 +78,8 @@ class RealOracle:
         )
 
     # -- Oracle -----------------------------------------------------------
-    def run(self, mask: frozenset[str]) -> RunResult:
+    def run(self, mask: Mask) -> RunResult:
         """Run once with exactly mask's edges enabled; errors are retried up to max_retries."""
-        mask = frozenset(mask)
         index = self._requests[mask]
         self._requests[mask] += 1
         reference = self._mask_reference.get(mask) or self.golden
@@ -89,15 +92,36 @@ class RealOracle:
                 self.on_run(mask, out)
             if out.usable:
                 break
-        if not out.usable:
-            return RunResult(outcome=out.outcome, steps=out.steps_done)
-        if out.diverged and reference == self._golden:
+        if out.usable and out.diverged and reference == self._golden:
             self._note_divergence(mask, out)
-        return RunResult(outcome=out.outcome, diverged=out.diverged,
-                         first_diff_step=out.first_diff_step, steps=out.steps_done)
+        return out.result()
+
+    # -- the same, one request at a time (runs in flight on several slots) --
+    def request(self, mask: Mask, *, index: int | None = None, attempt: int = 0) -> RunRequest:
+        """The next run of mask, for runs.slots.keep_slots_busy; hand its outcome to finished()."""
+        if index is None:
+            index = self._requests[mask]
+            self._requests[mask] += 1
+        key = self.runner.key(self.purpose, mask=mask, guard=self.guard, steps=self.steps,
+                              index=index, attempt=attempt)
+        label = f"{self.purpose}-k{index}" + (f"-a{attempt}" if attempt else "")
+        return RunRequest(key, label=label, tag=(mask, index, attempt),
+                          reference=self._mask_reference.get(mask) or self.golden)
+
+    def finished(self, request: RunRequest, out: RunOutcome) -> RunResult | RunRequest:
+        """What the search learns from a finished run, or the retry to run in its place."""
+        mask, index, attempt = request.tag
+        self._count(out)
+        if self.on_run is not None:
+            self.on_run(mask, out)
+        if not out.usable and attempt < self.max_retries:
+            return self.request(mask, index=index, attempt=attempt + 1)
+        if out.usable and out.diverged and request.reference == self._golden:
+            self._note_divergence(mask, out)
+        return out.result()
 
     # -- masks that change the numbers ------------------------------------
-    def _note_divergence(self, mask: frozenset[str], out: RunOutcome) -> None:
+    def _note_divergence(self, mask: Mask, out: RunOutcome) -> None:
         seen = self._divergences[mask]
         signature = (out.first_diff_step, out.trajectory_hash)
         if signature in seen and mask not in self._mask_reference:
@@ -105,11 +129,13 @@ class RealOracle:
             self._mask_reference[mask] = self._full_run(mask, f"{self.purpose}-maskref")
         seen.append(signature)
 
-    def deterministic_masks(self) -> list[frozenset[str]]:
+    def deterministic_masks(self) -> list[Mask]:
         """Masks found to change the numbers deterministically (compared within the mask)."""
         return list(self._mask_reference)
 
     def _count(self, out: RunOutcome) -> RunOutcome:
+        if f"{LOST}: " in out.reason:  # also after "stopped at step N of M, "
+            self.runs_lost.append(f"{out.run_id}: {out.reason}")
         if out.reused:
             self.runs_reused += 1
         else:

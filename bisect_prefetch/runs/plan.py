@@ -8,13 +8,13 @@ checks them all against the hash of the plan it wrote.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
 from bisect_prefetch.adapters.plan import PLAN_ENV, PLAN_VERSION, plan_hash
 from bisect_prefetch.experiment import Experiment
-from bisect_prefetch.runs.atomic import write_text_atomic
+from bisect_prefetch.files import write_text_atomic
+from bisect_prefetch.vocab import Mask
 
 PLAN_FILE = "plan.json"
 
@@ -26,13 +26,15 @@ def build_plan(
     experiment: Experiment,
     run_id: str,
     out_dir: Path,
-    mask: Iterable[str] | None,
+    mask: Mask | None,
     guard: str,
     steps: int,
-    digests: str | None = None,
-    digest_every: int = 1,
 ) -> dict[str, Any]:
-    """The plan of one run. mask None: change nothing, only record."""
+    """The plan of one run. mask None: change nothing, only record.
+
+    What it records comes from the experiment's ``record`` (digests on by default).
+    """
+    record = experiment.record
     fault = None
     if experiment.workload is not None and experiment.workload.fault is not None:
         fault = experiment.workload.fault.model_dump(mode="json")
@@ -41,10 +43,11 @@ def build_plan(
         "experiment": experiment.name,
         "run_id": run_id,
         "out_dir": str(Path(out_dir).resolve()),
-        "mask": None if mask is None else sorted(mask),
+        "mask": None if mask is None else sorted(mask),  # the JSON edge of a Mask
         "guard": guard,
-        "record": {"graph": True, "probe": True, "digests": digests,
-                   "digest_every": digest_every},
+        "record": {"graph": True, "probe": True,
+                   "digests": record.params if record.digests else None,
+                   "digest_every": record.every, "order_steps": record.order_steps},
         "fault": fault,
         "seed": experiment.seed,
         "steps": steps,

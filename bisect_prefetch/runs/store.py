@@ -22,9 +22,12 @@ from pathlib import Path
 from typing import Any
 
 from bisect_prefetch.errors import BisectPrefetchError
+from bisect_prefetch.vocab import Mask
 
 JOURNAL_VERSION = 1
 JOURNAL = "journal.jsonl"
+# A line holding this key records a job at submission, not a finished run.
+SUBMITTED = "submitted"
 LOCK = "lock"
 
 
@@ -38,7 +41,7 @@ class RunKey:
     """
 
     variant: str
-    mask: tuple[str, ...] | None
+    mask: Mask | None
     guard: str
     steps: int
     index: int
@@ -47,11 +50,10 @@ class RunKey:
     @classmethod
     def of(cls, *, variant: str, mask: Iterable[str] | None, guard: str, steps: int,
            index: int, attempt: int = 0) -> RunKey:
-        return cls(variant, None if mask is None else tuple(sorted(mask)), guard, steps, index,
-                   attempt)
+        return cls(variant, None if mask is None else Mask(mask), guard, steps, index, attempt)
 
     def to_json(self) -> dict[str, Any]:
-        return {"variant": self.variant, "mask": None if self.mask is None else list(self.mask),
+        return {"variant": self.variant, "mask": None if self.mask is None else sorted(self.mask),
                 "guard": self.guard, "steps": self.steps, "index": self.index,
                 "attempt": self.attempt}
 
@@ -131,6 +133,7 @@ class StateDir:
         self.torn_line: str | None = None
         self._lock_fd: int | None = None
         self._index: dict[RunKey, dict[str, Any]] = {}
+        self._submitted: dict[RunKey, dict[str, Any]] = {}
         self._records: list[dict[str, Any]] = []
 
     # -- lock -------------------------------------------------------------
@@ -180,17 +183,21 @@ class StateDir:
     # -- journal ----------------------------------------------------------
     def _load(self) -> None:
         journal = read_journal(self.journal_path)
-        index = {}
+        index, submitted, finished = {}, {}, []
         for number, record in enumerate(journal.records, start=1):
             if not _has_run_key(record):
                 raise BisectPrefetchError(
                     f"journal {self.journal_path} record {number} is not a run record "
                     "(missing or bad key fields); move the file away to start over"
                 )
+            if SUBMITTED in record:
+                submitted[RunKey.from_record(record)] = record
+                continue
             index[RunKey.from_record(record)] = record
+            finished.append(record)
         self.torn_line = journal.torn_line
         self._repair_tail()
-        self._records, self._index = journal.records, index
+        self._records, self._index, self._submitted = finished, index, submitted
 
     def _repair_tail(self) -> None:
         """End the journal with a whole line: appending after a partial one would glue onto it.
@@ -220,10 +227,31 @@ class StateDir:
         """The journal record of a finished run with this key, if there is one."""
         return self._index.get(key)
 
+    def submitted(self, key: RunKey) -> dict[str, Any] | None:
+        """The submission record of a run with this key whose job may still run."""
+        return None if key in self._index else self._submitted.get(key)
+
+    def unfinished_submissions(self) -> list[dict[str, Any]]:
+        """Submission records with no finished run: jobs a dead orchestrator may have left."""
+        return [r for k, r in self._submitted.items() if k not in self._index]
+
+    def append_submitted(self, key: RunKey, *, run_id: str, job_id: str,
+                         executor: str) -> dict[str, Any]:
+        """Journal a job at submission, before waiting on it (lines with `submitted`)."""
+        full = self._write({"v": JOURNAL_VERSION, SUBMITTED: job_id, "job_id": job_id,
+                            "run_id": run_id, "executor": executor, **key.to_json()})
+        self._submitted[key] = full
+        return full
+
     def append(self, key: RunKey, record: dict[str, Any]) -> dict[str, Any]:
         """Journal one finished run: one line, flushed and fsynced before returning."""
+        full = self._write({"v": JOURNAL_VERSION, **record, **key.to_json()})
+        self._records.append(full)
+        self._index[key] = full
+        return full
+
+    def _write(self, full: dict[str, Any]) -> dict[str, Any]:
         self._require_lock()
-        full = {"v": JOURNAL_VERSION, **record, **key.to_json()}
         line = json.dumps(full, sort_keys=True, allow_nan=True) + "\n"
         new_file = not self.journal_path.exists()
         with open(self.journal_path, "a", encoding="utf-8") as f:
@@ -232,8 +260,6 @@ class StateDir:
             os.fsync(f.fileno())
         if new_file:
             _fsync_dir(self.path)
-        self._records.append(full)
-        self._index[key] = full
         return full
 
     # -- run dirs ---------------------------------------------------------

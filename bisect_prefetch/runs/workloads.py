@@ -8,14 +8,19 @@ alone, so JSON in an argument survives.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import sys
 from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
+
+import yaml
 
 from bisect_prefetch.errors import BisectPrefetchError
-from bisect_prefetch.experiment import Experiment
+from bisect_prefetch.experiment import Experiment, apply_overrides
+from bisect_prefetch.workloads import mindformers
 
 PLACEHOLDERS = ("run_dir", "config", "port", "rank_log_dir", "steps", "seed")
 _PLACEHOLDER = re.compile(r"\{(" + "|".join(PLACEHOLDERS) + r")\}")
@@ -36,8 +41,15 @@ def _fault_args(experiment: Experiment) -> list[str]:
 
 def _workload_args(experiment: Experiment, steps: int) -> list[str]:
     w = experiment.workload
+    planted = []  # fsdp2's options to plant suspect edges for the audit
+    if w.checkpoint:
+        planted.append("--checkpoint")
+    if w.backward_prefetch_depth != 1:
+        planted += ["--backward-prefetch-depth", str(w.backward_prefetch_depth)]
+    for edge in w.extra_edges:
+        planted += ["--extra-edge", edge]
     return ["--layers", str(w.layers), "--steps", str(steps), "--seed", str(experiment.seed),
-            *_fault_args(experiment)]
+            *_fault_args(experiment), *planted]
 
 
 def argv_template(experiment: Experiment, *, steps: int) -> list[str]:
@@ -66,6 +78,8 @@ def argv_template(experiment: Experiment, *, steps: int) -> list[str]:
             f"--cluster_time_out={MSRUN_CLUSTER_TIMEOUT_S}",
             "python", *module,
         ]
+    if w.builtin == "mindformers":
+        return mindformers.argv_template(world_size=w.world_size)
     raise BisectPrefetchError(f"unknown built-in workload {w.builtin!r}")
 
 
@@ -75,7 +89,64 @@ def workload_env(experiment: Experiment) -> dict[str, str]:
         # msrun starts `python` from PATH: make it this interpreter.
         here = str(Path(sys.executable).parent)
         return {"PATH": os.pathsep.join([here, os.environ.get("PATH", "")])}
+    if experiment.workload is not None and experiment.workload.builtin == "mindformers":
+        return mindformers.job_env()
     return {}
+
+
+def has_prefetch_graph(experiment: Experiment) -> bool:
+    """False for a built-in workload with no FSDP prefetch to find (mindformers: no hyper-parallel)."""
+    return experiment.workload is None or experiment.workload.builtin != "mindformers"
+
+
+def require_prefetch_graph(experiment: Experiment) -> None:
+    """Refuse, before any run, a command that needs prefetch edges on a workload without any."""
+    if not has_prefetch_graph(experiment):
+        raise BisectPrefetchError(mindformers.NO_PREFETCH_GRAPH)
+
+
+def is_mindformers_config(experiment: Experiment) -> bool:
+    """Whether the run's config is a MindFormers YAML (its overrides must name existing keys)."""
+    w = experiment.workload
+    return (w is not None and w.builtin == "mindformers") or experiment.metrics.format == "mindformers"
+
+
+def config_overrides(experiment: Experiment, *, steps: int, index: int = 0) -> dict[str, Any]:
+    """What is written into run `index`'s config: a built-in's own settings, then the experiment's overrides."""
+    w = experiment.workload
+    if w is not None and w.builtin == "mindformers":
+        own = mindformers.builtin_overrides(seed=experiment.seed + index * w.seed_step, steps=steps,
+                                            layers=w.layers, world_size=w.world_size)
+        return {**own, **experiment.overrides}
+    return dict(experiment.overrides)
+
+
+def render_config(experiment: Experiment, *, steps: int, index: int = 0) -> tuple[Path, str] | None:
+    """The run's config file (its source path and text, overrides applied), if it has one."""
+    source = experiment.config_path()
+    if source is None:
+        return None
+    try:
+        text = source.read_text()
+    except OSError as exc:
+        raise BisectPrefetchError(f"cannot read config {source}: {exc.strerror}") from None
+    overrides = config_overrides(experiment, steps=steps, index=index)
+    if not overrides:
+        return source, text
+    is_json = source.suffix.lower() == ".json"
+    if not is_json and source.suffix.lower() not in (".yaml", ".yml"):
+        raise BisectPrefetchError(f"overrides apply to YAML or JSON configs, not {source.name}")
+    try:
+        data = json.loads(text) if is_json else yaml.safe_load(text)
+    except (ValueError, yaml.YAMLError) as exc:
+        raise BisectPrefetchError(f"config {source} cannot be read: {exc}") from None
+    if not isinstance(data, dict):
+        raise BisectPrefetchError(f"config {source} is not a mapping: cannot apply overrides")
+    if is_mindformers_config(experiment):
+        data = mindformers.apply_known_overrides(data, overrides, source=str(source))
+    else:
+        data = apply_overrides(data, overrides)
+    return source, json.dumps(data, indent=1) if is_json else yaml.safe_dump(data, sort_keys=False)
 
 
 def render_argv(template: list[str], values: Mapping[str, str | int | Path]) -> list[str]:

@@ -1,28 +1,31 @@
 """Posterior over which prefetch edges cause drift, and the information each test would give.
 
 Noise model. Exactly one hypothesis holds:
-  - none:   drift needs no prefetch edge (background drift: every mask, all-off too, can diverge);
-  - single: one edge e; a run can diverge only if e is enabled;
-  - pair:   two edges needed together; a run can diverge only if both are enabled.
-Under the true hypothesis h, a run of a mask that enables every edge of h diverges
-with a per-run chance q (the same for every such mask), any other run never
-diverges, and runs are independent. So a divergence rules out every hypothesis its
-mask does not enable; a clean run weighs only against those it enables, by (1 - q).
-One softening: a divergence of a mask that enables an edge already ruled out may
-come from a second cause there (several disjoint sets can cause drift), so it
-strikes the hypotheses it does not enable (odds times SECOND_CAUSE) instead of
-ruling them out.
+  - none:   drift needs no prefetch edge (background drift: every mask, all-off too,
+            diverges with the same per-run chance p0 > 0);
+  - single: one edge e causes drift;
+  - pair:   two edges needed together cause drift.
+Under a single or a pair h, with the culprit's per-run chance q and the background
+p0 (zero unless background drift exists too), a run of a mask that enables every
+edge of h diverges with chance 1 - (1-q)(1-p0), any other run with chance p0, and
+runs are independent. With p0 = 0 a divergence rules out every set its mask did not
+enable; with p0 > 0 it only weighs against them, by p0.
 
-q is unknown. It gets a Beta(1, 3) prior (most drift seen in practice is rarer
-than one run in two) and is integrated out per hypothesis: with D divergences
-of masks enabling h and E clean runs enabling h, P(data | h) = B(1 + D, 3 + E) / B(1, 3).
-The prior's light upper tail matters: a flat one would let a pair that fewer
-clean runs enabled claim a high q and outweigh its single edge far beyond what
-the runs show. A clean run cut short counts as the fraction of a run it
-completed (a constant per-step hazard).
+q and p0 are unknown and integrated out on a grid, per hypothesis: q over quantiles
+of a Beta(1, 3) prior (most drift seen in practice is rarer than one run in two;
+the light upper tail keeps a pair that fewer clean runs enabled from claiming a
+high q), p0 = 0 with prior 1 - BACKGROUND, else log-spaced. A clean run cut short
+counts as the fraction of a run it completed (a constant per-step hazard).
 
-Prior mass: none 0.02, single 0.93, pair 0.05, each spread evenly. Sets of three
-or more edges needed together are outside the model.
+"Clearly above the background": a set is a culprit only where its q exceeds
+CLEARLY_ABOVE times p0; the grid cells of a set with a smaller q describe drift
+that prefetch does not explain, and once an all-off run has diverged (drift seen
+without prefetch) their mass counts towards `none` (verdict not-prefetch).
+
+Prior mass: none 0.02, single 0.93, pair 0.05, each spread evenly unless a prior
+factor (hints.py: localization hints and audit suspects) reweights the sets. Sets
+of three or more edges needed together are outside the model (protocol.py reduces
+them with ddmin).
 """
 
 from __future__ import annotations
@@ -31,14 +34,25 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from bisect_prefetch.search.stats import binary_entropy, log_beta
+from bisect_prefetch.search.stats import binary_entropy
 
 PRIOR = {"none": 0.02, "single": 0.93, "pair": 0.05}
 Q_PRIOR = (1.0, 3.0)
-# The odds factor for a hypothesis that a divergence did not enable, when the mask
-# enabled an edge already ruled out: about the prior chance of a second, disjoint
-# cause times its chance to diverge in that run.
-SECOND_CAUSE = 0.03
+# Prior chance that background drift (p0 > 0) exists beside a culprit set.
+BACKGROUND = 0.3
+# q grid: equal-mass quantiles of Beta(1, 3) (its quantile is 1 - (1-u)^(1/3)).
+_U = (np.arange(32) + 0.5) / 32
+Q_GRID = 1.0 - (1.0 - _U) ** (1.0 / Q_PRIOR[1])
+# p0 grid: 0, then log-spaced; fine enough that no set fits background drift better
+# than `none` does merely because the grid misses the true p0.
+_P0_POINTS = 40
+P0_GRID = np.concatenate([[0.0], np.geomspace(0.002, 0.8, _P0_POINTS)])
+_LOG_P0_PRIOR = np.log(np.concatenate([[1.0 - BACKGROUND], np.full(_P0_POINTS, BACKGROUND / _P0_POINTS)]))
+_LOG_P0_NONE = np.concatenate([[-np.inf], np.full(_P0_POINTS, -np.log(_P0_POINTS))])
+# A set is a culprit only where its own per-run chance is this many times the background's.
+CLEARLY_ABOVE = 2.0
+# Edges whose posterior falls below this share of the leader's are left out of test masks.
+ALIVE_SHARE = 1e-3
 
 
 @dataclass(frozen=True)
@@ -55,120 +69,226 @@ class Hypothesis:
     probability: float
 
 
+def _safe_mul(count, log_value):
+    """count * log_value with 0 * -inf = 0 (no runs of that kind, nothing ruled out)."""
+    with np.errstate(invalid="ignore"):
+        return np.where(count > 0, count * log_value, 0.0)
+
+
 class EdgePosterior:
     def __init__(self, n_edges: int) -> None:
         n = n_edges
         self.n = n
-        # Per hypothesis: divergences and clean runs of masks enabling it, strikes.
         self.divergences = 0
-        self.none_exposure = 0.0
+        self.exposure = 0.0  # clean runs, as fractions of a run
         self.single_divergences = np.zeros(n)
         self.single_exposure = np.zeros(n)
-        self.single_strikes = np.zeros(n)
-        self.single_dead = np.zeros(n, dtype=bool)
         self.pair_divergences = np.zeros((n, n))
         self.pair_exposure = np.zeros((n, n))
-        self.pair_strikes = np.zeros((n, n))
-        # Only a < b are hypotheses; the rest stay dead for good.
-        self.pair_dead = ~np.triu(np.ones((n, n), dtype=bool), k=1)
-        self._cached: Probabilities | None = None
-        self._cached_terms: tuple | None = None
+        self.off_divergences = 0
+        self.off_exposure = 0.0
+        self._upper = np.triu(np.ones((n, n), dtype=bool), k=1)
+        self.log_prior_single = np.zeros(n)
+        self.log_prior_pair = np.zeros((n, n))
+        self._cache: dict = {}
 
     # -- evidence ---------------------------------------------------------
     def observe(self, enabled: np.ndarray, diverged: bool, fraction: float = 1.0) -> None:
         """One completed run of the mask `enabled` (bool per edge)."""
+        enabled = np.asarray(enabled, dtype=bool)
         both = np.outer(enabled, enabled)
         if diverged:
             self.divergences += 1
             self.single_divergences += enabled
             self.pair_divergences += both
-            if (enabled & self.single_dead).any():
-                self.single_strikes += ~enabled
-                self.pair_strikes += ~both
-            else:
-                self.single_dead |= ~enabled
-                self.pair_dead |= ~both
+            self.off_divergences += not enabled.any()
         else:
-            self.none_exposure += fraction
+            self.exposure += fraction
             self.single_exposure += fraction * enabled
             self.pair_exposure += fraction * both
-        self._cached = None
-        self._cached_terms = None
+            self.off_exposure += fraction * (not enabled.any())
+        self._cache = {}
+
+    def set_prior_factor(self, log_single: np.ndarray, log_pair: np.ndarray) -> None:
+        """Reweight the sets' prior (log factors, per edge and per pair; hints.py)."""
+        self.log_prior_single = np.asarray(log_single, dtype=float)
+        self.log_prior_pair = np.asarray(log_pair, dtype=float)
+        self._cache = {}
+
+    # -- the grid ---------------------------------------------------------------
+    def _grid(self, d_in: np.ndarray, e_in: np.ndarray):
+        """Per set with these counts: log marginal likelihood of its material and
+        immaterial cells (q > p0, q <= p0), and the normalized cell weights."""
+        q = Q_GRID[:, None]
+        p = P0_GRID[None, :]
+        with np.errstate(divide="ignore"):
+            log_hit = np.log1p(-(1 - q) * (1 - p))
+            log_q_miss = np.log1p(-q)
+            log_p = np.log(p)
+            log_p_miss = np.log1p(-p)
+        d_in = np.asarray(d_in, dtype=float)[:, None, None]
+        e_in = np.asarray(e_in, dtype=float)[:, None, None]
+        d_out = self.divergences - d_in
+        log_cell = (
+            d_in * log_hit + e_in * log_q_miss + _safe_mul(d_out, log_p)
+            + self.exposure * log_p_miss + _LOG_P0_PRIOR[None, None, :] - np.log(len(Q_GRID))
+        )
+        material = (q > CLEARLY_ABOVE * p)[None]
+        top = log_cell.max(axis=(1, 2), keepdims=True)
+        weight = np.exp(log_cell - top)
+        mat = (weight * material).sum(axis=(1, 2))
+        imm = (weight * ~material).sum(axis=(1, 2))
+        with np.errstate(divide="ignore"):
+            log_mat = np.log(mat) + top[:, 0, 0]
+            log_imm = np.log(imm) + top[:, 0, 0]
+        weight /= weight.sum(axis=(1, 2), keepdims=True)
+        return log_mat, log_imm, weight
+
+    def _unique_grid(self, d_in: np.ndarray, e_in: np.ndarray):
+        """_grid over the distinct (divergences, exposure) pairs only, mapped back."""
+        keys = np.asarray(d_in, float).ravel() + 1j * np.round(np.asarray(e_in, float).ravel(), 9)
+        uniq, inverse = np.unique(keys, return_inverse=True)
+        log_mat, log_imm, weight = self._grid(uniq.real, uniq.imag)
+        return log_mat, log_imm, weight, inverse.ravel()
+
+    def _state(self) -> dict:
+        if self._cache:
+            return self._cache
+        n = self.n
+        q = Q_GRID[:, None]
+        p = P0_GRID[None, :]
+        chance_on = 1 - (1 - q) * (1 - p)  # a run enabling the set
+        chance_off = np.broadcast_to(p, chance_on.shape)
+        out = {}
+        # none: every run at p0 > 0.
+        with np.errstate(divide="ignore"):
+            log_none_cells = (
+                _safe_mul(np.array(self.divergences, float), np.log(P0_GRID))
+                + self.exposure * np.log1p(-P0_GRID) + _LOG_P0_NONE
+            )
+        top = log_none_cells.max()
+        w_none = np.exp(log_none_cells - top)
+        log_none = np.log(PRIOR["none"]) + np.log(w_none.sum()) + top
+        w_none /= w_none.sum()
+        out["none_chance"] = float((w_none * P0_GRID).sum())
+        kinds = {}
+        for kind, d, e, log_prior, count in (
+            ("single", self.single_divergences, self.single_exposure, self.log_prior_single, n),
+            ("pair", self.pair_divergences[self._upper], self.pair_exposure[self._upper],
+             self.log_prior_pair[self._upper], n * (n - 1) // 2),
+        ):
+            if count == 0:
+                kinds[kind] = None
+                continue
+            log_mat, log_imm, weight, inv = self._unique_grid(d, e)
+            base = np.log(PRIOR[kind] / count) + log_prior
+            kinds[kind] = {
+                "log_mat": base + log_mat[inv],
+                "log_imm": base + log_imm[inv],
+                "c_on": (weight * chance_on).sum(axis=(1, 2))[inv],
+                "c_off": (weight * chance_off).sum(axis=(1, 2))[inv],
+                "q_weight": weight.sum(axis=2)[inv],  # marginal over p0, per set
+            }
+        parts = [np.atleast_1d(log_none)]
+        for k in kinds.values():
+            if k is not None:
+                parts += [k["log_mat"], k["log_imm"]]
+        top = max(float(np.max(x)) for x in parts)
+        total = sum(float(np.exp(x - top).sum()) for x in parts)
+        none = float(np.exp(log_none - top)) / total
+        single = np.exp(kinds["single"]["log_mat"] - top) / total
+        single_imm = np.exp(kinds["single"]["log_imm"] - top) / total
+        pair = np.zeros((n, n))
+        pair_imm = np.zeros((n, n))
+        if kinds["pair"] is not None:
+            pair[self._upper] = np.exp(kinds["pair"]["log_mat"] - top) / total
+            pair_imm[self._upper] = np.exp(kinds["pair"]["log_imm"] - top) / total
+        out["probabilities"] = Probabilities(
+            none + float(single_imm.sum()) + float(pair_imm.sum()), single, pair
+        )
+        # Whatever the set's rate next to the background (while all-off never diverged,
+        # nothing shows drift without prefetch: a second cause looks like background).
+        out["any_rate"] = Probabilities(none, single + single_imm, pair + pair_imm)
+        # For choosing tests a set keeps all its cells (immaterial ones too).
+        out["none_only"] = none
+        out["single_all"] = single + single_imm
+        out["pair_all"] = pair + pair_imm
+        out["kinds"] = kinds
+        self._cache = out
+        return out
+
+    # -- posterior ----------------------------------------------------------
+    def probabilities(self) -> Probabilities:
+        return self._state()["probabilities"]
 
     @property
     def alive(self) -> np.ndarray:
-        """Edges no divergence has ruled out (each diverging mask enabled them all)."""
-        return ~self.single_dead
+        """Edges whose posterior (as a single or in a pair) is not negligible next to the leader's."""
+        s = self._state()
+        if "alive" not in s:
+            mass = s["single_all"] + s["pair_all"].sum(axis=0) + s["pair_all"].sum(axis=1)
+            s["alive"] = mass >= ALIVE_SHARE * mass.max()
+        return s["alive"]
 
-    # -- the per-run chance -----------------------------------------------------
+    def background(self) -> float:
+        """Posterior mean of the per-run chance of drift with every edge off (p0)."""
+        s = self._state()
+        chance = s["none_only"] * s["none_chance"]
+        for kind, probs in (("single", s["single_all"]), ("pair", s["pair_all"][self._upper])):
+            k = s["kinds"][kind]
+            if k is not None:
+                chance += float((probs * k["c_off"]).sum())
+        return chance
+
     def counts(self, edges: tuple[int, ...]) -> tuple[float, float]:
         """(divergences, clean runs) of the masks that enabled every edge of the set."""
         if not edges:
-            return self.divergences, self.none_exposure
+            return self.divergences, self.exposure
         if len(edges) == 1:
             return self.single_divergences[edges[0]], self.single_exposure[edges[0]]
         a, b = min(edges), max(edges)
         return self.pair_divergences[a, b], self.pair_exposure[a, b]
 
-    @staticmethod
-    def predictive(divergences, exposure) -> np.ndarray:
-        """Posterior mean per-run chance given the runs that enabled a hypothesis."""
-        a, b = Q_PRIOR
-        d = np.asarray(divergences, dtype=float)
-        return (a + d) / (a + b + d + np.asarray(exposure, dtype=float))
-
-    def miss_chance(self, edges: tuple[int, ...], clean_runs: float) -> float:
+    def miss_chance(self, edges: tuple[int, ...], clean_runs) -> np.ndarray | float:
         """Chance that clean_runs runs all miss a cause as strong as this set: E[(1-q)^n].
 
-        The expectation is over the set's posterior per-run chance, not a point estimate.
+        The expectation is over the set's posterior per-run chance; clean_runs may be an array.
         """
-        a, b = Q_PRIOR
-        d, e = self.counts(edges)
-        return float(np.exp(log_beta(a + d, b + e + clean_runs) - log_beta(a + d, b + e)))
+        n = np.asarray(clean_runs, dtype=float)
+        if not edges:  # no set: a cause as strong as the background
+            miss = (1 - self._state()["none_chance"]) ** n
+            return float(miss) if n.ndim == 0 else miss
+        key = ("q_weight", tuple(edges))
+        s = self._state()
+        if key not in s:
+            d, e = self.counts(edges)
+            s[key] = self._grid(np.array([d]), np.array([e]))[2][0].sum(axis=1)
+        weight = s[key]
+        out = (weight[None, :] * (1 - Q_GRID[None, :]) ** n.reshape(-1, 1)).sum(axis=1)
+        return float(out[0]) if n.ndim == 0 else out
 
-    # -- posterior ----------------------------------------------------------
-    def probabilities(self) -> Probabilities:
-        if self._cached is not None:
-            return self._cached
-        n = self.n
-        a, b = Q_PRIOR
-        log_strike = np.log(SECOND_CAUSE)
+    def culprit_chance(self, edges: tuple[int, ...]) -> float:
+        """Posterior mean per-run chance of a run enabling this set (background included)."""
+        key = ("culprit_chance", tuple(edges))
+        s = self._state()
+        if key not in s:
+            d, e = self.counts(edges)
+            weight = self._grid(np.array([d]), np.array([e]))[2][0]
+            s[key] = float((weight * (1 - (1 - Q_GRID[:, None]) * (1 - P0_GRID[None, :]))).sum())
+        return s[key]
 
-        def log_likelihood(divergences, exposure, strikes):
-            return log_beta(a + divergences, b + exposure) + strikes * log_strike
-
-        log_none = np.log(PRIOR["none"]) + log_likelihood(self.divergences, self.none_exposure, 0.0)
-        log_single = np.full(n, -np.inf)
-        live = self.alive
-        log_single[live] = np.log(PRIOR["single"] / n) + log_likelihood(
-            self.single_divergences[live], self.single_exposure[live], self.single_strikes[live]
-        )
-        log_pair = np.full((n, n), -np.inf)
-        n_pairs = n * (n - 1) // 2
-        if n_pairs:
-            live = ~self.pair_dead
-            log_pair[live] = np.log(PRIOR["pair"] / n_pairs) + log_likelihood(
-                self.pair_divergences[live], self.pair_exposure[live], self.pair_strikes[live]
-            )
-        top = max(float(log_none), float(log_single.max()), float(log_pair.max()))
-        none = float(np.exp(log_none - top))
-        single = np.exp(log_single - top)
-        pair = np.exp(log_pair - top)
-        total = none + single.sum() + pair.sum()
-        self._cached = Probabilities(none / total, single / total, pair / total)
-        return self._cached
-
-    def conditional(self, *, pairs: bool) -> Probabilities:
+    def conditional(self, *, pairs: bool, any_rate: bool = False) -> Probabilities:
         """The posterior, or (pairs=False) the posterior given that no pair is needed together."""
-        p = self.probabilities()
+        p = self._state()["any_rate"] if any_rate else self.probabilities()
         if pairs:
             return p
         total = p.none + float(p.single.sum())
         return Probabilities(p.none / total, p.single / total, np.zeros_like(p.pair))
 
-    def top(self, *, pairs: bool = True) -> Hypothesis:
-        """The most probable hypothesis (pairs=False: given that no pair is needed together)."""
-        p = self.conditional(pairs=pairs)
+    def top(self, *, pairs: bool = True, any_rate: bool = False) -> Hypothesis:
+        """The most probable hypothesis (pairs=False: given that no pair is needed together;
+        any_rate: a set counts whatever its rate next to the background)."""
+        p = self.conditional(pairs=pairs, any_rate=any_rate)
         best = Hypothesis("none", (), p.none)
         i = int(np.argmax(p.single))
         if p.single[i] > best.probability:
@@ -183,12 +303,13 @@ class EdgePosterior:
         """The most probable hypotheses, best first (for reports)."""
         p = self.probabilities()
         out = [Hypothesis("none", (), p.none)]
-        out += [Hypothesis("single", (int(i),), float(p.single[i])) for i in np.flatnonzero(p.single)]
-        a_idx, b_idx = np.nonzero(p.pair)
-        out += [
-            Hypothesis("pair", (int(a), int(b)), float(p.pair[a, b]))
-            for a, b in zip(a_idx, b_idx, strict=True)
-        ]
+        best_single = np.argsort(-p.single, kind="stable")[:limit]
+        out += [Hypothesis("single", (int(i),), float(p.single[i])) for i in best_single if p.single[i] > 0]
+        flat = np.argsort(-p.pair.ravel(), kind="stable")[:limit]
+        for f in flat:
+            a, b = np.unravel_index(int(f), p.pair.shape)
+            if p.pair[a, b] > 0:
+                out.append(Hypothesis("pair", (int(a), int(b)), float(p.pair[a, b])))
         out.sort(key=lambda h: -h.probability)
         return out[:limit]
 
@@ -208,101 +329,142 @@ class EdgePosterior:
         return float(self.probabilities().pair.sum()) >= 0.5
 
     # -- choosing a test -------------------------------------------------------
+    def _terms(self, *, pairs: bool):
+        """Per set: how much enabling it moves the run's divergence chance and its entropy.
+
+        A run's divergence chance is base + sum over enabled sets of p_h (c_on - c_off);
+        its expected conditional entropy likewise. Returns (base chance, base entropy,
+        single (chance, entropy) deltas, pair deltas).
+        """
+        key = ("terms", pairs)
+        if key in self._cache:
+            return self._cache[key]
+        s = self._state()
+        none = s["none_only"]
+        base_c = none * s["none_chance"]
+        base_h = none * float(binary_entropy(s["none_chance"]))
+        deltas = []
+        for kind, probs in (("single", s["single_all"]), ("pair", s["pair_all"])):
+            k = s["kinds"][kind]
+            if k is None:
+                deltas.append((np.zeros_like(probs), np.zeros_like(probs)))
+                continue
+            pr = probs if kind == "single" else probs[self._upper]
+            c_on, c_off = k["c_on"], k["c_off"]
+            base_c += float((pr * c_off).sum())
+            base_h += float((pr * binary_entropy(c_off)).sum())
+            dc = pr * (c_on - c_off)
+            dh = pr * (binary_entropy(c_on) - binary_entropy(c_off))
+            if kind == "pair":
+                full_c, full_h = np.zeros((self.n, self.n)), np.zeros((self.n, self.n))
+                full_c[self._upper], full_h[self._upper] = dc, dh
+                dc, dh = full_c, full_h
+            deltas.append((dc, dh))
+        out = (base_c, base_h, deltas[0], deltas[1])
+        self._cache[key] = out
+        return out
+
     def information(self, enabled: np.ndarray, *, pairs: bool = True) -> float:
         """Expected information (bits) one run of this mask gives about the hypothesis.
 
         I = H(outcome) - E_h[H(outcome | h)], the run diverging with chance
-        sum of p_h q_h over the hypotheses h it enables (q_h their predictive
-        chances). With pairs=False the pairs count as one hypothesis, "some pair":
-        a run is worth something for telling a pair from a single edge, nothing
-        for telling pairs apart while they are unlikely.
+        sum over h of p_h c_h (c_h the predictive chance under h for this mask).
         """
-        sums = self._sums(
-            lambda single: np.array([single[enabled].sum()]),
-            lambda pair: np.array([pair[np.outer(enabled, enabled)].sum()]),
-        )
-        return float(self._score(*sums, pairs=pairs)[0])
+        enabled = np.asarray(enabled, dtype=bool)
+        base_c, base_h, (sc, sh), (pc, ph) = self._terms(pairs=pairs)
+        both = np.outer(enabled, enabled)
+        chance = base_c + sc[enabled].sum() + pc[both].sum()
+        spread = base_h + sh[enabled].sum() + ph[both].sum()
+        return float(binary_entropy(chance) - spread)
 
-    def _terms(self):
-        """Per hypothesis p_h q_h and p_h H(q_h), each as (none, singles, pairs)."""
-        if self._cached_terms is not None:
-            return self._cached_terms
-        p = self.probabilities()
-        probs = (p.none, p.single, p.pair)
-        counts = (
-            (self.divergences, self.none_exposure),
-            (self.single_divergences, self.single_exposure),
-            (self.pair_divergences, self.pair_exposure),
-        )
-        chance = tuple(pr * self.predictive(d, e) for pr, (d, e) in zip(probs, counts, strict=True))
-        spread = tuple(
-            pr * binary_entropy(self.predictive(d, e)) for pr, (d, e) in zip(probs, counts, strict=True)
-        )
-        self._cached_terms = (chance, spread)
-        return self._cached_terms
+    def divergence_chance(self, enabled: np.ndarray) -> float:
+        """Predictive chance that one run of this mask diverges."""
+        enabled = np.asarray(enabled, dtype=bool)
+        base_c, _, (sc, _), (pc, _) = self._terms(pairs=True)
+        return float(base_c + sc[enabled].sum() + pc[np.outer(enabled, enabled)].sum())
 
-    def _sums(self, over_singles, over_pairs):
-        """Sums of the terms over the hypotheses each candidate mask enables.
+    def with_pending(self, masks: list[np.ndarray]) -> EdgePosterior:
+        """A copy for planning: each run in flight counts as the clean part of a run it is
+        expected to be (its predicted chance to stay clean). Never used for verdicts."""
+        plan = EdgePosterior.__new__(EdgePosterior)
+        plan.__dict__.update({k: (v.copy() if isinstance(v, np.ndarray) else v) for k, v in self.__dict__.items()})
+        plan._cache = {}
+        for enabled in masks:
+            plan.observe(enabled, False, 1.0 - self.divergence_chance(enabled))
+        return plan
 
-        Returns (chance without pairs, spread without pairs, pair chance, pair spread),
-        each an array over candidates.
-        """
-        (none_c, single_c, pair_c), (none_s, single_s, pair_s) = self._terms()
-        return (
-            none_c + over_singles(single_c),
-            none_s + over_singles(single_s),
-            over_pairs(pair_c),
-            over_pairs(pair_s),
-        )
-
-    def _score(self, chance, spread, pair_chance, pair_spread, *, pairs: bool) -> np.ndarray:
-        if pairs:
-            conditional = pair_spread
-        else:
-            # "Some pair" as one hypothesis: its chance is the pairs' average chance.
-            mass = float(self.probabilities().pair.sum())
-            conditional = mass * binary_entropy(pair_chance / mass) if mass > 0 else 0.0
-        return binary_entropy(chance + pair_chance) - spread - conditional
+    def informations(self, masks: np.ndarray, *, pairs: bool = True) -> np.ndarray:
+        """information() for many masks at once (rows of a bool matrix)."""
+        masks = np.asarray(masks, dtype=float)
+        base_c, base_h, (sc, sh), (pc, ph) = self._terms(pairs=pairs)
+        chance = base_c + masks @ sc + np.einsum("ma,ab,mb->m", masks, pc, masks)
+        spread = base_h + masks @ sh + np.einsum("ma,ab,mb->m", masks, ph, masks)
+        return binary_entropy(np.clip(chance, 0.0, 1.0)) - spread
 
     def ranked_tests(self, limit: int = 8, *, pairs: bool = True) -> list[tuple[float, np.ndarray]]:
-        """The most informative masks of one family, best first, as (bits, enabled).
+        """The most informative masks of a family, best first, as (bits, enabled).
 
-        The family: enable a contiguous run of the surviving edges (in graph order),
-        or every surviving edge but such a run. Edges already ruled out stay off.
+        The family: a contiguous run of the surviving edges (in graph order), or
+        every surviving edge but such a run; and the k most probable surviving
+        edges (for a posterior a hint made uneven). Edges ruled out stay off.
         Sums over runs come from prefix sums, so all of them are scored at once.
         """
         alive_idx = np.flatnonzero(self.alive)
         k = len(alive_idx)
         if k == 0:
             return []
+        base_c, base_h, (sc, sh), (pc, ph) = self._terms(pairs=pairs)
         starts, ends = np.triu_indices(k + 1, k=1)  # runs [start, end) of surviving edges
-        zero_pairs = np.zeros((k, k))
         sub = np.ix_(alive_idx, alive_idx)
-
-        def over_singles(single):
-            return np.concatenate(_run_sums(single[alive_idx], zero_pairs, starts, ends))
-
-        def over_pairs(pair):
-            return np.concatenate(_run_sums(np.zeros(k), pair[sub], starts, ends))
-
-        scores = self._score(*self._sums(over_singles, over_pairs), pairs=pairs)
+        in_c, out_c = _run_sums(sc[alive_idx], pc[sub], starts, ends)
+        in_h, out_h = _run_sums(sh[alive_idx], ph[sub], starts, ends)
+        chance = base_c + np.concatenate([in_c, out_c])
+        spread = base_h + np.concatenate([in_h, out_h])
+        scores = binary_entropy(np.clip(chance, 0.0, 1.0)) - spread
+        candidates = []
         limit = min(limit, len(scores))
         best = np.argpartition(-scores, limit - 1)[:limit]
-        order = best[np.argsort(-scores[best], kind="stable")]
-        out = []
-        for o in order:
+        for o in best[np.argsort(-scores[best], kind="stable")]:
             r = o % len(starts)
             run = np.zeros(k, dtype=bool)
             run[starts[r]:ends[r]] = True
             chosen = run if o < len(starts) else ~run
             enabled = np.zeros(self.n, dtype=bool)
             enabled[alive_idx[chosen]] = True
-            out.append((float(scores[o]), enabled))
-        return out
+            candidates.append((float(scores[o]), enabled))
+        # The k most probable edges: prefixes of the edges sorted by posterior mass.
+        mass = self._state()["single_all"][alive_idx]
+        order = alive_idx[np.argsort(-mass, kind="stable")]
+        sub = np.ix_(order, order)
+        ends = np.arange(1, k + 1)
+        prefix_c = _run_sums(sc[order], pc[sub] + pc[sub].T, np.zeros(k, dtype=int), ends)[0]
+        prefix_h = _run_sums(sh[order], ph[sub] + ph[sub].T, np.zeros(k, dtype=int), ends)[0]
+        # pc holds each pair once (a < b); symmetrized it counts twice inside a prefix.
+        prefix_c = base_c + prefix_c - _pair_half(pc[sub] + pc[sub].T, ends)
+        prefix_h = base_h + prefix_h - _pair_half(ph[sub] + ph[sub].T, ends)
+        prefix_bits = binary_entropy(np.clip(prefix_c, 0.0, 1.0)) - prefix_h
+        for i in np.argsort(-prefix_bits, kind="stable")[:limit]:
+            enabled = np.zeros(self.n, dtype=bool)
+            enabled[order[: i + 1]] = True
+            candidates.append((float(prefix_bits[i]), enabled))
+        candidates.sort(key=lambda c: -c[0])
+        out, seen = [], set()
+        for bits, enabled in candidates:
+            key = enabled.tobytes()
+            if key not in seen:
+                seen.add(key)
+                out.append((bits, enabled))
+        return out[:limit]
+
+
+def _pair_half(sym: np.ndarray, ends: np.ndarray) -> np.ndarray:
+    """Half the sum of a symmetric matrix over each leading block [0, end)."""
+    table = np.cumsum(np.cumsum(sym, axis=0), axis=1)
+    return table[ends - 1, ends - 1] / 2
 
 
 def _run_sums(single: np.ndarray, pair: np.ndarray, starts: np.ndarray, ends: np.ndarray):
-    """Probability inside each run [start, end) and outside it: singles, and pairs wholly there."""
+    """Sums inside each run [start, end) and outside it: singles, and pairs wholly there."""
     k = len(single)
     line = np.concatenate([[0.0], np.cumsum(single)])
     table = np.zeros((k + 1, k + 1))

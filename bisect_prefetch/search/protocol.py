@@ -1,53 +1,73 @@
 """The bisection protocol: which mask to run next, and what the runs so far show.
 
-Pure: no I/O, no clock, no randomness. The state is a function of the recorded
-runs alone, so resuming is replaying: feed the journal's results back through
-`record` in order and the search is where it was (`--confidence` and
-`--max-runs` may change in between). `record` accepts any mask, not only the
-one asked for.
+Pure: no I/O, no clock, no randomness. The state is a function of the journal's
+events alone, so resuming is replaying (`--confidence` and `--max-runs` may change
+in between). `record` accepts any mask, not only the one asked for.
 
 Noise model (posterior.py): one set of edges (possibly none, possibly a pair
 needed together) causes drift; a run of a mask enabling that whole set diverges
-with an unknown per-run chance q, any other run stays clean. A divergence is
-conclusive; a clean run only lowers the odds of the sets its mask enabled. Runs
-that failed (error, timeout) cost a run and tell nothing; a mask that fails
-`max_errors` times in a row is unresolved and not asked again.
+with an unknown per-run chance q, and every run, whatever its mask, may also
+diverge by background drift with an unknown per-run chance p0 (zero unless shown
+otherwise; all-off runs and every run that did not enable a set measure it).
+A set is a culprit only where its q is above p0. Runs that failed (error,
+timeout) cost a run and tell nothing; a mask that fails `max_errors` times in a
+row is unresolved and not asked again.
 
-Steps, each narrated as a block of runs in `events`:
-1. calibrate: all-on until it diverges. No divergence within `calibration_runs`
-   runs: no-drift-reproduced, with the per-run chance that is ruled out (about 3/n).
-2. check-off: all-off, `all_off_runs` times. A divergence: not-prefetch.
+Steps, each a block of runs in `events` (structured: the command words them):
+1. calibrate: all-on until it diverges (with slots to spare, the search's best
+   masks run beside it). No divergence within `calibration_runs` runs:
+   no-drift-reproduced, with the per-run chance that is ruled out (about 3/n).
+2. check-off: all-off, `all_off_runs` times; later all-off runs come whenever
+   they are the most informative question (background drift).
 3. search: the mask whose next run tells most (expected information) about
    which set causes drift, among runs of consecutive surviving edges in graph
-   order (a phase, a range of layers) and their complements. Near-best masks that read better or double as the
-   final check win: forward-off and backward-off (the structured split), and
-   keep-only or drop-only of the leading set. A mask's runs stop at its first
-   divergence (the posterior moves on); clean runs repeat only while the mask
-   stays the best question. The calibration runs count as evidence about q.
+   order (a phase, a range of layers), their complements, and the k most
+   probable edges (after a hint). Near-best masks that read better or double as
+   the final check win: forward-off and backward-off, and drop-only of the
+   leading set. Once the leading set holds KEEP_AT of the posterior, keep-only of
+   it runs (its divergence settles the search, its clean runs lower the set).
 4. double check, once a set reaches the confidence: keep-only(set) must have
-   diverged (it runs until it does; its clean runs lower the set's probability
-   and the search resumes if it falls below), which also rules out every other
-   set; then drop-only(set) runs until the chance that another, disjoint cause
-   as strong as this one hid from them fits the error budget (prior
-   DISJOINT_CAUSES): removing the set removes drift. A divergence there means
-   another set causes drift too, or drift needs no prefetch edge at all: all-off
-   runs again until it diverges (not-prefetch) or has stayed consistent long
-   enough to miss drift as strong as the set's with chance at most alpha.
-Out of runs (`max_runs`): inconclusive, with the best hypotheses so far (or,
-when only the drop-only check was cut short, the set with a lower confidence).
+   diverged; then drop-only(set) runs until the chance that another, disjoint
+   cause as strong as this one hid from every clean run that enabled it fits the
+   error budget (prior DISJOINT_CAUSES; the search's own clean runs count).
+   A divergence there means another set causes drift too, or background drift:
+   all-off runs until the posterior tells them apart. not-prefetch: drift
+   without prefetch (none) reaches the confidence and all-off has diverged.
+Out of runs (`max_runs`; by default scaled with the graph and the estimated q,
+see `budget`): inconclusive, with the best hypothesis so far (STOPPED fact).
 Sets of three or more edges needed together are outside the model: the search
-ends inconclusive on them (delta debugging finds them, at many times the runs;
-see simulate.ddmin_repeats).
+ends inconclusive on them.
+
+Hints (hints.py): `record(mask, result, hint=unit)` takes the localized unit of a
+diverged run, `Bisection(..., suspects=[edge ids])` the audit's suspects; both
+reweight the prior softly and learn their own reliability. The verdict and its
+confidence stay those of the runs. Each hint, and each one ignored, becomes a
+structured event in `notices` (see hints.py for the shapes).
+
+Parallel runs (slots). The driver keeps every slot busy:
+    ask = b.propose()        # None: nothing to run now (done, or wait for a result)
+    ... start ask.mask; journal {"event": "proposed", "mask": [...]}
+    b.record(mask, result, hint=...)  # any order; journal {"event": "completed", ...}
+    b.cancel(mask)           # a proposed run that will never report (lost, cancelled)
+A proposal weighs what finished and what is still in flight: runs in flight never
+count as evidence; for choosing the next mask each counts as the clean part of a
+run it is expected to be (its predicted chance to stay clean), so slots ask
+different questions. Replaying the same sequence of proposed / completed /
+cancelled events gives the same decisions; on resume with any slot count, replay
+the journal, then cancel() the proposals that will not report. The serial loop
+(`next_mask()` then `record()`) is the same with one slot.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from bisect_prefetch.errors import BisectPrefetchError
+from bisect_prefetch.search.hints import HintPrior
 from bisect_prefetch.search.oracle import RunResult
 from bisect_prefetch.search.posterior import EdgePosterior, Hypothesis
 from bisect_prefetch.search.stats import (
@@ -56,6 +76,7 @@ from bisect_prefetch.search.stats import (
     upper_bound_none_seen,
 )
 from bisect_prefetch.select import describe
+from bisect_prefetch.vocab import Mask
 
 VERDICTS = ("culprit-found", "no-drift-reproduced", "not-prefetch", "inconclusive")
 # A mask that reads better (forward-off, backward-off) or doubles as the final
@@ -66,18 +87,31 @@ KEEP_SHARE = 0.85
 # Prior chance that another set, disjoint from the answer, also causes drift: it is
 # outside the posterior's one-cause model, so only drop-only(answer) runs rule it out.
 DISJOINT_CAUSES = 0.1
+# The leading set's posterior from which keep-only of it runs (its divergence ends the search).
+KEEP_AT = 0.7
+# Default budget: this many times the runs an ideal search needs at the estimated q,
+# on top of the calibration (see Bisection.budget).
+BUDGET_FACTOR = 3.0
+# Runs of one check mask in flight at once, at most (calibration, keep-only).
+CHECK_IN_FLIGHT = 2
+
+
+STEPS = ("calibrate", "check-off", "search", "keep-only", "drop-only", "extra")
+# Why a check-off step runs again late in the search (Ask.context, Block.context).
+AFTER_DROP_ONLY_DIVERGED = "drop-only-diverged"
 
 
 @dataclass
 class Block:
     """Consecutive runs of one mask in one protocol step: one narrated line, one evidence row."""
 
-    step: str  # calibrate | check-off | search | keep-only | drop-only | extra
-    title: str  # what the step checks, e.g. "checking that all-on diverges"
+    step: str  # one of STEPS
     mask: str  # short name of the mask
     edges: int  # enabled edges
     first_run: int  # 1-based number of the block's first run in the whole search
-    enabled: frozenset[str] = frozenset()
+    enabled: Mask = frozenset()
+    target: tuple[str, ...] = ()  # keep-only, drop-only: the answer set being checked
+    context: str | None = None  # AFTER_DROP_ONLY_DIVERGED or None
     runs: int = 0
     divergences: int = 0
     errors: int = 0
@@ -89,17 +123,6 @@ class Block:
         if self.divergences:
             return "diverged"
         return "clean" if self.runs > self.errors else "unresolved"
-
-    @property
-    def line(self) -> str:
-        """The verdict line, e.g. "diverged at run 2 (step 17)" or "clean (9 runs)"."""
-        failed = f", {self.errors} failed" if self.errors else ""
-        if self.divergences:
-            return f"diverged at run {self.diverged_at} (step {self.first_diff_steps[0]}){failed}"
-        clean = self.runs - self.errors
-        if clean:
-            return f"clean ({_runs(clean)}{failed})"
-        return f"unresolved ({_runs(self.errors)} failed)"
 
     def to_dict(self) -> dict:
         return {
@@ -114,10 +137,6 @@ class Block:
         }
 
 
-def _runs(n: int) -> str:
-    return f"{n} run{'s' * (n != 1)}"
-
-
 @dataclass
 class _Tally:
     clean: int = 0
@@ -130,9 +149,44 @@ class _Tally:
 class Ask:
     """The next mask and the protocol step it belongs to."""
 
-    mask: frozenset[str]
-    step: str
-    title: str
+    mask: Mask
+    step: str  # one of STEPS
+    target: tuple[str, ...] = ()  # keep-only, drop-only: the answer set being checked
+    context: str | None = None  # AFTER_DROP_ONLY_DIVERGED or None
+
+
+# Fact kinds: the checked statements behind a verdict.
+BACKGROUND = "background"  # runs, divergences of all-off; chance: estimated p0
+NO_DRIFT = "no-drift"  # runs: clean all-on runs; chance: per-run chance ruled out
+ALL_OFF_DIVERGED = "all-off-diverged"  # runs, divergences of all-off
+STOPPED = "stopped"  # reason (STOP_REASONS), limit; edges, chance: the best guess
+KEEP_ONLY_DIVERGED = "keep-only-diverged"  # edges; run, step: the divergence
+EACH_NEEDED = "each-needed"  # edges (a, b); clean: clean runs with a without b, b without a
+DROP_ONLY_DIVERGES = "drop-only-diverges"  # edges; runs: clean all-off runs
+DROP_ONLY_CONSISTENT = "drop-only-consistent"  # edges; runs: clean drop-only runs
+DROP_ONLY_FAILED = "drop-only-failed"  # edges; errors
+DROP_ONLY_NOT_RUN = "drop-only-not-run"  # edges
+STOP_REASONS = (
+    "max-runs", "all-on-never-completed", "all-unresolved", "keep-only-never-completed",
+    "not-finished",
+)
+
+
+@dataclass(frozen=True)
+class Fact:
+    """One checked statement behind a verdict, as numbers; the command words it."""
+
+    kind: str
+    edges: tuple[str, ...] = ()
+    runs: int = 0
+    divergences: int = 0
+    errors: int = 0
+    run: int | None = None
+    step: int | None = None
+    chance: float | None = None
+    clean: tuple[int, ...] = ()
+    reason: str | None = None
+    limit: int | None = None
 
 
 @dataclass(frozen=True)
@@ -144,13 +198,13 @@ class SearchResult:
     steps_used: int
     evidence: list[dict]  # one row per block of runs (Block.to_dict)
     calibration: dict  # per_run_chance, interval, hazard_per_step, runs, divergences, ...
-    facts: list[str]  # the checked statements behind the verdict, in words
+    facts: list[Fact]  # the checked statements behind the verdict
     drop_only_diverges: bool | None = None  # None when drop-only was not run
     top_hypotheses: list[dict] = field(default_factory=list)
     finished: bool = True
 
 
-def mask_name(mask: frozenset[str], edge_ids: Sequence[str]) -> str:
+def mask_name(mask: Mask, edge_ids: Sequence[str]) -> str:
     """A preset name where one fits, else the enabled (or disabled) run of edges."""
     name = describe(mask, edge_ids)
     if not name.endswith(" on"):
@@ -175,11 +229,12 @@ class Bisection:
         edge_ids: Sequence[str],
         *,
         confidence: float = 0.95,
-        max_runs: int = 200,
+        max_runs: int | None = None,
         calibration_runs: int | None = None,
         all_off_runs: int = 1,
         steps_per_run: int | None = None,
         max_errors: int = 3,
+        suspects: Sequence[str] = (),
     ) -> None:
         if not edge_ids:
             raise BisectPrefetchError("the graph has no prefetch edges to bisect")
@@ -187,55 +242,100 @@ class Bisection:
             raise BisectPrefetchError("edge ids must be unique")
         if not 0.0 < confidence < 1.0:
             raise BisectPrefetchError(f"--confidence must be between 0 and 1, got {confidence}")
-        if max_runs < 1:
+        if max_runs is not None and max_runs < 1:
             raise BisectPrefetchError(f"--max-runs must be at least 1, got {max_runs}")
         self.edge_ids = list(edge_ids)
         self._index = {e: i for i, e in enumerate(self.edge_ids)}
         self.confidence = confidence
         self.alpha = 1.0 - confidence
         self.max_runs = max_runs
-        # Default: a quarter of the budget (50 of 200 rules out chances above 0.06).
-        self.calibration_runs = calibration_runs or min(max_runs, max(10, max_runs // 4))
+        # Default: a quarter of the budget, 50 without one (rules out chances above 0.06).
+        self.calibration_runs = calibration_runs or (min(max_runs, max(10, max_runs // 4)) if max_runs else 50)
         self.all_off_runs = all_off_runs
         self.steps_per_run = steps_per_run
         self.max_errors = max_errors
 
         self.model = EdgePosterior(len(self.edge_ids))
-        self.history: list[tuple[frozenset[str], RunResult]] = []
+        self._hints = HintPrior(self.edge_ids)
+        self.notices: list[dict] = self._hints.set_suspects(suspects)
+        self.model.set_prior_factor(*self._hints.log_factors())
+        self.in_flight: list[Ask] = []  # proposed runs not yet recorded, oldest first
+        self.history: list[tuple[Mask, RunResult]] = []
         self.events: list[Block] = []
         self.runs_used = 0
         self.steps_used = 0
-        self.pending: Ask | None = None
-        self._tally: dict[frozenset[str], _Tally] = {}
+        self._pending: Ask | None = None
+        self._answer: tuple[int, ...] | None = None  # confirmed, under its double check
+        self._stale = True  # the next ask is worked out when first read
+        self._tally: dict[Mask, _Tally] = {}
         self._all_on = frozenset(self.edge_ids)
-        self._all_off: frozenset[str] = frozenset()
+        self._all_off: Mask = frozenset()
         self._phases = {
             phase: np.array([e.startswith(phase + ":") for e in self.edge_ids])
             for phase in ("fwd", "bwd")
         }
-        self._answer: tuple[int, ...] | None = None
         self._result: SearchResult | None = None
         self._decide()
 
     # -- the loop ------------------------------------------------------------------
-    def next_mask(self) -> frozenset[str] | None:
+    def next_mask(self) -> Mask | None:
         return None if self.pending is None else self.pending.mask
 
     @property
     def done(self) -> bool:
+        self._refresh()
         return self._result is not None
 
-    def record(self, mask: frozenset[str], result: RunResult) -> None:
+    @property
+    def pending(self) -> Ask | None:
+        """The next ask (its step and target), or None."""
+        self._refresh()
+        return self._pending
+
+    def _refresh(self) -> None:
+        if self._stale:
+            self._stale = False
+            self._work_out()
+
+    def propose(self) -> Ask | None:
+        """The next run for a free slot, counted as in flight until recorded or cancelled.
+
+        None: nothing to run now (the search is done, or it waits for a result).
+        """
+        ask = self.pending
+        if ask is not None:
+            self.in_flight.append(ask)
+            self._decide()
+        return ask
+
+    def cancel(self, mask: Mask) -> None:
+        """A proposed run that will never report (cancelled, lost with its node)."""
+        ask = self._take_in_flight(frozenset(mask))
+        if ask is None:
+            raise BisectPrefetchError("no run of that mask is in flight")
+        self._decide()
+
+    def _take_in_flight(self, mask: Mask) -> Ask | None:
+        for i, ask in enumerate(self.in_flight):
+            if ask.mask == mask:
+                return self.in_flight.pop(i)
+        return None
+
+    def record(self, mask: Mask, result: RunResult, *, hint: str | None = None) -> None:
+        """One finished run; `hint`: the unit its localization named (first divergent gradient)."""
         if self.done:
             raise BisectPrefetchError("the search is finished; no more runs to record")
         mask = frozenset(mask)
         unknown = sorted(mask - self._all_on)
         if unknown:
             raise BisectPrefetchError(f"run mask names edges not in the graph: {', '.join(unknown)}")
+        ask = self._take_in_flight(mask)
+        if ask is None and self.pending is not None and self.pending.mask == mask:
+            ask = self.pending
         self.history.append((mask, result))
         self.runs_used += 1
         self.steps_used += result.steps
-        block = self._block_for(mask)
+        block = self._block_for(mask, ask)
         block.runs += 1
         tally = self._tally.setdefault(mask, _Tally())
         tally.failing = 0 if result.completed else tally.failing + 1
@@ -252,17 +352,27 @@ class Bisection:
             tally.clean += 1
         if result.completed:
             self.model.observe(self._enabled(mask), bool(result.diverged), self._fraction(result))
+        if hint is not None:
+            self._take_hint(hint, bool(result.diverged))
+        # Worked out at once after every result (not lazily), so the search passes
+        # through the same states however often it is read: replay is exact.
         self._decide()
+        self._refresh()
 
-    def _block_for(self, mask: frozenset[str]) -> Block:
-        ask = self.pending if self.pending is not None and self.pending.mask == mask else None
+    def _take_hint(self, unit: str, diverged: bool) -> None:
+        if not diverged:
+            self.notices.append({"event": "hint-ignored", "unit": unit, "reason": "run-not-diverged"})
+            return
+        self.notices.append(self._hints.add_hint(unit))
+        self.model.set_prior_factor(*self._hints.log_factors())
+
+    def _block_for(self, mask: Mask, ask: Ask | None) -> Block:
         step = ask.step if ask else "extra"
         last = self.events[-1] if self.events else None
         if last is not None and last.step == step and last.enabled == mask:
             return last
-        name = mask_name(mask, self.edge_ids)
-        title = ask.title if ask else f"recorded run of {name}"
-        block = Block(step, title, name, len(mask), self.runs_used, enabled=mask)
+        block = Block(step, mask_name(mask, self.edge_ids), len(mask), self.runs_used, enabled=mask,
+                      target=ask.target if ask else (), context=ask.context if ask else None)
         self.events.append(block)
         return block
 
@@ -273,98 +383,148 @@ class Bisection:
         return min(1.0, result.steps / self.steps_per_run)
 
     # -- masks ------------------------------------------------------------------------
-    def _enabled(self, mask: frozenset[str]) -> np.ndarray:
+    def _enabled(self, mask: Mask) -> np.ndarray:
         enabled = np.zeros(len(self.edge_ids), dtype=bool)
         enabled[[self._index[e] for e in mask]] = True
         return enabled
 
-    def _keep_only(self, edges: Sequence[int]) -> frozenset[str]:
+    def _keep_only(self, edges: Sequence[int]) -> Mask:
         return frozenset(self.edge_ids[i] for i in edges)
 
-    def _drop_only(self, edges: Sequence[int]) -> frozenset[str]:
+    def _drop_only(self, edges: Sequence[int]) -> Mask:
         return self._all_on - self._keep_only(edges)
 
-    def _names(self, edges: Sequence[int]) -> str:
-        return ",".join(self.edge_ids[i] for i in sorted(edges))
+    def _ids(self, edges: Sequence[int]) -> tuple[str, ...]:
+        return tuple(self.edge_ids[i] for i in sorted(edges))
 
-    def _tally_of(self, mask: frozenset[str]) -> _Tally:
+    def _tally_of(self, mask: Mask) -> _Tally:
         return self._tally.get(mask, _Tally())
 
-    def _unresolved(self, mask: frozenset[str]) -> bool:
+    def _unresolved(self, mask: Mask) -> bool:
         return self._tally_of(mask).failing >= self.max_errors
 
-    def _ask(self, mask: frozenset[str], step: str, title: str) -> None:
-        self.pending = Ask(mask, step, title)
+    def _ask(self, mask: Mask, step: str, target: Sequence[int] = (),
+             context: str | None = None) -> None:
+        self._pending = Ask(mask, step, self._ids(target), context)
+
+    def _in_flight_of(self, mask: Mask) -> int:
+        return sum(1 for ask in self.in_flight if ask.mask == mask)
+
+    # -- the budget ---------------------------------------------------------------------
+    @property
+    def budget(self) -> int:
+        """max_runs, or by default BUDGET_FACTOR times the runs an ideal search needs.
+
+        An ideal search gains at most the capacity of the one-sided channel per run
+        (a Z-channel at the estimated q) and needs about log2(sets) + log2(1/alpha)
+        bits; the calibration comes on top. q is the leading set's posterior mean,
+        so the budget follows what the runs show.
+        """
+        if self.max_runs is not None:
+            return self.max_runs
+        if self.model.divergences == 0:
+            return self.calibration_runs + 1
+        n = len(self.edge_ids)
+        q = min(max(self.model.culprit_chance(self.model.top().edges), 0.02), 0.99)
+        capacity = math.log2(1 + q * (1 - q) ** ((1 - q) / q))
+        bits = math.log2(n + n * (n - 1) / 2) + math.log2(1 / self.alpha)
+        return self.calibration_runs + math.ceil(BUDGET_FACTOR * bits / capacity)
 
     # -- deciding ----------------------------------------------------------------------
     def _decide(self) -> None:
-        self.pending = None
-        if self.done:
-            return
-        if self.runs_used >= self.max_runs:
-            if self._answer is not None and self._tally_of(self._keep_only(self._answer)).divergences:
-                # The set is known to cause drift; only the drop-only check was cut short.
-                return self._finish_found()
-            return self._finish_inconclusive(f"the run budget (--max-runs {self.max_runs}) ran out")
-        if self._tally_of(self._all_off).divergences:
-            return self._finish_not_prefetch()
-        on = self._tally_of(self._all_on)
-        if self.model.divergences == 0 and on.clean >= self.calibration_runs:
-            return self._finish_no_drift()
-        if self.model.divergences == 0:
-            if self._unresolved(self._all_on):
-                return self._finish_inconclusive("all-on never completed a run")
-            return self._ask(self._all_on, "calibrate", "checking that all-on diverges")
-        off = self._tally_of(self._all_off)
-        if off.clean < self.all_off_runs and not self._unresolved(self._all_off):
-            return self._ask(self._all_off, "check-off", "checking that all-off is consistent")
-        if self._answer is None:
-            self._search()
-        if self._answer is not None and not self.done:
-            self._double_check()
+        self._stale = True
 
-    def _search(self) -> None:
-        # Pairs needed together are weighed only once they are the likely answer;
-        # until then the search and its stop rule work given that none is needed.
+    def _work_out(self) -> None:
+        self._pending = None
+        if self._result is not None:
+            return
+        budget = self.budget
+        if self.runs_used >= budget:
+            answer = self._answer
+            if answer is not None and answer != ():
+                # The set is known to cause drift; only the drop-only check was cut short.
+                return self._finish_found(answer)
+            return self._finish_inconclusive("max-runs")
+        if self.runs_used + len(self.in_flight) >= budget:
+            return  # the last runs are in flight
+        on = self._tally_of(self._all_on)
+        if self.model.divergences == 0:
+            if on.clean >= self.calibration_runs:
+                return self._finish_no_drift()
+            if self._unresolved(self._all_on):
+                return self._finish_inconclusive("all-on-never-completed")
+            if not self.in_flight or self._in_flight_of(self._all_on) < CHECK_IN_FLIGHT:
+                return self._ask(self._all_on, "calibrate")
+        off = self._tally_of(self._all_off)
+        if (off.clean + self._in_flight_of(self._all_off) < self.all_off_runs
+                and not self._unresolved(self._all_off)):
+            return self._ask(self._all_off, "check-off")
+        if self.model.divergences == 0:
+            return self._search(self.model.top())
+        if self._answer is None:
+            self._answer = self._confirmed()
+        if self._answer is not None:
+            return self._double_check(self._answer)
         pairs = self.model.pairs_likely
         top = self.model.top(pairs=pairs)
-        if top.probability >= self.confidence:
-            keep = self._keep_only(top.edges)
-            if self._tally_of(keep).divergences:
-                # That divergence ruled out every other set, pairs included.
-                self._answer = top.edges
-                return
+        keep = self._keep_only(top.edges)
+        if (top.probability >= KEEP_AT and not self._tally_of(keep).divergences
+                and self._in_flight_of(keep) < CHECK_IN_FLIGHT):
             if not self._unresolved(keep):
-                name = f"keep-only:{self._names(top.edges)}" if top.edges else "all-off"
-                return self._ask(keep, "keep-only", f"double checking the answer: {name} should diverge")
+                return self._ask(keep, "keep-only", top.edges)
+            if top.probability >= self.confidence:
+                return self._finish_inconclusive("keep-only-never-completed")
+        self._search(top, pairs=pairs)
+
+    def _confirmed(self) -> tuple[int, ...] | None:
+        """The leading set when it holds the confidence and keep-only of it diverged.
+
+        While all-off never diverged, a set counts whatever its rate next to the
+        background: a second, disjoint cause looks like background drift to the model.
+        """
+        pairs = self.model.pairs_likely
+        top = self.model.top(pairs=pairs, any_rate=not self._tally_of(self._all_off).divergences)
+        if top.probability >= self.confidence and self._tally_of(self._keep_only(top.edges)).divergences:
+            return top.edges
+        return None
+
+    def _search(self, top: Hypothesis, *, pairs: bool = False) -> None:
         mask = self._most_informative(top, pairs=pairs)
         if mask is None:
-            return self._finish_inconclusive("every informative mask is unresolved")
-        self._ask(mask, "search", f"testing {mask_name(mask, self.edge_ids)}")
+            if self.in_flight:
+                return
+            return self._finish_inconclusive("all-unresolved")
+        self._ask(mask, "search")
 
-    def _most_informative(self, top: Hypothesis, *, pairs: bool) -> frozenset[str] | None:
+    def _planning_model(self) -> EdgePosterior:
+        """The posterior with each run in flight counted as the clean part of a run it is expected to be."""
+        if not self.in_flight:
+            return self.model
+        return self.model.with_pending([self._enabled(ask.mask) for ask in self.in_flight])
+
+    def _most_informative(self, top: Hypothesis, *, pairs: bool) -> Mask | None:
         """The best mask of the posterior's family, or a near-best one (see NEAR_BEST)."""
+        model = self._planning_model()
         ranked = [
             (bits, self._keep_only(np.flatnonzero(enabled)))
-            for bits, enabled in self.model.ranked_tests(limit=16, pairs=pairs)
+            for bits, enabled in model.ranked_tests(limit=16, pairs=pairs)
         ]
         ranked = [(bits, mask) for bits, mask in ranked if not self._unresolved(mask)]
         if not ranked:
             return None
         best_bits, best = ranked[0]
 
-        def bits_of(mask: frozenset[str]) -> float:
-            return self.model.information(self._enabled(mask), pairs=pairs)
+        def bits_of(mask: Mask) -> float:
+            return model.information(self._enabled(mask), pairs=pairs)
 
-        alternatives = []
-        keep = self._keep_only(top.edges)
-        if top.edges and not self._tally_of(keep).divergences:
-            # Once keep-only(leader) has diverged, drop-only(leader) is left to the
-            # double check, which tells a second cause from drift without prefetch.
-            if bits_of(keep) >= KEEP_SHARE * best_bits and not self._unresolved(keep):
+        alternatives = [self._all_off]
+        if top.edges:
+            keep = self._keep_only(top.edges)
+            if (bits_of(keep) >= KEEP_SHARE * best_bits and not self._unresolved(keep)
+                    and not self._tally_of(keep).divergences):
                 return keep
             alternatives.append(self._drop_only(top.edges))
-        alive = self.model.alive
+        alive = model.alive
         for phase in ("fwd", "bwd"):
             split = alive & self._phases[phase]
             if split.any() and split.sum() < alive.sum():
@@ -372,46 +532,90 @@ class Bisection:
         threshold = NEAR_BEST * best_bits
         for mask in alternatives:
             bits = bits_of(mask)
+            if mask == self._all_off:
+                # all-off only when it is the best question outright (background drift).
+                if bits > best_bits and not self._unresolved(mask):
+                    best_bits, best, threshold = bits, mask, NEAR_BEST * bits
+                continue
             if bits >= threshold and not self._unresolved(mask):
                 threshold, best = bits, mask
         return best
 
     # -- double check -----------------------------------------------------------------------
-    def _double_check(self) -> None:
-        edges = self._answer
-        keep, drop = self._keep_only(edges), self._drop_only(edges)
-        if not self._tally_of(keep).divergences:
-            if self._unresolved(keep):
-                return self._finish_inconclusive("keep-only of the answer never completed a run")
-            return self._ask(keep, "keep-only", f"double checking the answer: keep-only:{self._names(edges)} should diverge")
+    def _double_check(self, edges: tuple[int, ...]) -> None:
+        if not edges:
+            # Drift without prefetch explains the runs and all-off diverged.
+            return self._finish_not_prefetch()
+        drop = self._drop_only(edges)
         tally = self._tally_of(drop)
         if tally.divergences:
-            # Another cause, or drift without prefetch: all-off tells them apart.
+            # Another cause, or background drift: all-off runs tell them apart.
             off = self._tally_of(self._all_off)
-            if off.clean >= self._runs_to_miss(self.alpha) or self._unresolved(self._all_off):
-                return self._finish_found()
-            return self._ask(self._all_off, "check-off", "drop-only still diverges: checking that all-off is consistent")
-        if self._drop_settled(tally.clean) or self._unresolved(drop):
-            return self._finish_found()
-        self._ask(drop, "drop-only", f"double checking the answer: drop-only:{self._names(edges)} should be consistent")
+            if off.divergences:
+                # Background drift: the answer stands only if it is still clearly above it.
+                if self._confirmed() == edges:
+                    return self._finish_found(edges)
+                self._answer = None
+                return self._search(self.model.top(), pairs=self.model.pairs_likely)
+            if off.clean >= self._runs_to_miss(edges, self.alpha) or self._unresolved(self._all_off):
+                return self._finish_found(edges)
+            if off.clean + self._in_flight_of(self._all_off) < self._runs_to_miss(edges, self.alpha):
+                return self._ask(self._all_off, "check-off", edges, AFTER_DROP_ONLY_DIVERGED)
+            return self._search(self.model.top(), pairs=self.model.pairs_likely)
+        needed = self._drop_needed(edges)
+        if needed <= 0 or self._unresolved(drop):
+            return self._finish_found(edges)
+        if self._in_flight_of(drop) < needed:
+            return self._ask(drop, "drop-only", edges)
+        self._search(self.model.top(), pairs=self.model.pairs_likely)
 
-    def _drop_settled(self, clean: int) -> bool:
-        return self._answer_error() + self._second_cause_error(clean) <= self.alpha
+    def _drop_needed(self, edges: tuple[int, ...]) -> int:
+        """Clean drop-only runs still needed before the answer's error fits the budget,
+        and before drift without prefetch as strong as all-on's would have shown."""
+        spare = self.alpha - self._answer_error(edges)
+        if spare <= 0:
+            return 1
+        for extra in range(0, 400):
+            if (self._second_cause_error(edges, extra) <= spare
+                    and self._background_miss(edges, extra) <= self.alpha / 2):
+                return extra
+        return 400
 
-    def _runs_to_miss(self, chance: float) -> int:
+    def _background_miss(self, edges: tuple[int, ...], extra: int = 0) -> float:
+        """Chance that background drift as strong as all-on's hid from every clean run
+        without the answer (`extra` more of them).
+
+        The strength comes from the all-on runs alone (Beta(1, 3) prior), not from the
+        runs that singled the answer out, which a search's own choices make lean high.
+        """
+        on = self._tally_of(self._all_on)
+        strength = (1 + on.divergences) / (4 + on.divergences + on.clean)
+        clean_without = self.model.exposure - self.model.counts(edges)[1] + extra
+        return (1 - strength) ** clean_without
+
+    def _runs_to_miss(self, edges: tuple[int, ...], chance: float) -> int:
         """Clean runs after which drift as strong as the answer's hides with at most this chance."""
         n = 1
-        while self.model.miss_chance(self._answer, n) > chance and n < self.max_runs:
+        while self.model.miss_chance(edges, n) > chance and n < self.budget:
             n += 1
         return n
 
-    def _answer_error(self) -> float:
+    def _answer_error(self, edges: tuple[int, ...]) -> float:
         """Chance the answer is wrong inside the posterior's model."""
-        return 1.0 - self.model.probability_of(self._answer)
+        return 1.0 - self.model.probability_of(edges)
 
-    def _second_cause_error(self, clean: int) -> float:
-        """Chance another disjoint cause, as strong as the answer, hid from `clean` drop-only runs."""
-        return DISJOINT_CAUSES * self.model.miss_chance(self._answer, clean)
+    def _second_cause_error(self, edges: tuple[int, ...], extra: int = 0) -> float:
+        """Chance another disjoint cause, as strong as the answer, hid from every clean run.
+
+        A second cause is one more edge outside the answer; each clean run that enabled
+        it (drop-only runs enable them all; `extra` more of those) is a chance missed.
+        """
+        outside = np.ones(len(self.edge_ids), dtype=bool)
+        outside[list(edges)] = False
+        if not outside.any():
+            return 0.0
+        clean = self.model.single_exposure[outside] + extra
+        return DISJOINT_CAUSES * float(np.mean(self.model.miss_chance(edges, clean)))
 
     # -- finishing ------------------------------------------------------------------------------
     def _covering(self, edges: Sequence[int]) -> list[RunResult]:
@@ -456,80 +660,67 @@ class Bisection:
 
     def _finish_no_drift(self) -> None:
         n = self._tally_of(self._all_on).clean
-        bound = upper_bound_none_seen(n, self.confidence)
-        fact = (
-            f"all-on: {n} runs, none diverged: a per-run chance of {bound:.3g} or more "
-            f"is ruled out at {self.confidence:.0%} (fewer than 3/{n})"
-        )
+        fact = Fact(NO_DRIFT, runs=n, chance=upper_bound_none_seen(n, self.confidence))
         self._result = self._result_of("no-drift-reproduced", (), self.confidence, [fact])
 
     def _finish_not_prefetch(self) -> None:
         off = self._tally_of(self._all_off)
-        fact = (
-            f"all-off diverged ({off.divergences} of {off.clean + off.divergences} runs): "
-            "drift happens with every prefetch edge off, so it has another cause"
-        )
-        self._result = self._result_of("not-prefetch", (), 1.0, [fact])
+        fact = Fact(ALL_OFF_DIVERGED, runs=off.clean + off.divergences, divergences=off.divergences,
+                    chance=self.model.background())
+        self._result = self._result_of("not-prefetch", (), self.model.probability_of(()), [fact])
 
-    def _finish_inconclusive(self, why: str) -> None:
+    def _finish_inconclusive(self, reason: str) -> None:
         self._result = self._result_of(
-            "inconclusive", (), self.model.top().probability, [self._guess(f"stopped: {why}")]
+            "inconclusive", (), self.model.top().probability, [self._stopped(reason)]
         )
 
-    def _guess(self, why: str) -> str:
+    def _stopped(self, reason: str) -> Fact:
+        """Why the search stopped, with its best guess (no edges: drift without prefetch)."""
         top = self.model.top()
-        guess = "{" + self._names(top.edges) + "}" if top.edges else "no edge (drift without prefetch)"
-        return f"{why}; best guess {guess} at probability {top.probability:.3f}"
+        return Fact(STOPPED, edges=self._ids(top.edges), chance=top.probability, reason=reason,
+                    limit=self.budget if reason == "max-runs" else None)
 
-    def _finish_found(self) -> None:
-        edges = self._answer
+    def _finish_found(self, edges: tuple[int, ...]) -> None:
         keep, drop = self._keep_only(edges), self._drop_only(edges)
-        names = self._names(edges)
+        ids = self._ids(edges)
         run, result = next(
             (i + 1, r) for i, (m, r) in enumerate(self.history) if m == keep and r.diverged
         )
-        facts = [
-            f"keep-only:{names} diverged (run {run}, step {result.first_diff_step}): "
-            "the set is enough for drift"
-        ]
+        facts = [Fact(KEEP_ONLY_DIVERGED, edges=ids, run=run, step=result.first_diff_step)]
         if len(edges) > 1:
             facts.append(self._each_needed(edges))
         tally = self._tally_of(drop)
         drop_diverges = bool(tally.divergences)
-        confidence = 1.0 - self._answer_error()
+        confidence = 1.0 - self._answer_error(edges)
         if drop_diverges:
             # Settles the second-cause question: the set is a cause, not the only one.
-            off = self._tally_of(self._all_off)
-            facts.append(
-                f"drop-only:{names} still diverges while all-off stayed consistent "
-                f"({_runs(off.clean)}): another set of edges causes drift too"
-            )
+            facts.append(Fact(DROP_ONLY_DIVERGES, edges=ids, runs=self._tally_of(self._all_off).clean))
         else:
-            confidence -= self._second_cause_error(tally.clean)
+            confidence -= self._second_cause_error(edges)
             if tally.clean:
-                facts.append(
-                    f"drop-only:{names}: {_runs(tally.clean)}, all consistent: removing the set removes drift"
-                )
+                facts.append(Fact(DROP_ONLY_CONSISTENT, edges=ids, runs=tally.clean))
             elif tally.errors:
-                facts.append(f"drop-only:{names} could not be run ({tally.errors} failed)")
+                facts.append(Fact(DROP_ONLY_FAILED, edges=ids, errors=tally.errors))
             else:
-                facts.append(f"drop-only:{names} was not run: the run budget ran out")
+                facts.append(Fact(DROP_ONLY_NOT_RUN, edges=ids))
         ran_drop = drop_diverges or tally.clean > 0
+        off = self._tally_of(self._all_off)
+        if off.divergences:
+            # Background drift beside the culprit: the set's rate stands clearly above it.
+            facts.append(Fact(BACKGROUND, runs=off.clean + off.divergences, divergences=off.divergences,
+                              chance=self.model.background()))
         self._result = self._result_of(
             "culprit-found", edges, max(confidence, 0.0), facts, drop=drop_diverges if ran_drop else None
         )
 
-    def _each_needed(self, edges: Sequence[int]) -> str:
+    def _each_needed(self, edges: Sequence[int]) -> Fact:
         """The evidence that every edge of a pair is needed: runs enabling only one of them."""
-        a, b = (self.edge_ids[i] for i in edges)
+        a, b = self._ids(edges)
 
         def clean_with_only(x: str, y: str) -> int:
             return sum(1 for m, r in self.history if r.completed and not r.diverged and x in m and y not in m)
 
-        return (
-            f"each edge of the set is needed: {_runs(clean_with_only(a, b))} enabling {a} without {b} "
-            f"and {_runs(clean_with_only(b, a))} enabling {b} without {a} stayed consistent"
-        )
+        return Fact(EACH_NEEDED, edges=(a, b), clean=(clean_with_only(a, b), clean_with_only(b, a)))
 
     # -- reading --------------------------------------------------------------------------------
     @property
@@ -547,9 +738,9 @@ class Bisection:
 
     def result(self) -> SearchResult:
         """The verdict; before the search is done, what was learned so far (inconclusive)."""
-        if self._result is not None:
+        if self.done:
             return self._result
         return self._result_of(
-            "inconclusive", (), self.model.top().probability, [self._guess("not finished")],
+            "inconclusive", (), self.model.top().probability, [self._stopped("not-finished")],
             finished=False,
         )

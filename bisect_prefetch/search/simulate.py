@@ -11,30 +11,38 @@ and a stream draws only in runs where it is in play. So another search policy
 meets the same noise: the k-th run that enables a culprit first differs at the
 same step whatever ran before it.
 
-Besides the tool's search, baselines for the benchmark, each told the true per-run
-chance q (which favours them): each edge alone with fixed repeats; binary search
-with one A/A pair per test; binary search with fixed repeats; and delta debugging
-with fixed repeats, the classic way to find sets needed together.
+Slots: `slots` runs at once, each taking the share of a full run it ran (a
+diverged run stops at its first difference); whenever a slot frees, the search
+proposes the next run from everything finished and in flight (protocol.py), and
+results fold in in the order they finish. Wall-clock ("rounds") is in units of
+one full run; runs still in flight when the verdict comes are cancelled and
+count as runs.
+
+Hints: with `hint_accuracy` C, the first diverged run carries a localized unit:
+the target of a culprit edge with chance C, else a unit drawn evenly from the
+graph's (its own stream).
+
+The baselines the benchmark compares with live in benchmarks/baselines.py; any
+callable (edge_ids, oracle, *, q, alpha) -> Outcome can be passed as `method`.
 """
 
 from __future__ import annotations
 
-import math
+import heapq
 import zlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
 from bisect_prefetch.errors import BisectPrefetchError
 from bisect_prefetch.graph import from_policy
-from bisect_prefetch.search.ddmin import DeltaDebugger
+from bisect_prefetch.search.hints import HintPrior, edge_ends
 from bisect_prefetch.search.oracle import RunResult
 from bisect_prefetch.search.protocol import Bisection
-from bisect_prefetch.search.stats import error_share, per_run_chance, runs_for_clean_verdict
+from bisect_prefetch.search.stats import hazard_for_chance, per_run_chance
 from bisect_prefetch.select import select
-
-METHODS = ("search", "each-edge", "binary-pair", "binary-repeats", "ddmin-repeats")
+from bisect_prefetch.vocab import ERROR, OK, STOPPED_EARLY, Mask
 
 
 def _stream(seed: int, trial: int, name: str) -> np.random.Generator:
@@ -81,111 +89,62 @@ class SimulatedOracle:
         step = int(rng.geometric(hazard))
         return step if step <= self.steps else None
 
-    def run(self, mask: frozenset[str]) -> RunResult:
+    def run(self, mask: Mask) -> RunResult:
         self.runs += 1
         if self.error_rate and self._errors.random() < self.error_rate:
-            return RunResult("error", None, None, 0)
+            return RunResult(ERROR, None, None, 0)
         draws = [self._first_diff(rng, self.hazard) for rule, rng in self._rules if rule <= mask]
         if self.background:
             draws.append(self._first_diff(self._background, self.background))
         diffs = [d for d in draws if d is not None]
         if diffs:
             first = min(diffs)
-            return RunResult("stopped-early", True, first, first)
-        return RunResult("ok", False, None, self.steps)
+            return RunResult(STOPPED_EARLY, True, first, first)
+        return RunResult(OK, False, None, self.steps)
 
 
-# -- baselines ---------------------------------------------------------------------
 @dataclass(frozen=True)
 class Outcome:
     verdict: str
     minimal_set: list[str]
     confidence: float | None  # None: the method claims nothing
-    runs: int
+    runs: int  # runs started (those cancelled at the verdict included)
     steps: int
+    rounds: float  # wall-clock to the verdict, in full runs
 
 
-class _Counter:
-    """Wraps an oracle to count the runs and steps a baseline spends."""
+def run_search(edge_ids, oracle: SimulatedOracle, *, slots: int = 1, hint: Callable[[], str] | None = None,
+               **options) -> Outcome:
+    """The tool's own search (protocol.Bisection) against the oracle, on `slots` slots.
 
-    def __init__(self, oracle: SimulatedOracle) -> None:
-        self.oracle, self.runs, self.steps = oracle, 0, 0
-
-    def diverges(self, mask: frozenset[str], repeats: int, *, stop_early: bool = True) -> bool:
-        """Up to `repeats` runs, stopping at the first divergence (one-sided test) unless told not to."""
-        diverged = False
-        for _ in range(repeats):
-            result = self.oracle.run(mask)
-            self.runs += 1
-            self.steps += result.steps
-            diverged = diverged or bool(result.diverged)
-            if diverged and stop_early:
-                break
-        return diverged
-
-
-def _found(edges: list[str], counter: _Counter, confidence: float | None) -> Outcome:
-    verdict = "culprit-found" if edges else "no-drift-reproduced"
-    return Outcome(verdict, edges, confidence, counter.runs, counter.steps)
-
-
-def each_edge_alone(edge_ids, oracle, *, q: float, alpha: float) -> Outcome:
-    """keep-only(e) for every edge, each up to ln(alpha/N)/ln(1-q) runs."""
-    counter = _Counter(oracle)
-    repeats = runs_for_clean_verdict(q, alpha / len(edge_ids))
-    hits = [e for e in edge_ids if counter.diverges(frozenset([e]), repeats)]
-    return _found(hits, counter, 1.0 - alpha)
-
-
-def binary_search(edge_ids, oracle, *, repeats: int, stop_early: bool = True) -> Outcome:
-    """Halve the candidates: keep-only(first half) diverges -> it, else the other half."""
-    counter = _Counter(oracle)
-    candidates = list(edge_ids)
-    while len(candidates) > 1:
-        half = candidates[: len(candidates) // 2]
-        if counter.diverges(frozenset(half), repeats, stop_early=stop_early):
-            candidates = half
-        else:
-            candidates = candidates[len(candidates) // 2:]
-    return _found(candidates, counter, None)
-
-
-def binary_search_pairs(edge_ids, oracle) -> Outcome:
-    """One A/A pair per test, as done by hand: two runs, a difference if either diverged."""
-    return binary_search(edge_ids, oracle, repeats=2, stop_early=False)
-
-
-def binary_search_repeats(edge_ids, oracle, *, q: float, alpha: float) -> Outcome:
-    """Repeats per test sized so the clean verdicts together err with chance <= alpha."""
-    tests = max(1, math.ceil(math.log2(len(edge_ids))))
-    outcome = binary_search(edge_ids, oracle, repeats=runs_for_clean_verdict(q, alpha / tests))
-    return Outcome(outcome.verdict, outcome.minimal_set, 1.0 - alpha, outcome.runs, outcome.steps)
-
-
-def ddmin_repeats(edge_ids, oracle, *, q: float, alpha: float) -> Outcome:
-    """ddmin over all edges, each test up to ln(alpha_i)/ln(1-q) runs.
-
-    The i-th clean verdict gets error_share(alpha, i): the shares add up to alpha
-    however many verdicts ddmin needs.
+    hint: called once, at the first diverged run, for the unit its localization names.
     """
-    counter = _Counter(oracle)
-    dd = DeltaDebugger(range(len(edge_ids)))
-    clean_verdicts = 0
-    while dd.test is not None:
-        repeats = runs_for_clean_verdict(q, error_share(alpha, clean_verdicts + 1))
-        failed = counter.diverges(frozenset(edge_ids[i] for i in dd.test), repeats)
-        clean_verdicts += not failed
-        dd.report(failed)
-    return _found([edge_ids[i] for i in sorted(dd.current)], counter, 1.0 - alpha)
-
-
-def run_search(edge_ids, oracle, **options) -> Outcome:
-    """The tool's own search (protocol.Bisection) against the oracle."""
     search = Bisection(edge_ids, **options)
-    while (mask := search.next_mask()) is not None:
-        search.record(mask, oracle.run(mask))
+    clock, order = 0.0, 0
+    running: list[tuple[float, int, float, Mask, RunResult]] = []  # a heap by finish time
+    runs = steps = 0
+    while True:
+        while len(running) < slots and not search.done:
+            ask = search.propose()
+            if ask is None:
+                break
+            result = oracle.run(ask.mask)
+            duration = max(result.steps, 1) / oracle.steps
+            heapq.heappush(running, (clock + duration, order, clock, ask.mask, result))
+            order += 1
+            runs += 1
+        if search.done or not running:
+            break
+        clock, _, _, mask, result = heapq.heappop(running)
+        steps += result.steps
+        localized = None
+        if hint is not None and result.diverged:
+            localized, hint = hint(), None
+        search.record(mask, result, hint=localized)
+    for _, _, started, _, _ in running:  # cancelled at the verdict: the steps they ran count
+        steps += round((clock - started) * oracle.steps)
     result = search.result()
-    return Outcome(result.verdict, result.minimal_set, result.confidence, result.runs_used, result.steps_used)
+    return Outcome(result.verdict, result.minimal_set, result.confidence, runs, steps, clock)
 
 
 # -- simulate --------------------------------------------------------------------------
@@ -201,10 +160,10 @@ def draw_culprits(selectors: Sequence[str], edge_ids: Sequence[str], rng: np.ran
 
 
 def is_correct(outcome: Outcome, culprits: Sequence[str], *, together: bool, background: float) -> bool:
-    if background > 0:
-        return outcome.verdict == "not-prefetch"
+    """No culprit: not-prefetch under background drift, else no-drift-reproduced; a culprit
+    (background or not): culprit-found naming it (a set needed together: exactly)."""
     if not culprits:
-        return outcome.verdict == "no-drift-reproduced"
+        return outcome.verdict == ("not-prefetch" if background > 0 else "no-drift-reproduced")
     if outcome.verdict != "culprit-found":
         return False
     if together:
@@ -230,41 +189,48 @@ def simulate(
     startup_cost: float = 0.0,
     error_rate: float = 0.0,
     confidence: float = 0.95,
-    max_runs: int = 200,
-    method: str = "search",
+    max_runs: int | None = None,
+    slots: int = 1,
+    hint_accuracy: float | None = None,
+    method: str | Callable[..., Outcome] = "search",
 ) -> dict:
     """Run `trials` simulated searches on one graph and score them (DESIGN.md's simulate JSON).
 
     A culprit selector that matches several edges draws one of them per trial
-    (`all` draws any edge). `startup_cost` is in steps per run; it only adds to
-    the reported cost. Methods other than "search" are the benchmark baselines.
+    (`all` draws any edge). `background` is the per-run chance of drift with every
+    edge off. `startup_cost` is in steps per run; it only adds to the reported
+    cost. `method`: "search", or a baseline callable (benchmarks/baselines.py).
     """
-    if method not in METHODS:
-        raise BisectPrefetchError(f"unknown method {method!r} (one of {', '.join(METHODS)})")
+    if method != "search" and not callable(method):
+        raise BisectPrefetchError(f"unknown method {method!r} (the simulator runs the search)")
     if trials < 1:
         raise BisectPrefetchError(f"--trials must be at least 1, got {trials}")
+    if slots < 1:
+        raise BisectPrefetchError(f"--slots must be at least 1, got {slots}")
+    if hint_accuracy is not None and not 0.0 <= hint_accuracy <= 1.0:
+        raise BisectPrefetchError(f"--hint-accuracy must be in [0, 1], got {hint_accuracy}")
+    if not 0.0 <= background < 1.0:
+        raise BisectPrefetchError(f"--background must be in [0, 1), got {background}")
     edge_ids = from_policy(policy, layers).edge_ids()
+    units = HintPrior(edge_ids).units
     q = per_run_chance(hazard, steps)
     alpha = 1.0 - confidence
     results = []
     for trial in range(trials):
         truth = draw_culprits(culprits, edge_ids, _stream(seed, trial, "choice"))
         oracle = SimulatedOracle(
-            truth, together=together, hazard=hazard, steps=steps, background=background,
+            truth, together=together, hazard=hazard, steps=steps,
+            background=hazard_for_chance(background, steps) if background else 0.0,
             error_rate=error_rate, seed=seed, trial=trial,
         )
         if method == "search":
+            hint = _hint_drawer(truth, units, hint_accuracy, _stream(seed, trial, "hint"))
             outcome = run_search(
-                edge_ids, oracle, confidence=confidence, max_runs=max_runs, steps_per_run=steps
+                edge_ids, oracle, slots=slots, hint=hint, confidence=confidence, max_runs=max_runs,
+                steps_per_run=steps,
             )
-        elif method == "each-edge":
-            outcome = each_edge_alone(edge_ids, oracle, q=q, alpha=alpha)
-        elif method == "binary-pair":
-            outcome = binary_search_pairs(edge_ids, oracle)
-        elif method == "binary-repeats":
-            outcome = binary_search_repeats(edge_ids, oracle, q=q, alpha=alpha)
         else:
-            outcome = ddmin_repeats(edge_ids, oracle, q=q, alpha=alpha)
+            outcome = method(edge_ids, oracle, q=q, alpha=alpha)
         results.append({
             "trial": trial,
             "culprits": truth,
@@ -274,6 +240,7 @@ def simulate(
             "confidence": outcome.confidence,
             "runs": outcome.runs,
             "steps": outcome.steps,
+            "rounds": outcome.rounds,
             "cost": outcome.steps + startup_cost * outcome.runs,
         })
     runs = [r["runs"] for r in results]
@@ -285,8 +252,14 @@ def simulate(
         "runs_p90": _percentile(runs, 90),
         "steps_median": _percentile([r["steps"] for r in results], 50),
         "claimed_confidence": float(np.mean(claims)) if claims else None,
+        "inconclusive": sum(r["verdict"] == "inconclusive" for r in results) / trials,
+        "slots": slots,
+        "rounds_median": _percentile([r["rounds"] for r in results], 50),
+        "rounds_p90": _percentile([r["rounds"] for r in results], 90),
+        "hint_accuracy": hint_accuracy,
+        "background": background,
         "cost_median": _percentile([r["cost"] for r in results], 50),
-        "method": method,
+        "method": method if isinstance(method, str) else method.__name__,
         "policy": policy,
         "layers": layers,
         "edges": len(edge_ids),
@@ -294,3 +267,17 @@ def simulate(
         "seed": seed,
         "results": results,
     }
+
+
+def _hint_drawer(truth: Sequence[str], units: Sequence[str], accuracy: float | None,
+                 rng: np.random.Generator) -> Callable[[], str] | None:
+    """The localization the first diverged run carries: a culprit's target with chance accuracy."""
+    if accuracy is None or not truth:
+        return None
+
+    def draw() -> str:
+        if rng.random() < accuracy:
+            return edge_ends(truth[int(rng.integers(len(truth)))])[1]
+        return units[int(rng.integers(len(units)))]
+
+    return draw

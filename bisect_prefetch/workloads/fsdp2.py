@@ -27,6 +27,15 @@ nudges one randomly chosen element of the target unit's local shard by one ulp
 (torch.nextafter, random direction). Runs then diverge at random steps, as a
 race would make them; masking EDGE off removes the fault.
 
+Options to plant suspect edges for the audit (``bisect-prefetch audit``):
+``--checkpoint`` (activation checkpointing around each layer),
+``--backward-prefetch-depth 2`` (each layer prefetches the two before it:
+the edge i->i-1 is shadowed by i+1->i-1, and targets are duplicated),
+``--extra-edge PHASE:SRC->DST`` (more explicit edges over ``layers.N`` and
+``root``; ``bwd:layers.1->layers.2`` prefetches a layer whose backward
+already ran: never consumed; ``bwd:layers.0->root`` comes after the root
+unsharded itself: late). World size 1 makes every edge size-one.
+
 ``--timings FILE`` (rank 0) writes ``{"first_step_start": unix time,
 "step_s": [seconds per step]}`` for the benchmarks.
 """
@@ -42,10 +51,13 @@ import time
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
+import torch.utils.checkpoint
 from torch import nn
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor import DTensor
+
+from bisect_prefetch.vocab import parse_edge_id
 
 
 class Block(nn.Module):
@@ -73,8 +85,11 @@ class Block(nn.Module):
 
 
 class TinyTransformer(nn.Module):
-    def __init__(self, *, vocab: int, dim: int, heads: int, layers: int) -> None:
+    def __init__(
+        self, *, vocab: int, dim: int, heads: int, layers: int, checkpoint: bool = False
+    ) -> None:
         super().__init__()
+        self.checkpoint = checkpoint
         self.embedding = nn.Embedding(vocab, dim)
         self.layers = nn.ModuleList(Block(dim, heads) for _ in range(layers))
         self.norm = nn.LayerNorm(dim)
@@ -83,7 +98,11 @@ class TinyTransformer(nn.Module):
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         x = self.embedding(tokens)
         for layer in self.layers:
-            x = layer(x)
+            if self.checkpoint:
+                # Activation checkpointing around the FSDP unit: its forward runs again in backward.
+                x = torch.utils.checkpoint.checkpoint(layer, x, use_reentrant=False)
+            else:
+                x = layer(x)
         return self.output(self.norm(x))
 
 
@@ -104,18 +123,44 @@ def synthetic_batches(
     return batches
 
 
-def apply_fsdp(model: TinyTransformer, mesh) -> None:
-    """fully_shard each layer, then the root; then the explicit prefetch chain."""
+def apply_fsdp(
+    model: TinyTransformer, mesh, *, backward_depth: int = 1, extra_edges: tuple[str, ...] = ()
+) -> None:
+    """fully_shard each layer, then the root; then the explicit prefetch chain.
+
+    backward_depth: each layer prefetches that many layers before it in backward
+    (2: the edge i->i-1 is usually shadowed by i+1->i-1). extra_edges: more
+    explicit edges, ``PHASE:SRC->DST`` over unit names (``layers.N``, ``root``),
+    to plant mistargeted or late prefetches.
+    """
     for layer in model.layers:
         fully_shard(layer, mesh=mesh)
     fully_shard(model, mesh=mesh)
     # After fully_shard, before the first forward (the adapter reads the lists then).
     layers = list(model.layers)
+    forward = {i: [layers[i + 1]] if i + 1 < len(layers) else [] for i in range(len(layers))}
+    backward = {i: [layers[j] for j in range(i - 1, max(i - 1 - backward_depth, -1), -1)]
+                for i in range(len(layers))}
+    units = {f"layers.{i}": layer for i, layer in enumerate(layers)} | {"root": model}
+    extra: dict[tuple[str, str], list[nn.Module]] = {}
+    for edge in extra_edges:
+        try:
+            phase, src, dst = parse_edge_id(edge)
+        except ValueError:
+            phase = src = dst = ""
+        if src not in units or dst not in units:
+            raise SystemExit(f"--extra-edge {edge!r}: want PHASE:SRC->DST over {sorted(units)}")
+        extra.setdefault((phase, src), []).append(units[dst])
     for i, layer in enumerate(layers):
-        if i + 1 < len(layers):
-            layer.set_modules_to_forward_prefetch([layers[i + 1]])
-        if i > 0:
-            layer.set_modules_to_backward_prefetch([layers[i - 1]])
+        src = f"layers.{i}"
+        if forward[i] or ("fwd", src) in extra:
+            layer.set_modules_to_forward_prefetch(forward[i] + extra.get(("fwd", src), []))
+        if backward[i] or ("bwd", src) in extra:
+            layer.set_modules_to_backward_prefetch(backward[i] + extra.get(("bwd", src), []))
+    if ("fwd", "root") in extra:
+        model.set_modules_to_forward_prefetch(extra[("fwd", "root")])
+    if ("bwd", "root") in extra:  # replaces the root's implicit prefetch of the last layer
+        model.set_modules_to_backward_prefetch(extra[("bwd", "root")])
 
 
 def make_fault(edge: str, hazard: float):
@@ -169,6 +214,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument("--fault-hazard", type=float, default=0.0, help="chance per firing")
     parser.add_argument("--timings", default=None, help="rank 0 writes step timings here")
+    parser.add_argument("--checkpoint", action="store_true", help="activation checkpointing")
+    parser.add_argument("--backward-prefetch-depth", type=int, default=1,
+                        help="layers each layer prefetches in backward")
+    parser.add_argument("--extra-edge", action="append", default=[],
+                        help="an extra explicit prefetch edge PHASE:SRC->DST (repeatable)")
     return parser.parse_args(argv)
 
 
@@ -196,8 +246,10 @@ def main(argv: list[str] | None = None) -> None:
         adapters.add_prefetch_listener(make_fault(fault_edge, hazard))
 
     torch.manual_seed(args.seed)
-    model = TinyTransformer(vocab=args.vocab, dim=args.dim, heads=args.heads, layers=args.layers)
-    apply_fsdp(model, init_device_mesh("cpu", (world,)))
+    model = TinyTransformer(vocab=args.vocab, dim=args.dim, heads=args.heads, layers=args.layers,
+                            checkpoint=args.checkpoint)
+    apply_fsdp(model, init_device_mesh("cpu", (world,)),
+               backward_depth=args.backward_prefetch_depth, extra_edges=tuple(args.extra_edge))
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.01)
     batches = synthetic_batches(
         seed=args.seed, count=4, batch=args.batch, seq=args.seq, vocab=args.vocab

@@ -209,8 +209,9 @@ def fixed_batches(seed: int, rank: int) -> list[tuple[Tensor, Tensor]]:
 
 def train(args: argparse.Namespace) -> None:
     session = adapters.install()  # a no-op under the launcher's sitecustomize
-    # hyper-parallel activates the adapter by being imported; the double is not hyper_parallel.
-    hyper_parallel_adapter.activate(session)
+    # hyper-parallel activates the adapter by being imported; the double is not hyper_parallel,
+    # so the workload names the module its schedulers live in.
+    hyper_parallel_adapter.activate(session, modules=(hsdp_double.__name__,))
     ms.set_context(mode=ms.PYNATIVE_MODE, device_target="CPU")
     ms.runtime.launch_blocking()
     world_size, rank = init_distributed()

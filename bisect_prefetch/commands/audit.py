@@ -1,9 +1,12 @@
-"""`bisect-prefetch audit`: one short recorded run, then the size-one audit of its probe.
+"""`bisect-prefetch audit`: one short recorded run, then the audit of its probe and order (audit.py).
 
 The run changes nothing (no mask) and uses the experiment's guard unless
 --guard says otherwise, so it shows the build as it is: which edges prefetch
 into units whose shard group has size 1, whether those still issue async
-unshards, and whether a guard has switched real (shard size > 1) prefetch off.
+unshards, whether a guard has switched real (shard size > 1) prefetch off,
+and, from the order record, each kind of suspect edge (--kinds chooses):
+size-one, never-consumed and late are problems (exit 1), no-op, shadowed and
+duplicate-target are notes.
 """
 
 from __future__ import annotations
@@ -13,22 +16,50 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from bisect_prefetch.audit import audit_run_dir
+from bisect_prefetch.audit import FAILING_KINDS, KINDS, audit_run_dir
+from bisect_prefetch.commands.common import write_json
 from bisect_prefetch.errors import BisectPrefetchError
 from bisect_prefetch.experiment import load_experiment
-from bisect_prefetch.runs.execute import Runner
-from bisect_prefetch.runs.store import StateDir
+from bisect_prefetch.runs.state import open_state
+from bisect_prefetch.runs.workloads import require_prefetch_graph
 
 AUDIT_STEPS = 2  # step 1 alone already fires every edge; a second shows it repeats
 
 
+def parse_kinds(text: str | None) -> list[str]:
+    """--kinds K,...: the kinds of finding to report (default all)."""
+    if not text:
+        return list(KINDS)
+    kinds = [k.strip() for k in text.split(",") if k.strip()]
+    unknown = [k for k in kinds if k not in KINDS]
+    if unknown or not kinds:
+        raise BisectPrefetchError(f"--kinds {text!r}: unknown kind(s) {', '.join(unknown)}; "
+                                  f"choose from {', '.join(KINDS)}")
+    return kinds
+
+
+def audit(experiment_path: Path, *, guard: str | None, kinds: str | None, state_dir: Path,
+          console: Console, json_out: Path | None = None) -> int:
+    """Run the audit and print it; exit code 0 when the build is right, 1 otherwise."""
+    result = run_audit(experiment_path, guard=guard, state_dir=state_dir, console=console,
+                       kinds=parse_kinds(kinds))
+    console.print(audit_table(result))
+    for line in verdict_lines(result):
+        console.print(line, markup=False)
+    if json_out is not None:
+        write_json(json_out, result, console)
+    return 0 if result["ok"] else 1
+
+
 def run_audit(
-    experiment_path: str | Path, *, guard: str | None, state_dir: str | Path, console: Console
+    experiment_path: str | Path, *, guard: str | None, state_dir: str | Path, console: Console,
+    kinds: list[str] | None = None,
 ) -> dict:
     experiment = load_experiment(experiment_path)
+    require_prefetch_graph(experiment)
     guard = guard or experiment.guard
-    with StateDir(state_dir, experiment.name) as state:
-        runner = Runner(experiment, state)
+    with open_state(experiment, state_dir, console=console) as opened:
+        runner, state = opened.runner, opened.state
         key = runner.key("audit", mask=None, guard=guard, steps=AUDIT_STEPS, index=0)
         if state.find(key) is None:
             console.print(f"recording {AUDIT_STEPS} steps of {experiment.name} "
@@ -40,7 +71,7 @@ def run_audit(
                 f"audit run {out.run_id} ended in {out.outcome} ({out.reason}); "
                 f"see {run_dir / 'stderr.log'}"
             )
-        result = audit_run_dir(run_dir)
+        result = audit_run_dir(run_dir, kinds=kinds or KINDS)
     result["run_id"] = out.run_id
     result["guard_under_test"] = guard
     return result
@@ -74,5 +105,30 @@ def verdict_lines(result: dict) -> list[str]:
                      + ", ".join(result["pitfall_units"]))
     observed = "" if result.get("guard_observed", True) else " (no size-one edge fired: nothing to judge by)"
     lines.append(f"guard: {result['guard']}{observed}")
+    lines += finding_lines(result)
     lines.append("-> OK: the build is right" if result["ok"] else "-> PROBLEM: see above")
     return lines
+
+
+def finding_lines(result: dict) -> list[str]:
+    """One line per finding: failing kinds as problems, the others as notes."""
+    lines = []
+    if not result.get("order_recorded", False):
+        lines.append("this run recorded no unit order (an older run, or recording off): "
+                     "only size-one and duplicate-target were checked")
+    for f in result.get("findings", []):
+        label = "problem" if f["kind"] in FAILING_KINDS else "note"
+        where = _where(f)
+        lines.append(f"{label}: {f['kind']} {f['edge']}: {f['evidence']}{where}")
+    return lines
+
+
+def _where(finding: dict) -> str:
+    parts = []
+    if finding.get("steps"):
+        parts.append("step" + ("s " if len(finding["steps"]) > 1 else " ")
+                     + ",".join(str(s) for s in finding["steps"]))
+    if finding.get("ranks"):
+        parts.append("rank" + ("s " if len(finding["ranks"]) > 1 else " ")
+                     + ",".join(str(r) for r in finding["ranks"]))
+    return f" ({'; '.join(parts)})" if parts else ""

@@ -1,4 +1,4 @@
-"""Delta debugging (Zeller's ddmin) as a state machine driven by verdicts.
+"""Delta debugging (Zeller's ddmin) as a state machine driven by verdicts (the ddmin baseline).
 
 ddmin finds a 1-minimal failing subset: one that fails while removing any single
 element makes it pass. Here "fails" means "the mask enabling exactly these edges

@@ -1,7 +1,9 @@
-"""Atomic file writes: write a temp file beside the target, fsync, rename.
+"""Files the tool writes: atomically (temp file beside the target, fsync, rename).
 
 A reader (or a resumed run after SIGKILL) sees the old file or the new one,
-never half of one.
+never half of one. Files get the mode any program's new file gets (0666
+less the umask), not the private 0600 of a temp file, so a CI job running as
+another user can read the state dir and the reports.
 """
 
 from __future__ import annotations
@@ -9,10 +11,22 @@ from __future__ import annotations
 import io
 import os
 import tempfile
+import threading
 from pathlib import Path
 from typing import Any
 
 from bisect_prefetch.errors import BisectPrefetchError
+
+_umask_lock = threading.Lock()
+
+
+def new_file_mode() -> int:
+    """0666 less the process umask: what open() would give a new file."""
+    # The umask can only be read by setting it; set it straight back, one thread at a time.
+    with _umask_lock:
+        umask = os.umask(0o022)
+        os.umask(umask)
+    return 0o666 & ~umask
 
 
 def write_bytes_atomic(path: str | Path, data: bytes) -> None:
@@ -29,6 +43,7 @@ def _write_then_rename(path: Path, data: bytes) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
+        os.fchmod(fd, new_file_mode())  # mkstemp makes 0600
         with os.fdopen(fd, "wb") as f:
             f.write(data)
             f.flush()

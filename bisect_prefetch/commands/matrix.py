@@ -1,21 +1,16 @@
-"""The experiment matrix: A/A groups over cells (topology x mask x guard), each with an expectation.
+"""`bisect-prefetch matrix`: A/A groups over cells (topology x mask x guard), each with an expectation.
 
 Cells run in the matrix file's order, each as one A/A group through a group
 runner. The real runner goes through the run store, so a matrix that stops
 half-way resumes where it stopped: runs already in the journal are reused,
 never run again. Tests inject a fake runner (any function from a CellRequest to
-the aa JSON dict).
-
-An expectation is met when the verdict is the expected one; `any` accepts
-`consistent` and `diverged` but not a group whose runs failed (verdict
-`error`): a cell that could not run says nothing about drift, and CI must see it.
+the aa JSON dict). What an expectation means is experiment.expectation_met.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import shlex
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -24,15 +19,27 @@ from typing import Any
 
 from rich.console import Console
 
+from bisect_prefetch.commands.common import (
+    command_line,
+    options,
+    resume_hint_on_interrupt,
+    write_json,
+)
 from bisect_prefetch.errors import BisectPrefetchError
-from bisect_prefetch.experiment import Cell, Experiment, Matrix, load_matrix
+from bisect_prefetch.experiment import Cell, Experiment, Matrix, expectation_met, load_matrix
+from bisect_prefetch.files import write_text_atomic
+from bisect_prefetch.report.html import MATRIX_FILE, build_report
+from bisect_prefetch.report.junit import write_junit
+from bisect_prefetch.report.localization import in_unit
+from bisect_prefetch.report.markdown import publish_markdown
 from bisect_prefetch.report.progress import RunProgress
-from bisect_prefetch.runs.atomic import write_text_atomic
+from bisect_prefetch.report.table import print_matrix
+from bisect_prefetch.runs.group import run_group as run_aa_group
+from bisect_prefetch.runs.state import open_state
+from bisect_prefetch.runs.step_time import describe_cost, group_cost
 from bisect_prefetch.runs.store import JOURNAL
 from bisect_prefetch.select import resolve_mask
-
-VERDICTS = ("consistent", "diverged")
-USABLE = ("ok", "stopped-early")  # run outcomes that enter a verdict (runs.execute)
+from bisect_prefetch.vocab import USABLE_OUTCOMES
 
 
 @dataclass(frozen=True)
@@ -50,12 +57,6 @@ class CellRequest:
 GroupRunner = Callable[[CellRequest], dict[str, Any]]
 
 
-def expectation_met(expect: str, verdict: str) -> bool:
-    if expect == "any":
-        return verdict in VERDICTS
-    return verdict == expect
-
-
 def count_divergences(group: dict[str, Any]) -> int:
     """Runs of the group that differ from its reference run (the first usable one).
 
@@ -64,7 +65,7 @@ def count_divergences(group: dict[str, Any]) -> int:
     details = group.get("run_details")
     if isinstance(details, list):
         return sum(1 for run in details
-                   if run.get("outcome") in USABLE and run.get("first_diff_step") is not None)
+                   if run.get("outcome") in USABLE_OUTCOMES and run.get("first_diff_step") is not None)
     return 1 if group.get("verdict") == "diverged" else 0
 
 
@@ -93,6 +94,7 @@ class CellResult:
             "verdict": self.verdict,
             "expectation_met": self.expectation_met,
             "first_diff_step": self.group.get("first_diff_step"),
+            "localization": self.group.get("localization"),
             "metrics": self.group.get("metrics") or {},
             "runs": self.group.get("runs", 0),
             "divergences": count_divergences(self.group),
@@ -131,7 +133,21 @@ class MatrixResult:
             "ok": self.ok,
             "failed": self.failed,
             "cells": [c.to_json() for c in self.cells],
+            "step_time": self.step_costs(),
         }
+
+    def step_costs(self) -> dict[str, dict[str, Any]]:
+        """Per cell: its step time against the all-on cell of the same overrides (if any)."""
+        costs = {}
+        for cell in self.cells:
+            base = next((c for c in self.cells if c.mask_spec == ["all-on"]
+                         and c.overrides == cell.overrides), None)
+            base_cost = base.group.get("step_time") if base is not None else None
+            times = [r.get("step_time_ms") for r in cell.group.get("run_details") or []]
+            cost = group_cost(times, base_cost["median_ms"] if base_cost else None)
+            if cost is not None:
+                costs[cell.name] = cost
+        return costs
 
 
 def cell_request(matrix: Matrix, cell: Cell) -> CellRequest:
@@ -150,7 +166,7 @@ def cell_verdict_line(cell: CellResult) -> str:
     """`-> diverged at step 4 (2 of 3 runs); expected diverged: ok`."""
     data = cell.to_json()
     if cell.verdict == "diverged":
-        what = f"diverged at step {data['first_diff_step']}"
+        what = f"diverged at step {data['first_diff_step']}{in_unit(data['localization'])}"
     elif cell.verdict == "consistent":
         what = "consistent"
     else:
@@ -195,35 +211,30 @@ def run_matrix(
 
 def engine_group_runner(
     *, state_dir: str | Path, console: Console | None = None,
-    progress: RunProgress | None = None,
+    progress: RunProgress | None = None, executor: str | None = None, slots: int | None = None,
 ) -> GroupRunner:
     """The real group runner: the run store under state_dir, graph discovery, the A/A group.
 
     The state dir's lock is held per cell, so cells that override the
     experiment's name run in their own state dirs.
     """
-    from bisect_prefetch.runs.discover import discover_graph
-    from bisect_prefetch.runs.execute import Runner
-    from bisect_prefetch.runs.group import run_group
-    from bisect_prefetch.runs.store import StateDir
-
     edge_ids_of: dict[tuple[str, ...], list[str]] = {}  # cells of one experiment share a graph
 
     def run(request: CellRequest) -> dict[str, Any]:
         experiment = request.experiment
-        with StateDir(state_dir, experiment.name) as state:
-            runner = Runner(experiment, state)
+        with open_state(experiment, state_dir, console=console, executor=executor,
+                        slots=slots) as opened:
             known = (experiment.name, experiment.fingerprint(), experiment.graph.model_dump_json())
             if known not in edge_ids_of:
-                edge_ids_of[known] = discover_graph(runner, console).edge_ids()
+                edge_ids_of[known] = opened.graph().edge_ids()
             edge_ids = edge_ids_of[known]
             try:
                 mask = resolve_mask(request.mask, edge_ids)
             except BisectPrefetchError as exc:
                 raise BisectPrefetchError(f"cell {request.name!r}: {exc}") from None
-            group = run_group(runner, mask=mask, runs=request.runs, steps=experiment.steps,
-                              guard=request.guard, purpose=request.purpose, name=request.name,
-                              progress=progress)
+            group = run_aa_group(opened.runner, mask=mask, runs=request.runs,
+                                 steps=experiment.steps, guard=request.guard,
+                                 purpose=request.purpose, name=request.name, progress=progress)
         return group.to_json()
 
     return run
@@ -234,48 +245,60 @@ def matrix_name(path: str | Path) -> str:
     return Path(path).stem
 
 
-def matrix_command(
-    path: str | Path,
+def matrix(
+    path: Path,
     *,
-    state_dir: str | Path,
+    state_dir: Path,
     console: Console,
     junit: Path | None = None,
     markdown: Path | None = None,
     json_out: Path | None = None,
     run_group: GroupRunner | None = None,
     env: Mapping[str, str] = os.environ,
-) -> MatrixResult:
+    executor: str | None = None,
+    slots: int | None = None,
+) -> int:
     """`bisect-prefetch matrix`: run the cells, print the table, write every output asked for.
 
-    Also leaves matrix.json (with the command that reruns it) and the HTML
-    report next to the journal of the matrix's experiment.
+    Returns the exit code (0 every expectation met, 1 otherwise). Also leaves
+    matrix.json (with the command that reruns it) and the HTML report next to
+    the journal of the matrix's experiment.
     """
-    from bisect_prefetch.report.html import MATRIX_FILE, build_report
-    from bisect_prefetch.report.junit import write_junit
-    from bisect_prefetch.report.markdown import publish_markdown
-    from bisect_prefetch.report.table import print_matrix
-
-    matrix = load_matrix(path)
-    total = sum(cell.runs for cell in matrix.cells)
-    console.print(f"matrix {matrix_name(path)}: {len(matrix.cells)} cells, up to {total} runs, "
-                  f"experiment {matrix.experiment.name}", markup=False)
-    with RunProgress(console, total_runs=total) as progress:
-        runner = run_group or engine_group_runner(state_dir=state_dir, console=console,
-                                                  progress=progress)
-        result = run_matrix(matrix, runner, name=matrix_name(path), console=console)
+    resume = command_line("matrix", str(path), *options(state_dir=state_dir, executor=executor,
+                                                         slots=slots))
+    with resume_hint_on_interrupt(console, resume):
+        result = run_matrix_file(path, state_dir=state_dir, console=console, run_group=run_group,
+                                 executor=executor, slots=slots)
     data = result.to_json()
     print_matrix(data, console)
+    for cell_name, cost in data["step_time"].items():  # only cells whose runs timed their steps
+        console.print(f"step time of {cell_name} against all-on: {describe_cost(cost)}",
+                      markup=False, soft_wrap=True)
     for written in publish_markdown(data, markdown, env=env):
         console.print(f"wrote {written}", markup=False)
     if junit is not None:
         write_junit(data, junit)
         console.print(f"wrote {junit}", markup=False)
     if json_out is not None:
-        write_text_atomic(json_out, json.dumps(data, indent=2) + "\n")
-        console.print(f"wrote {json_out}", markup=False)
-    experiment_dir = Path(state_dir) / matrix.experiment.name
-    saved = {**data, "command": shlex.join(["bisect-prefetch", "matrix", str(path)])}
+        write_json(json_out, data, console)
+    experiment_dir = Path(state_dir) / result.experiment
+    saved = {**data, "command": command_line("matrix", str(path))}
     write_text_atomic(experiment_dir / MATRIX_FILE, json.dumps(saved, indent=2) + "\n")
     if (experiment_dir / JOURNAL).is_file():
         console.print(f"wrote {build_report(experiment_dir)}", markup=False)
-    return result
+    return result.exit_code
+
+
+def run_matrix_file(path: Path, *, state_dir: Path, console: Console,
+                    run_group: GroupRunner | None = None, executor: str | None = None,
+                    slots: int | None = None) -> MatrixResult:
+    """Load the matrix and run its cells with live progress (the real runner unless given one)."""
+    loaded = load_matrix(path)
+    total = sum(cell.runs for cell in loaded.cells)
+    console.print(f"matrix {matrix_name(path)}: {len(loaded.cells)} cells, up to {total} runs, "
+                  f"experiment {loaded.experiment.name}", markup=False)
+    with RunProgress(console, total_runs=total) as progress:
+        runner = run_group or engine_group_runner(state_dir=state_dir, console=console,
+                                                  progress=progress, executor=executor,
+                                                  slots=slots)
+        return run_matrix(loaded, runner, name=matrix_name(path), console=console)

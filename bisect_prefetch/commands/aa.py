@@ -1,0 +1,143 @@
+"""`bisect-prefetch aa`: an A/A group of K runs under one mask, narrated, with its verdict.
+
+Steps, each printed as it happens: the experiment, the graph (discovered by
+one short run, or a static policy), the mask, the runs, then the comparison
+table (metric, first differing step, MAE, P95, max abs) and the verdict.
+Finished runs are in the journal: the same command again reuses them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+from rich.console import Console
+
+from bisect_prefetch.commands.common import (
+    command_line,
+    options,
+    resume_hint_on_interrupt,
+    write_json,
+)
+from bisect_prefetch.errors import BisectPrefetchError
+from bisect_prefetch.experiment import Experiment, load_experiment, with_overrides
+from bisect_prefetch.report.localization import describe as describe_localization
+from bisect_prefetch.report.progress import RunProgress
+from bisect_prefetch.report.table import group_table
+from bisect_prefetch.runs.group import GroupResult, run_group
+from bisect_prefetch.runs.state import open_state
+from bisect_prefetch.runs.step_time import WARMUP_STEPS, fix_cost_line, fix_costs
+from bisect_prefetch.select import describe, resolve_mask
+
+
+def aa(
+    experiment_path: Path,
+    *,
+    masks: Sequence[str] = (),
+    runs: int = 2,
+    steps: int | None = None,
+    guard: str | None = None,
+    state_dir: Path,
+    console: Console,
+    json_out: Path | None = None,
+    executor: str | None = None,
+    slots: int | None = None,
+) -> int:
+    """Run (or resume) the A/A group; exit code 0 consistent, 1 diverged."""
+    resume = command_line("aa", str(experiment_path), *options(
+        mask=list(masks), runs=runs, steps=steps, guard=guard, state_dir=state_dir,
+        executor=executor, slots=slots))
+    with resume_hint_on_interrupt(console, resume):
+        result = run_aa(experiment_path, masks=masks, runs=runs, steps=steps, guard=guard,
+                        state_dir=state_dir, console=console, executor=executor, slots=slots)
+    if json_out is not None:
+        write_json(json_out, result.to_json(), console)
+    if result.verdict == "error":
+        raise BisectPrefetchError(f"no verdict: {result.reason}")
+    return 0 if result.verdict == "consistent" else 1
+
+
+def run_aa(
+    experiment_path: Path,
+    *,
+    masks: Sequence[str],
+    runs: int,
+    steps: int | None,
+    guard: str | None,
+    state_dir: Path,
+    console: Console,
+    executor: str | None = None,
+    slots: int | None = None,
+) -> GroupResult:
+    """The group with its narration, table and verdict line."""
+    if runs < 2:
+        raise BisectPrefetchError(f"--runs must be at least 2 for an A/A comparison, got {runs}")
+    experiment = load_experiment(experiment_path)
+    if steps is not None:
+        if steps < 1:
+            raise BisectPrefetchError(f"--steps must be at least 1, got {steps}")
+        experiment = with_overrides(experiment, {"steps": steps})
+    guard = guard or experiment.guard
+    console.print(_describe_experiment(experiment), markup=False)
+    with open_state(experiment, state_dir, console=console, executor=executor,
+                    slots=slots) as opened:
+        edge_ids = opened.graph().edge_ids()
+        mask = resolve_mask(list(masks), edge_ids)
+        name = describe(mask, edge_ids)
+        console.print(f"A/A under {name} ({len(mask)} of {len(edge_ids)} edges on), "
+                      f"guard {guard}: up to {runs} runs", markup=False)
+        with RunProgress(console) as progress:
+            result = run_group(opened.runner, mask=mask, runs=runs, steps=experiment.steps,
+                               guard=guard, name=name, progress=progress)
+        # Against all-on runs of this experiment in the journal (from aa, bisect or matrix):
+        # what dropping the edges this mask leaves out, or the guard, costs.
+        against_all_on = fix_cost_line(
+            fix_costs(opened.state.records(), edge_ids=edge_ids,
+                      fix=set(edge_ids) - set(mask) if guard == "none" else (),
+                      variant_suffix="@" + experiment.fingerprint()),
+            set(edge_ids) - set(mask))
+    if result.metrics:
+        console.print(group_table(result.to_json()))
+    for line in result.environment_drift:
+        console.print(f"environment drift (not prefetch drift): {line}", markup=False,
+                      soft_wrap=True)
+    for line in result.graph_drift:
+        console.print(f"graph drift: {line}", markup=False, soft_wrap=True)
+    cost = result.to_json()["step_time"]
+    if cost is not None:  # only runs with the adapter time their steps
+        console.print(f"step time: {cost['median_ms']:.1f} ms (runs {cost['min_ms']:.1f}-"
+                      f"{cost['max_ms']:.1f} ms, median after {WARMUP_STEPS} warm-up steps)",
+                      markup=False)
+    if against_all_on:
+        console.print(against_all_on, markup=False, soft_wrap=True)
+    console.print(verdict_line(result), markup=False, soft_wrap=True)
+    return result
+
+
+def _describe_experiment(experiment: Experiment) -> str:
+    w = experiment.workload
+    if w is not None:
+        what = f"{w.builtin} workload, {w.layers} layers, {w.world_size} rank(s)"
+        if w.fault is not None:
+            what += f", planted fault (hazard {w.fault.hazard:g})"
+    else:
+        what = f"command {experiment.command[0]}"
+    return f"experiment {experiment.name}: {what}, {experiment.steps} steps, seed {experiment.seed}"
+
+
+def verdict_line(result: GroupResult) -> str:
+    # Runs that ended in error or timeout are in no verdict: say so, never count them.
+    usable = sum(run.usable for run in result.runs)
+    failed = len(result.runs) - usable
+    not_counted = f"; {failed} failed run(s) not counted" if failed else ""
+    if result.verdict == "consistent":
+        steps = max((m.get("steps_compared", 0) for m in result.metrics.values()), default=0)
+        return (f"-> consistent ({usable} runs, bitwise identical over {steps} steps"
+                f"{not_counted})")
+    if result.verdict == "diverged":
+        pair = " vs ".join(result.first_pair or [])
+        where = describe_localization(result.localization)
+        return (f"-> diverged at step {result.first_diff_step}"
+                + (f" ({pair}{not_counted})" if pair else not_counted)
+                + (f"; {where}" if where else ""))
+    return f"-> error: {result.reason}"

@@ -1,0 +1,480 @@
+"""`bisect-prefetch bisect`: the search against real training runs, narrated and resumable.
+
+Steps: load the experiment, open its state dir (runs/state.py), learn the
+graph, run the golden reference, then let the search (search/protocol.py)
+ask for masks and the real oracle (runs/oracle.py) run them, each against the
+golden all-off trajectory. The search returns structured steps and facts;
+this module words them:
+
+    checking that all-on diverges...
+      -> diverged at run 2 (step 17)
+    checking that all-off is consistent...
+      -> clean (1 run)
+    ...
+    double checking the answer: keep-only:bwd:layers.5->layers.4 should diverge...
+      -> diverged at run 3 (step 12)
+
+Every finished run is in the journal and the oracle answers a repeated
+question from it, so `--resume` replays the search to where it stopped and
+re-runs nothing. bisect.json is written in a `finally:` (an interrupted
+search keeps what it learned), with the HTML report.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Protocol
+
+from rich.console import Console
+from rich.table import Table
+
+from bisect_prefetch.audit import FAILING_KINDS, audit_run_dir
+from bisect_prefetch.commands.common import (
+    command_line,
+    options,
+    resume_hint_on_interrupt,
+    write_json,
+)
+from bisect_prefetch.errors import BisectPrefetchError
+from bisect_prefetch.experiment import Experiment, load_experiment
+from bisect_prefetch.files import write_text_atomic
+from bisect_prefetch.report.html import BISECT_FILE, build_report
+from bisect_prefetch.report.localization import in_unit
+from bisect_prefetch.runs.discover import DISCOVERY_STEPS
+from bisect_prefetch.runs.execute import RunOutcome
+from bisect_prefetch.runs.oracle import OnRun, RealOracle
+from bisect_prefetch.runs.slots import RunRequest, keep_slots_busy
+from bisect_prefetch.runs.state import OpenState, open_state
+from bisect_prefetch.runs.step_time import fix_cost_line, fix_costs
+from bisect_prefetch.runs.store import StateDir
+from bisect_prefetch.runs.workloads import require_prefetch_graph
+from bisect_prefetch.search import protocol as p
+from bisect_prefetch.search.oracle import Oracle
+from bisect_prefetch.search.protocol import Ask, Bisection, Block, Fact, SearchResult, mask_name
+from bisect_prefetch.vocab import Mask
+
+PURPOSE = "search"
+REPRODUCE_RUNS = 4
+# A culprit is a finding (1); so is drift that is not prefetch's, and no answer. No drift: 0.
+EXIT_CODES = {"culprit-found": 1, "not-prefetch": 1, "no-drift-reproduced": 0, "inconclusive": 1}
+
+
+class BisectOracle(Oracle, Protocol):
+    """The oracle the command drives: runs masks, and says what it ran and reused."""
+
+    runs_launched: int
+    runs_reused: int
+
+    @property
+    def golden(self) -> str: ...
+
+    def deterministic_masks(self) -> list[Mask]: ...
+
+
+OracleFor = Callable[[OpenState, OnRun], BisectOracle]
+
+
+def real_oracle(opened: OpenState, on_run: OnRun) -> RealOracle:
+    """Real training runs in the state dir, each against the golden all-off trajectory."""
+    experiment = opened.experiment
+    return RealOracle(opened.runner, steps=experiment.steps, guard=experiment.guard,
+                      purpose=PURPOSE, on_run=on_run)
+
+
+# -- the command -------------------------------------------------------------------------
+def bisect(
+    experiment_path: Path,
+    *,
+    confidence: float | None,
+    max_runs: int | None,
+    resume: bool,
+    state_dir: Path,
+    console: Console,
+    json_out: Path | None = None,
+    oracle_for: OracleFor = real_oracle,
+    executor: str | None = None,
+    slots: int | None = None,
+) -> int:
+    """Run (or resume) the bisection, print its story and verdict; returns the exit code.
+
+    oracle_for makes the oracle once the state dir is open (tests give a simulated one).
+    """
+    experiment = load_experiment(experiment_path)
+    require_prefetch_graph(experiment)
+    hint = resume_command(experiment_path, state_dir, confidence, max_runs, executor, slots)
+    with resume_hint_on_interrupt(console, hint):
+        data = _bisect(
+            experiment, experiment_path, hint=hint, resume=resume, state_dir=state_dir,
+            confidence=confidence if confidence is not None else experiment.search.confidence,
+            max_runs=max_runs if max_runs is not None else experiment.search.max_runs,
+            console=console, oracle_for=oracle_for, executor=executor, slots=slots,
+        )
+    if json_out is not None:
+        write_json(json_out, data, console)
+    return EXIT_CODES[data["verdict"]]
+
+
+def _bisect(experiment: Experiment, experiment_path: Path, *, hint: str, resume: bool,
+            state_dir: Path, confidence: float, max_runs: int, console: Console,
+            oracle_for: OracleFor, executor: str | None = None,
+            slots: int | None = None) -> dict:
+    with open_state(experiment, state_dir, console=console, executor=executor,
+                    slots=slots) as opened:
+        earlier = _earlier_search_runs(opened.state, experiment)
+        if earlier and not resume:
+            raise BisectPrefetchError(
+                f"{opened.path} already holds {earlier} run(s) of a bisection of this experiment; "
+                f"continue it with: {hint}  (or give another --state-dir to start over)"
+            )
+        console.print(f"bisecting {experiment.name}: {experiment.steps} steps a run, seed "
+                      f"{experiment.seed}, guard {experiment.guard}, confidence "
+                      f"{confidence:g}, at most {max_runs} runs", markup=False)
+        if earlier:
+            console.print(f"resuming: {earlier} finished run(s) in the journal are reused",
+                          markup=False)
+        graph = opened.graph()
+        suspects = audit_suspects(opened, console)
+        search = Bisection(graph.edge_ids(), confidence=confidence, max_runs=max_runs,
+                           steps_per_run=experiment.steps,
+                           suspects=suspects)  # a soft prior the runs correct (hints.py)
+        run_details: list[dict] = []
+        oracle = oracle_for(opened, _run_line(console, run_details))
+        result = None
+        try:
+            console.print("running the golden reference (all-off, full length)...", markup=False)
+            _ = oracle.golden
+            if (isinstance(oracle, RealOracle) and oracle.runner.executor.slots > 1
+                    and hasattr(search, "propose")):
+                result = run_bisection_in_slots(search, oracle, console=console)
+            else:
+                result = run_bisection(search, oracle, console=console)
+        finally:
+            # Keep what was learned even when interrupted: the report shows it.
+            partial = result or search.result()
+            data = result_to_json(partial, reproduce_command(experiment_path, partial))
+            data["experiment"] = experiment.name
+            data["deterministic_masks"] = [sorted(m) for m in oracle.deterministic_masks()]
+            data["runs_launched"], data["runs_reused"] = oracle.runs_launched, oracle.runs_reused
+            data["runs_lost"] = list(getattr(oracle, "runs_lost", []))
+            data["suspects"] = suspects
+            data["run_details"] = run_details  # each run, with where its gradients first differed
+            data["step_time"] = fix_costs(
+                opened.state.records(), edge_ids=graph.edge_ids(), fix=partial.minimal_set,
+                variant_suffix="@" + experiment.fingerprint())
+            write_text_atomic(opened.path / BISECT_FILE, json.dumps(data, indent=2) + "\n")
+            build_report(opened.path)
+    console.print()
+    render_result(result, console, reproduce=data["reproduce"])
+    cost = fix_cost_line(data["step_time"], result.minimal_set)
+    if cost:
+        console.print(cost, markup=False, soft_wrap=True)
+    console.print(f"runs launched {oracle.runs_launched}, reused from the journal "
+                  f"{oracle.runs_reused}; report: {opened.path / 'report.html'}", markup=False)
+    if data["runs_lost"]:
+        console.print(f"runs lost (the scheduler took the job away; retried): "
+                      f"{len(data['runs_lost'])}: " + "; ".join(data["runs_lost"]),
+                      markup=False, soft_wrap=True)
+    return data
+
+
+def audit_suspects(opened: OpenState, console: Console) -> list[str]:
+    """Edges the audit of the discovery run flags as wasting work or racing (audit.py).
+
+    The search gives them more prior weight; with no discovery run (a static
+    graph) or no order recorded there are none.
+    """
+    key = opened.runner.key("discover", mask=None, guard="none", steps=DISCOVERY_STEPS, index=0)
+    found = opened.state.find(key)
+    if found is None:
+        return []
+    try:
+        result = audit_run_dir(opened.state.run_dir(found["run_id"]))
+    except BisectPrefetchError:
+        return []
+    failing = [f for f in result["findings"] if f["kind"] in FAILING_KINDS]
+    suspects = sorted({f["edge"] for f in failing})
+    kinds = sorted({f["kind"] for f in failing})
+    if suspects:
+        console.print(f"audit of the discovery run: {len(suspects)} suspect edge(s) "
+                      f"({', '.join(kinds)}): {', '.join(suspects)}; the search starts with "
+                      "more weight on them", markup=False, soft_wrap=True)
+    else:
+        console.print("audit of the discovery run: no suspect edge", markup=False)
+    return suspects
+
+
+def _earlier_search_runs(state: StateDir, experiment: Experiment) -> int:
+    """Journaled runs of a bisection of this very experiment (golden and retries too)."""
+    suffix = "@" + experiment.fingerprint()
+    return sum(1 for r in state.records()
+               if r["variant"].startswith(PURPOSE) and r["variant"].endswith(suffix))
+
+
+def resume_command(experiment_path: Path, state_dir: Path, confidence: float | None,
+                   max_runs: int | None, executor: str | None = None,
+                   slots: int | None = None) -> str:
+    return command_line("bisect", str(experiment_path), *options(
+        resume=True, state_dir=state_dir, confidence=confidence, max_runs=max_runs,
+        executor=executor, slots=slots))
+
+
+def reproduce_mask(result: SearchResult) -> str | None:
+    """The --mask value that reproduces the drift: keep-only of the minimal set."""
+    return "keep-only:" + ",".join(result.minimal_set) if result.minimal_set else None
+
+
+def reproduce_command(experiment_path: Path, result: SearchResult) -> str:
+    return command_line("aa", str(experiment_path),
+                        *options(runs=REPRODUCE_RUNS, mask=reproduce_mask(result)))
+
+
+def _run_line(console: Console, details: list[dict] | None = None):
+    """One line per run: which, how it ended, how long (or that the journal had it).
+
+    details, when given, gets each run's record for the JSON's run_details.
+    """
+    numbers = itertools.count(1)
+
+    def on_run(mask: Mask, out: RunOutcome) -> None:
+        if details is not None:
+            details.append({"run_id": out.run_id, "mask": sorted(mask), "outcome": out.outcome,
+                            "steps_done": out.steps_done, "first_diff_step": out.first_diff_step,
+                            "localization": out.localization, "fault": out.fault,
+                            "reused": out.reused})
+        if out.usable and out.diverged:
+            how = f"diverged at step {out.first_diff_step}{in_unit(out.localization)}"
+        elif out.usable:
+            how = f"clean over {out.steps_done} steps"
+        else:
+            how = f"{out.outcome}: {out.why()}"
+        when = "from the journal" if out.reused else f"{out.wall_s or 0:.1f}s"
+        console.print(f"    run {next(numbers)} ({len(mask)} edges on): {how} [{when}]", markup=False)
+
+    return on_run
+
+
+# -- driving the search -------------------------------------------------------------------
+class _Narrator:
+    """Prints a step's title when its first run starts and its verdict line when it ends."""
+
+    def __init__(self, search: Bisection, console: Console) -> None:
+        self.search = search
+        self.console = console
+        self.open = False
+        self.runs_before = 0  # runs recorded before the open step began
+
+    def before(self, ask: Ask) -> None:
+        """Before a run of the mask the search asks for (`search.pending`)."""
+        events = self.search.events
+        last = events[-1] if events else None
+        if last is not None and last.enabled == ask.mask and last.step == ask.step:
+            return  # the same step goes on
+        self.close()
+        name = mask_name(ask.mask, self.search.edge_ids)
+        self.console.print(f"{step_title(ask.step, name, ask.target, ask.context)}...",
+                           markup=False)
+        self.open, self.runs_before = True, self.search.runs_used
+
+    def close(self) -> None:
+        # A step interrupted before its first run finished has no verdict yet.
+        if self.open and self.search.runs_used > self.runs_before:
+            self.console.print(f"  -> {verdict_line(self.search.events[-1])}", markup=False)
+        self.open = False
+
+
+def run_bisection(search: Bisection, oracle: Oracle, *, console: Console) -> SearchResult:
+    """Run the search to its verdict, narrating each step; returns the result.
+
+    A resumed search needs no replay here: the real oracle answers runs that
+    already finished from the journal.
+    """
+    narrator = _Narrator(search, console)
+    try:
+        while (ask := search.pending) is not None:
+            narrator.before(ask)
+            search.record(ask.mask, oracle.run(ask.mask))
+    finally:
+        narrator.close()  # an interrupted step still gets its verdict line
+    return search.result()
+
+
+def run_bisection_in_slots(search: Bisection, oracle: RealOracle, *,
+                           console: Console) -> SearchResult:
+    """The same, with every slot of the executor busy.
+
+    Whenever a slot frees the search proposes the next run from everything
+    finished and everything still in flight, and each result is recorded as it
+    arrives. A run that failed is retried in the next free slot; runs still in
+    flight at the verdict are cancelled.
+    """
+    retries: list[RunRequest] = []
+    titled: list[tuple] = []  # the step last announced: runs of several steps interleave
+
+    def propose() -> RunRequest | None:
+        if retries:
+            return retries.pop(0)
+        ask = None if search.done else search.propose()
+        if ask is None:
+            return None
+        if titled[-1:] != [(ask.step, ask.mask)]:
+            name = mask_name(ask.mask, search.edge_ids)
+            console.print(f"{step_title(ask.step, name, ask.target, ask.context)}...",
+                          markup=False)
+            titled.append((ask.step, ask.mask))
+        return oracle.request(ask.mask)
+
+    def arrived(request: RunRequest, out: RunOutcome) -> None:
+        answer = oracle.finished(request, out)
+        if isinstance(answer, RunRequest):
+            retries.append(answer)
+        elif not search.done:
+            search.record(request.tag[0], answer)
+
+    keep_slots_busy(oracle.runner, propose, arrived, stop=lambda: search.done)
+    return search.result()
+
+
+# -- wording the search's steps and facts ---------------------------------------------------
+def _runs(n: int) -> str:
+    return f"{n} run{'s' * (n != 1)}"
+
+
+def step_title(step: str, mask: str, target: Sequence[str], context: str | None) -> str:
+    """What a protocol step checks, e.g. "checking that all-on diverges"."""
+    names = ",".join(target)
+    if step == "calibrate":
+        return "checking that all-on diverges"
+    if step == "check-off":
+        if context == p.AFTER_DROP_ONLY_DIVERGED:
+            return "drop-only still diverges: checking that all-off is consistent"
+        return "checking that all-off is consistent"
+    if step == "search":
+        return f"testing {mask}"
+    if step == "keep-only":
+        return f"double checking the answer: {f'keep-only:{names}' if target else 'all-off'} should diverge"
+    if step == "drop-only":
+        return f"double checking the answer: drop-only:{names} should be consistent"
+    return f"recorded run of {mask}"  # "extra": a run the search did not ask for
+
+
+def verdict_line(block: Block) -> str:
+    """A block's verdict, e.g. "diverged at run 2 (step 17)" or "clean (9 runs)"."""
+    failed = f", {block.errors} failed" if block.errors else ""
+    if block.divergences:
+        return f"diverged at run {block.diverged_at} (step {block.first_diff_steps[0]}){failed}"
+    clean = block.runs - block.errors
+    if clean:
+        return f"clean ({_runs(clean)}{failed})"
+    return f"unresolved ({_runs(block.errors)} failed)"
+
+
+STOP_REASONS = {
+    "all-on-never-completed": "all-on never completed a run",
+    "all-unresolved": "every informative mask is unresolved",
+    "keep-only-never-completed": "keep-only of the answer never completed a run",
+}
+
+
+def fact_line(fact: Fact, *, confidence: float) -> str:
+    """One checked statement behind a verdict, in words."""
+    names = ",".join(fact.edges)
+    if fact.kind == p.NO_DRIFT:
+        return (f"all-on: {fact.runs} runs, none diverged: a per-run chance of {fact.chance:.3g} "
+                f"or more is ruled out at {confidence:.0%} (fewer than 3/{fact.runs})")
+    if fact.kind == p.ALL_OFF_DIVERGED:
+        return (f"all-off diverged ({fact.divergences} of {fact.runs} runs): "
+                "drift happens with every prefetch edge off, so it has another cause")
+    if fact.kind == p.STOPPED:
+        if fact.reason == "not-finished":
+            why = "not finished"
+        elif fact.reason == "max-runs":
+            why = f"stopped: the run budget (--max-runs {fact.limit}) ran out"
+        else:
+            why = f"stopped: {STOP_REASONS[fact.reason]}"
+        guess = "{" + names + "}" if fact.edges else "no edge (drift without prefetch)"
+        return f"{why}; best guess {guess} at probability {fact.chance:.3f}"
+    if fact.kind == p.KEEP_ONLY_DIVERGED:
+        return (f"keep-only:{names} diverged (run {fact.run}, step {fact.step}): "
+                "the set is enough for drift")
+    if fact.kind == p.EACH_NEEDED:
+        (a, b), (only_a, only_b) = fact.edges, fact.clean
+        return (f"each edge of the set is needed: {_runs(only_a)} enabling {a} without {b} "
+                f"and {_runs(only_b)} enabling {b} without {a} stayed consistent")
+    if fact.kind == p.DROP_ONLY_DIVERGES:
+        return (f"drop-only:{names} still diverges while all-off stayed consistent "
+                f"({_runs(fact.runs)}): another set of edges causes drift too")
+    if fact.kind == p.DROP_ONLY_CONSISTENT:
+        return f"drop-only:{names}: {_runs(fact.runs)}, all consistent: removing the set removes drift"
+    if fact.kind == p.DROP_ONLY_FAILED:
+        return f"drop-only:{names} could not be run ({fact.errors} failed)"
+    if fact.kind == p.DROP_ONLY_NOT_RUN:
+        return f"drop-only:{names} was not run: the run budget ran out"
+    raise ValueError(f"unknown fact kind {fact.kind!r}")
+
+
+def fact_lines(result: SearchResult) -> list[str]:
+    return [fact_line(fact, confidence=result.confidence) for fact in result.facts]
+
+
+# -- the result ---------------------------------------------------------------------------
+def render_result(result: SearchResult, console: Console, *, reproduce: str | None = None) -> None:
+    """Verdict, minimal set, confidence, runs and steps, the facts, evidence and calibration."""
+    console.print(f"verdict: {result.verdict}", markup=False)
+    if result.minimal_set:
+        console.print(f"minimal set: {', '.join(result.minimal_set)}", markup=False)
+    console.print(
+        f"confidence: {result.confidence:.3f}   runs: {result.runs_used}   steps: {result.steps_used}"
+    )
+    for fact in fact_lines(result):
+        console.print(f"  - {fact}", markup=False)
+    console.print(evidence_table(result))
+    calibration = result.calibration
+    if calibration["runs"]:
+        low, high = calibration["interval"]
+        hazard = calibration["hazard_per_step"]
+        hazard_text = f", per-step hazard {hazard:.3g}" if hazard is not None else ""
+        console.print(
+            f"per-run chance {calibration['per_run_chance']:.3g} "
+            f"({calibration['interval_confidence']:.0%} interval {low:.3g}-{high:.3g}){hazard_text}, "
+            f"from {calibration['runs']} runs that enabled "
+            f"{'the set' if result.minimal_set else 'every edge (all-on)'}",
+            markup=False,
+        )
+    if reproduce:
+        console.print(f"reproduce: {reproduce}", markup=False)
+
+
+def evidence_table(result: SearchResult) -> Table:
+    table = Table(title="evidence", title_justify="left")
+    for column in ("step", "mask", "edges", "runs", "diverged", "first differing steps", "verdict"):
+        table.add_column(column, overflow="fold")
+    for row in result.evidence:
+        steps = ", ".join(str(s) for s in row["first_diff_steps"]) or "-"
+        runs = str(row["runs"]) + (f" ({row['errors']} failed)" if row["errors"] else "")
+        table.add_row(
+            row["step"], row["mask"], str(row["edges"]), runs, str(row["divergences"]), steps,
+            row["verdict"],
+        )
+    return table
+
+
+def result_to_json(result: SearchResult, reproduce: str) -> dict:
+    """DESIGN.md's bisect JSON: verdict, minimal_set, confidence, runs_used, steps_used,
+    evidence, reproduce; plus the facts (in words), calibration and best hypotheses."""
+    return {
+        "verdict": result.verdict,
+        "minimal_set": list(result.minimal_set),
+        "confidence": result.confidence,
+        "runs_used": result.runs_used,
+        "steps_used": result.steps_used,
+        "evidence": [dict(row) for row in result.evidence],
+        "reproduce": reproduce,
+        "facts": fact_lines(result),
+        "drop_only_diverges": result.drop_only_diverges,
+        "calibration": dict(result.calibration),
+        "top_hypotheses": list(result.top_hypotheses),
+        "finished": result.finished,
+    }

@@ -1,0 +1,86 @@
+"""What every command does the same way: write an output file, stop on a signal, say how to resume."""
+
+from __future__ import annotations
+
+import json
+import shlex
+import signal
+import threading
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+
+from bisect_prefetch.files import write_text_atomic
+
+PROGRAM = "bisect-prefetch"
+INTERRUPTED_LINE = "interrupted: finished runs are in the journal; to resume, run again:"
+
+
+def write_text(path: Path, text: str, console: Console) -> None:
+    """Write an output file the user asked for, and say so."""
+    write_text_atomic(path, text)
+    console.print(f"wrote {path}", markup=False)
+
+
+def write_json(path: Path, data: Any, console: Console) -> None:
+    write_text(path, json.dumps(data, indent=2) + "\n", console)
+
+
+def command_line(*argv: str) -> str:
+    """A command line to copy and paste: `bisect-prefetch ARGS`, quoted for a shell."""
+    return shlex.join([PROGRAM, *argv])
+
+
+@contextmanager
+def resume_hint_on_interrupt(console: Console, resume: str) -> Iterator[None]:
+    """On Ctrl-C or SIGTERM, print the command that resumes (once), then stop as before."""
+    try:
+        yield
+    except KeyboardInterrupt:
+        console.print(INTERRUPTED_LINE, markup=False)
+        console.print(f"  {resume}", markup=False, soft_wrap=True)
+        raise
+
+
+@contextmanager
+def sigterm_stops_like_ctrl_c() -> Iterator[list[int]]:
+    """While a command runs, SIGTERM (a scheduler, CI, `kill`) raises KeyboardInterrupt.
+
+    Runs in flight are then killed, the journal keeps every finished run and
+    the command prints how to resume, as for Ctrl-C. Further SIGTERMs are
+    ignored so they cannot cut that cleanup short (SIGKILL still can, and
+    loses no finished run). Yields a list that records the SIGTERM, if one
+    came; the previous handler comes back afterwards.
+    """
+    received: list[int] = []
+    if threading.current_thread() is not threading.main_thread():
+        yield received  # signal handlers can only be set from the main thread
+        return
+
+    def terminate(signum: int, frame: object) -> None:
+        received.append(signum)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, terminate)
+    try:
+        yield received
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def options(**values: Any) -> list[str]:
+    """`--name=value` for each option that was given (None and False are left out)."""
+    argv = []
+    for name, value in values.items():
+        flag = "--" + name.replace("_", "-")
+        items: Sequence[Any] = value if isinstance(value, list | tuple) else [value]
+        for item in items:
+            if item is True:
+                argv.append(flag)
+            elif item is not None and item is not False:
+                argv.append(f"{flag}={item:g}" if isinstance(item, float) else f"{flag}={item}")
+    return argv

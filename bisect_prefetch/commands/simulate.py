@@ -1,0 +1,40 @@
+"""`bisect-prefetch simulate`: the search against a simulated oracle with a known answer, scored."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+
+from bisect_prefetch.commands.common import write_json
+from bisect_prefetch.search.simulate import simulate as run_simulation
+
+
+def simulate(policy: str, layers: int, culprits: Sequence[str], *, console: Console,
+             json_out: Path | None = None, **settings: Any) -> int:
+    """Narrate, run and score the simulated searches.
+
+    settings: search.simulate.simulate's keyword arguments (hazard, steps,
+    together, trials, seed, method, ...), passed on as they are.
+    """
+    s = settings
+    console.print(f"simulating {s['trials']} searches on {policy} x {layers} "
+                  f"layers, culprit {' + '.join(culprits)}{' (together)' if s['together'] else ''}, "
+                  f"hazard {s['hazard']:g} over {s['steps']} steps, seed {s['seed']}...",
+                  markup=False)
+    result = run_simulation(policy, layers, list(culprits), **settings)
+    claimed = result["claimed_confidence"]
+    console.print(f"per-run divergence chance q = {result['per_run_chance']:.3f} "
+                  f"({result['edges']} edges)", markup=False)
+    console.print(f"accuracy {result['accuracy']:.3f}"
+                  + (f" (claimed confidence {claimed:.3f})" if claimed is not None else ""),
+                  markup=False)
+    console.print(f"runs: median {result['runs_median']:g}, p90 {result['runs_p90']:g}; "
+                  f"steps: median {result['steps_median']:g}", markup=False)
+    console.print(f"wall-clock on {result['slots']} slot{'s' * (result['slots'] != 1)}: median "
+                  f"{result['rounds_median']:.1f}, p90 {result['rounds_p90']:.1f} full runs", markup=False)
+    if json_out is not None:
+        write_json(json_out, result, console)
+    return 0

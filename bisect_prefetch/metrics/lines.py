@@ -1,0 +1,131 @@
+"""Line-by-line formats: the recorder's jsonl and a user's regex with named groups."""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Sequence
+from pathlib import Path
+
+from bisect_prefetch.errors import BisectPrefetchError
+from bisect_prefetch.metrics.console import float_or_none
+from bisect_prefetch.metrics.trajectory import Columns, Counts, ParseResult, Record, build_result
+
+# --------------------------------------------------------------------------- jsonl and regex
+
+
+def parse_jsonl_line(line: str | bytes, *, rank: int | None = None) -> Record | None:
+    """One recorder line -> (rank, step, {metric: value}); None when it is not a metric line.
+
+    Accepts the NaN/Infinity tokens Python's json.dumps writes. Metrics are the numeric
+    fields other than step and rank.
+    """
+    fields = jsonl_fields(line, rank)
+    if fields is None:
+        return None
+    line_rank, step, metrics = fields
+    return line_rank, step, {k: v for k, v in metrics.items() if v is not None}
+
+
+def jsonl_fields(line: str | bytes, rank: int | None) -> tuple[int, int, dict[str, float | None]] | None:
+    """Like parse_jsonl_line, but non-numeric fields are kept as None (to count them)."""
+    try:
+        obj = json.loads(line)
+    except ValueError:
+        return None
+    if not isinstance(obj, dict):
+        return None
+    step = obj.get("step")
+    if not isinstance(step, int) or isinstance(step, bool):
+        return None
+    line_rank = obj.get("rank", rank if rank is not None else 0)
+    if not isinstance(line_rank, int) or isinstance(line_rank, bool):
+        return None
+    metrics = {
+        k: float(v) if isinstance(v, int | float) and not isinstance(v, bool) else None
+        for k, v in obj.items()
+        if k not in ("step", "rank")
+    }
+    return line_rank, step, metrics
+
+
+def parse_lines(path: Path, fmt: str, read_line, names: Sequence[str] | None) -> ParseResult:
+    """Line-by-line parsing for jsonl and regex: read_line(raw) -> Record | None | 'unread'.
+
+    A value of None in a record is a field that is not a number: for a requested metric
+    (or any regex group) it is counted, like `loss: N/A`.
+    """
+    counts = Counts()
+    steps: dict[tuple[int, str], list[int]] = {}
+    values: dict[tuple[int, str], list[float]] = {}
+    wanted = set(names) if names else None
+    with open(path, "rb") as f:
+        for number, raw in enumerate(f, start=1):
+            if not raw.strip():
+                counts.skipped += 1
+                continue
+            record = read_line(raw)
+            if record is None:
+                counts.skipped += 1
+                continue
+            if record == "unread":
+                counts.unread_line(number, raw)
+                continue
+            rank, step, metrics = record
+            if wanted is not None:
+                metrics = {k: v for k, v in metrics.items() if k in wanted}
+            if wanted is not None or fmt == "regex":
+                counts.not_numeric += sum(1 for v in metrics.values() if v is None)
+            # Unrequested non-numeric jsonl fields (an event name, a tag) are simply not metrics.
+            metrics = {k: v for k, v in metrics.items() if v is not None}
+            if not metrics:
+                counts.unread_line(number, raw)
+                continue
+            counts.read += 1
+            for name, value in metrics.items():
+                key = (rank, name)
+                if key not in steps:
+                    steps[key], values[key] = [], []
+                steps[key].append(step)
+                values[key].append(value)
+    columns = Columns()
+    for key in steps:
+        columns.add_lists(key[0], key[1], steps[key], values[key])
+    return build_result(path, fmt, columns, counts, names)
+
+
+def jsonl_reader(rank: int | None):
+    def read_line(raw: bytes):
+        record = jsonl_fields(raw, rank)
+        return "unread" if record is None else record
+
+    return read_line
+
+
+def regex_reader(pattern: str, rank: int | None):
+    try:
+        compiled = re.compile(pattern)
+    except re.error as e:
+        raise BisectPrefetchError(f"bad metrics pattern {pattern!r}: {e}") from e
+    groups = list(compiled.groupindex)
+    if "step" not in groups:
+        raise BisectPrefetchError(f"metrics pattern {pattern!r} needs a named group 'step'")
+    metric_groups = [g for g in groups if g not in ("step", "rank")]
+
+    def read_line(raw: bytes):
+        m = compiled.search(raw.decode("utf-8", "replace"))
+        if m is None:
+            return None
+        try:
+            step = int(m.group("step"))
+            line_rank = int(m.group("rank")) if m.groupdict().get("rank") else rank or 0
+        except ValueError:
+            return "unread"
+        metrics: dict[str, float | None] = {}
+        for g in metric_groups:
+            text = m.group(g)
+            if text is not None:
+                metrics[g] = float_or_none(text.encode())
+        return line_rank, step, metrics
+
+    return read_line

@@ -1,0 +1,178 @@
+"""Finding and reading a run's metrics files: one file (parse_file), several (load_files,
+in worker processes when there is much to read), or a run directory (load_run)."""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import re
+import threading
+from collections.abc import Iterator, Sequence
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+
+from bisect_prefetch.errors import BisectPrefetchError
+from bisect_prefetch.metrics.console import ANSI_RE, CONSOLE_FORMATS, parse_console
+from bisect_prefetch.metrics.lines import jsonl_reader, parse_jsonl_line, parse_lines, regex_reader
+from bisect_prefetch.metrics.trajectory import ParseResult, Trajectory
+from bisect_prefetch.vocab import METRIC_FORMATS
+
+FORMATS = METRIC_FORMATS
+# Several files are parsed in worker processes only when there is this much to read.
+PARALLEL_MIN_BYTES = 16 << 20
+DETECT_BYTES = 8 << 20
+# msrun's per-worker logs (log_dir/worker_<rank>.log) and MindFormers' own (log/rank_<rank>/info.log).
+WORKER_LOG_RE = re.compile(r"worker_(\d+)\.log$")
+RANK_DIR_RE = re.compile(r"^rank_(\d+)$")
+
+# --------------------------------------------------------------------------- entry points
+
+
+def rank_from_path(path: Path) -> int | None:
+    """The rank a per-rank log file belongs to, if named so: msrun's worker_<rank>.log, or a
+    file in MindFormers' rank_<rank>/ log directory."""
+    path = Path(path)
+    m = WORKER_LOG_RE.search(path.name) or RANK_DIR_RE.match(path.parent.name)
+    return int(m.group(1)) if m else None
+
+
+def parse_file(
+    path: str | Path,
+    fmt: str,
+    *,
+    rank: int | None = None,
+    pattern: str | None = None,
+    names: Sequence[str] | None = None,
+    fast: bool = True,
+) -> ParseResult:
+    """Parse one log file in format `fmt`, streaming.
+
+    rank: for console logs, the rank of the file (default: from worker_<rank>.log, else 0);
+    for jsonl, the rank of lines that carry none. names: the metrics to keep (console
+    formats default to loss and grad_norm; jsonl and regex keep every metric). fast=False
+    forces the line-by-line path (tests compare the two).
+    """
+    path = Path(path)
+    if fmt not in FORMATS:
+        raise BisectPrefetchError(f"unknown metrics format {fmt!r} (known: {', '.join(FORMATS)})")
+    if not path.is_file():
+        raise BisectPrefetchError(f"metrics file not found: {path}")
+    if rank is None:
+        rank = rank_from_path(path)
+    if fmt == "jsonl":
+        return parse_lines(path, fmt, jsonl_reader(rank), names)
+    if fmt == "regex":
+        if not pattern:
+            raise BisectPrefetchError("format regex needs a pattern with named groups")
+        return parse_lines(path, fmt, regex_reader(pattern, rank), names)
+    return parse_console(path, fmt, names=names, rank=rank or 0, fast=fast)
+
+
+def _sample_lines(path: Path) -> Iterator[bytes]:
+    with open(path, "rb") as f:
+        seen = 0
+        for line in f:
+            yield line
+            seen += len(line)
+            if seen > DETECT_BYTES:
+                return
+
+
+def detect_format(path: str | Path) -> str:
+    """Guess a log file's format from its first metric line (jsonl, mindformers, ...)."""
+    path = Path(path)
+    if not path.is_file():
+        raise BisectPrefetchError(f"metrics file not found: {path}")
+    candidates = [
+        (name, CONSOLE_FORMATS[name].step_re, [k for n in ("loss", "grad_norm") for k in CONSOLE_FORMATS[name].key_res(n)])
+        for name in ("mindformers", "megatron", "torchtitan")
+    ]
+    for line in _sample_lines(path):
+        stripped = ANSI_RE.sub(b"", line) if b"\x1b" in line else line
+        if stripped.lstrip().startswith(b"{") and parse_jsonl_line(stripped) is not None:
+            return "jsonl"
+        for name, step_re, keys in candidates:
+            m = step_re.search(stripped)
+            if m and m.group(1) and any(key.search(m.group(2)) for key in keys):
+                return name
+    raise BisectPrefetchError(
+        f"cannot tell the metrics format of {path}: no jsonl, mindformers, megatron or "
+        "torchtitan metric line found (pass --format, or format regex with a pattern)"
+    )
+
+
+def _parse_job(args: tuple) -> ParseResult:
+    path, fmt, pattern, names = args
+    return parse_file(path, fmt, pattern=pattern, names=names)
+
+
+def _can_fork() -> bool:
+    # Forking a process that runs other threads can deadlock the child.
+    return "fork" in multiprocessing.get_all_start_methods() and threading.active_count() == 1
+
+
+def load_files(
+    paths: Sequence[str | Path],
+    fmt: str | None = None,
+    *,
+    names: Sequence[str] | None = None,
+    pattern: str | None = None,
+    workers: int | None = None,
+) -> Trajectory:
+    """Parse several files of one run (e.g. one per rank) into one Trajectory.
+
+    Big multi-file runs are parsed in worker processes (one per CPU core); workers=1
+    forces a single process.
+    """
+    paths = [Path(p) for p in paths]
+    if not paths:
+        raise BisectPrefetchError("no metrics files to read")
+    fmt = fmt or detect_format(paths[0])
+    jobs = [(p, fmt, pattern, list(names) if names else None) for p in paths]
+    if workers is None:
+        big = sum(p.stat().st_size for p in paths if p.is_file()) >= PARALLEL_MIN_BYTES
+        workers = min(len(paths), os.cpu_count() or 1) if big else 1
+    if workers > 1 and len(paths) > 1 and _can_fork():
+        with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("fork")) as pool:
+            results = list(pool.map(_parse_job, jobs))
+    else:
+        results = [_parse_job(job) for job in jobs]
+    return Trajectory.from_results(results)
+
+
+def run_files(path: str | Path, fmt: str | None = None) -> list[Path]:
+    """The metrics files of a run directory: metrics.jsonl, per-rank logs (worker_<rank>.log,
+    else rank_<rank>/info.log), or stdout.log. Per-rank logs come before stdout.log, where
+    a launcher may interleave the lines of several ranks with nothing to tell them apart."""
+    path = Path(path)
+    if path.is_file():
+        return [path]
+    if not path.is_dir():
+        raise BisectPrefetchError(f"no such run directory or log file: {path}")
+    jsonl = path / "metrics.jsonl"
+    if fmt in (None, "jsonl") and jsonl.is_file():
+        return [jsonl]
+    for pattern in ("worker_*.log", "rank_*/info.log"):
+        per_rank = [p for p in path.rglob(pattern) if rank_from_path(p) is not None]
+        if per_rank:
+            return sorted(per_rank, key=lambda p: (rank_from_path(p), str(p)))
+    stdout = path / "stdout.log"
+    if stdout.is_file():
+        return [stdout]
+    raise BisectPrefetchError(
+        f"no metrics in run directory {path}: expected metrics.jsonl, worker_<rank>.log files, "
+        "rank_<rank>/info.log files or stdout.log"
+    )
+
+
+def load_run(
+    path: str | Path,
+    fmt: str | None = None,
+    names: Sequence[str] | None = None,
+    *,
+    pattern: str | None = None,
+    workers: int | None = None,
+) -> Trajectory:
+    """A run directory or a single log file -> Trajectory (format detected unless given)."""
+    files = run_files(path, fmt)
+    return load_files(files, fmt, names=names, pattern=pattern, workers=workers)

@@ -1,0 +1,23 @@
+"""Where a diverged run first differed, in words (metrics.localize.Localization's JSON)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def in_unit(localization: dict[str, Any] | None) -> str:
+    """' in layers.4 (rank 1)', or '' when the run was not localized."""
+    if not localization:
+        return ""
+    return f" in {localization['unit']} (rank {localization['rank']})"
+
+
+def describe(localization: dict[str, Any] | None) -> str:
+    """'gradients first differ at step 9 in layers.4 (rank 1, layers.4.qkv.weight; 3 units
+    differ at that step)', or '' when the run was not localized."""
+    if not localization:
+        return ""
+    units = localization["units_differing"]
+    return (f"gradients first differ at step {localization['step']} in {localization['unit']} "
+            f"(rank {localization['rank']}, {localization['param']}; "
+            f"{units} unit{'s' if units != 1 else ''} differ{'' if units != 1 else 's'} at that step)")

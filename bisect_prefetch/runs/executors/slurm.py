@@ -1,0 +1,336 @@
+"""Each run one Slurm batch job: sbatch a generated script, follow it, scancel it.
+
+Slurm's own CLI is the interface every cluster has: sbatch to submit,
+squeue and `scontrol show job` for states (accounting may be off), sacct
+when the controller has forgotten a job, scancel to stop one. The batch
+script runs the experiment's command (under srun for multi-node jobs, so it
+starts once per node) with the run's plan in its environment, and leaves the
+command's exit code in the run dir: a job Slurm no longer knows still tells
+how it ended. The state dir must be on a filesystem the nodes share, since
+the job writes its metrics there and the orchestrator follows them live.
+
+State mapping: COMPLETED is judged by exit code (and steps, by the Runner);
+FAILED and OUT_OF_MEMORY are errors; TIMEOUT is a timeout; CANCELLED,
+PREEMPTED, NODE_FAIL, BOOT_FAIL and DEADLINE are errors the caller retries
+(the job was lost, the run says nothing). None is ever consistent.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import shlex
+import shutil
+import subprocess
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+from bisect_prefetch.errors import BisectPrefetchError
+from bisect_prefetch.runs.executors.base import LOST, Job
+from bisect_prefetch.runs.launcher import JobResult
+from bisect_prefetch.vocab import ERROR, OK, STOPPED_EARLY, TIMEOUT
+
+SCRIPT_FILE = "job.sbatch"
+EXIT_FILE = "job_exit_code"
+CLIENTS = ("sbatch", "squeue", "scontrol", "scancel")
+IN_FLIGHT = {"PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "SUSPENDED", "REQUEUED",
+             "REQUEUE_HOLD", "REQUEUE_FED", "RESIZING", "SIGNALING", "STAGE_OUT", "STOPPED"}
+LOST_STATES = {"CANCELLED", "PREEMPTED", "NODE_FAIL", "BOOT_FAIL", "DEADLINE", "REVOKED"}
+# Pending for a reason that waiting will not cure: the job can never start as asked.
+NEVER_RUNS = {"PartitionNodeLimit", "PartitionTimeLimit", "PartitionConfig", "BadConstraints",
+              "InvalidAccount", "InvalidQOS", "AccountNotAllowed", "QOSNotAllowed",
+              "PartitionDown", "PartitionInactive", "ReqNodeNotAvail, UnavailableNodes"}
+CHECK_TIMEOUT_S = 600.0  # the shared-filesystem check job may wait in the queue
+_checked: set[tuple[str, ...]] = set()  # (state dir, options) already checked in this process
+
+
+@dataclass
+class SlurmOptions:
+    """The executor keys of an experiment file (see experiment.ExecutorConfig)."""
+
+    slots: int = 1
+    partition: str | None = None
+    nodes: int = 1
+    ntasks_per_node: int | None = None
+    gpus_per_node: int | None = None
+    gres: str | None = None
+    time: str | None = None
+    account: str | None = None
+    qos: str | None = None
+    sbatch_args: tuple[str, ...] = ()
+    poll_s: float = 0.5
+
+
+@dataclass
+class _Tracked:
+    job: Job
+    run_dir: Path
+    started: float | None = None  # when first seen running (timeouts count from there)
+    last_count: int = 0
+    last_change: float = 0.0
+    first_progress: float | None = None
+    last_poll: float = 0.0
+    ended: JobResult | None = None  # decided by us (stop, timeout, cancel); Slurm still ends it
+
+
+def _run(argv: list[str], env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    try:
+        return subprocess.run(argv, capture_output=True, text=True, env=env, timeout=60)
+    except FileNotFoundError:
+        raise BisectPrefetchError(
+            f"{argv[0]} not found on PATH: the slurm executor needs Slurm's client commands"
+        ) from None
+    except subprocess.TimeoutExpired:
+        raise BisectPrefetchError(f"{argv[0]} did not answer within 60s") from None
+
+
+def _one_line(text: str) -> str:
+    return " ".join(text.split())
+
+
+def _shell_word(word: str) -> str:
+    """Double-quoted, so `$SLURM_NODEID` or `$MASTER_ADDR` in a command expands on its node."""
+    return '"' + word.replace("\\", "\\\\").replace('"', '\\"').replace("`", "\\`") + '"'
+
+
+def _minutes(seconds: float) -> str:
+    return str(max(1, math.ceil(seconds / 60)) + 1)  # a minute's slack over our own timeout
+
+
+class SlurmExecutor:
+    kind = "slurm"
+    reattachable = True  # a job outlives its orchestrator; the journal holds its id
+
+    def __init__(self, options: SlurmOptions) -> None:
+        self.options = options
+        self.slots = options.slots
+        self._jobs: dict[str, _Tracked] = {}
+
+    # -- the batch script -------------------------------------------------
+    def header(self, *, name: str, out: Path, err: Path, time_limit: str | None) -> list[str]:
+        o = self.options
+        lines = [f"--job-name={name}", f"--output={out}", f"--error={err}", f"--nodes={o.nodes}"]
+        for flag, value in (("partition", o.partition), ("ntasks-per-node", o.ntasks_per_node),
+                            ("gpus-per-node", o.gpus_per_node), ("gres", o.gres),
+                            ("account", o.account), ("qos", o.qos),
+                            ("time", o.time or time_limit)):
+            if value is not None:
+                lines.append(f"--{flag}={value}")
+        return [f"#SBATCH {shlex.quote(line)}" for line in lines]
+
+    def script(self, job: Job) -> str:
+        spec = job.spec
+        # What the run needs beyond the orchestrator's own environment (which sbatch
+        # passes on anyway): the plan, the pins, the adapter on PYTHONPATH.
+        exports = [f"export {k}={shlex.quote(v)}" for k, v in sorted(spec.env.items())
+                   if os.environ.get(k) != v and k.isidentifier()]
+        command = " ".join(_shell_word(w) for w in spec.argv)
+        if self.options.nodes > 1 or self.options.ntasks_per_node:
+            # One launcher per node (torchrun, msrun): srun starts it on each, where
+            # $SLURM_NODEID says which node it is.
+            command = f"srun --kill-on-bad-exit=1 bash -c {shlex.quote(command)}"
+        exit_file = spec.run_dir.resolve() / EXIT_FILE
+        return "\n".join([
+            "#!/bin/bash",
+            *self.header(name=f"bisect-prefetch-{spec.run_dir.name}",
+                         out=spec.run_dir.resolve() / "stdout.log",
+                         err=spec.run_dir.resolve() / "stderr.log",
+                         time_limit=_minutes(spec.timeout_s)),
+            f"#SBATCH --chdir={shlex.quote(str((spec.cwd or spec.run_dir).resolve()))}",
+            "# Generated by bisect-prefetch: one run of the experiment.",
+            *exports,
+            'MASTER_ADDR=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
+            "export MASTER_ADDR",
+            command,
+            "code=$?",
+            f"echo $code > {shlex.quote(str(exit_file))}",
+            "exit $code",
+            "",
+        ])
+
+    # -- submit -----------------------------------------------------------
+    def _sbatch(self, script: Path, env: dict[str, str] | None = None) -> str:
+        done = _run(["sbatch", "--parsable", *self.options.sbatch_args, str(script)], env)
+        if done.returncode != 0:
+            raise BisectPrefetchError(
+                f"Slurm rejected the job ({script}): {_one_line(done.stderr or done.stdout)}")
+        return done.stdout.strip().split(";")[0]
+
+    def submit(self, job: Job) -> str:
+        path = job.spec.run_dir / SCRIPT_FILE
+        path.write_text(self.script(job))
+        job_id = self._sbatch(path)
+        self._jobs[job_id] = _Tracked(job=job, run_dir=job.spec.run_dir)
+        return job_id
+
+    def attach(self, job_id: str, job: Job) -> bool:
+        if self._state(job_id, job.spec.run_dir) is None:
+            return False
+        self._jobs[job_id] = _Tracked(job=job, run_dir=job.spec.run_dir)
+        return True
+
+    # -- states -----------------------------------------------------------
+    def _state(self, job_id: str, run_dir: Path) -> tuple[str, int | None] | None:
+        """(Slurm state, exit code) from scontrol, else sacct, else the exit file; None: unknown."""
+        shown = _run(["scontrol", "show", "job", "-o", job_id])
+        if shown.returncode == 0 and "JobState=" in shown.stdout:
+            fields = dict(f.split("=", 1) for f in shown.stdout.split() if "=" in f)
+            state = fields.get("JobState", "UNKNOWN")
+            if state == "PENDING" and fields.get("Reason") in NEVER_RUNS:
+                raise BisectPrefetchError(
+                    f"Slurm will never start job {job_id} as asked (pending: {fields['Reason']}); "
+                    "check the executor's partition, nodes, time, account and qos")
+            code = fields.get("ExitCode", "0:0").split(":")[0]
+            return state, int(code) if code.isdigit() else None
+        if shutil.which("sacct"):
+            acct = _run(["sacct", "-n", "-P", "-X", "-j", job_id, "-o", "State,ExitCode"])
+            line = acct.stdout.strip().splitlines()[:1]
+            if acct.returncode == 0 and line and "|" in line[0]:
+                state, code = line[0].split("|", 1)
+                code = code.split(":")[0]
+                return state.split()[0], int(code) if code.isdigit() else None
+        try:
+            return "COMPLETED", int((run_dir / EXIT_FILE).read_text().strip())
+        except (OSError, ValueError):
+            return None
+
+    def poll(self, job_id: str) -> JobResult | None:
+        tracked = self._jobs[job_id]
+        now = time.monotonic()
+        if now - tracked.last_poll < self.options.poll_s:
+            return None
+        tracked.last_poll = now
+        found = self._state(job_id, tracked.run_dir)
+        if found is None:
+            return self._end(job_id, JobResult(ERROR, None, self._wall(tracked, now),
+                                               f"Slurm job {job_id} vanished (state unknown)"))
+        state, code = found
+        if state in IN_FLIGHT:
+            if tracked.ended is None and state == "RUNNING":
+                self._watch(job_id, tracked, now)
+            return None
+        if tracked.ended is not None:
+            return self._end(job_id, tracked.ended)
+        return self._end(job_id, self._result(state, code, tracked, now))
+
+    def _watch(self, job_id: str, tracked: _Tracked, now: float) -> None:
+        """The launcher's live checks for a running job: early stop, timeouts, progress."""
+        job, spec = tracked.job, tracked.job.spec
+        if tracked.started is None:
+            tracked.started = tracked.last_change = now
+        count = job.progress() if job.progress is not None else 0
+        if count != tracked.last_count:
+            tracked.last_count, tracked.last_change = count, now
+            if tracked.first_progress is None:
+                tracked.first_progress = now - tracked.started
+        wall = now - tracked.started
+        if job.should_stop is not None and job.should_stop():
+            tracked.ended = JobResult(STOPPED_EARLY, None, wall, "stopped early: decided",
+                                      tracked.first_progress)
+        elif wall > spec.timeout_s:
+            tracked.ended = JobResult(TIMEOUT, None, wall, f"timed out after {spec.timeout_s:g}s",
+                                      tracked.first_progress)
+        elif spec.no_progress_timeout_s is not None and now - tracked.last_change > spec.no_progress_timeout_s:
+            tracked.ended = JobResult(TIMEOUT, None, wall,
+                                      f"no progress for {spec.no_progress_timeout_s:g}s",
+                                      tracked.first_progress)
+        if tracked.ended is not None:
+            _run(["scancel", job_id])
+
+    def _result(self, state: str, code: int | None, tracked: _Tracked, now: float) -> JobResult:
+        wall = self._wall(tracked, now)
+        job = tracked.job
+        if tracked.first_progress is None and job.progress is not None and job.progress():
+            tracked.first_progress = wall
+        state = state.split()[0].rstrip("+")
+        if state == "COMPLETED" and code == 0:
+            if job.progress is not None and job.progress() == 0:
+                return JobResult(ERROR, 0, wall, "no metrics written", tracked.first_progress)
+            return JobResult(OK, 0, wall, "finished", tracked.first_progress)
+        if state == "TIMEOUT":
+            return JobResult(TIMEOUT, code, wall, f"Slurm job {tracked.run_dir.name} hit its time limit",
+                             tracked.first_progress)
+        if state in LOST_STATES:
+            # No exit code of its own: the job was taken away, it did not end by itself.
+            return JobResult(ERROR, None, wall, f"{LOST}: Slurm state {state}",
+                             tracked.first_progress)
+        if state == "OUT_OF_MEMORY":
+            return JobResult(ERROR, code, wall, "out of memory (Slurm)", tracked.first_progress)
+        return JobResult(ERROR, code, wall, f"Slurm state {state}, exit code {code}",
+                         tracked.first_progress)
+
+    @staticmethod
+    def _wall(tracked: _Tracked, now: float) -> float:
+        return now - tracked.started if tracked.started is not None else 0.0
+
+    def _end(self, job_id: str, result: JobResult) -> JobResult:
+        tracked = self._jobs.pop(job_id)
+        result.argv = list(tracked.job.spec.argv)
+        return result
+
+    # -- cancel -----------------------------------------------------------
+    def cancel(self, job_id: str) -> None:
+        tracked = self._jobs.get(job_id)
+        if tracked is not None and tracked.ended is None:
+            tracked.ended = JobResult(ERROR, None, self._wall(tracked, time.monotonic()),
+                                      "cancelled")
+        _run(["scancel", job_id])
+
+    def cancel_ids(self, job_ids: list[str]) -> None:
+        """scancel jobs this orchestrator does not follow (a dead one's)."""
+        if job_ids:
+            _run(["scancel", *job_ids])
+
+    def close(self) -> None:
+        self.cancel_ids(list(self._jobs))
+        self._jobs.clear()
+
+    # -- checks before any run --------------------------------------------
+    def check(self, state_path: Path) -> None:
+        """sbatch on PATH, the options accepted, the state dir seen by the job's node."""
+        for program in CLIENTS:
+            if shutil.which(program) is None:
+                raise BisectPrefetchError(
+                    f"{program} not found on PATH: the slurm executor needs Slurm's client commands")
+        done = (str(state_path), repr(self.options), os.environ.get("SLURM_CONF", ""))
+        if done in _checked:
+            return  # one check job per state dir and options is enough (matrix cells)
+        check_dir = state_path / "slurm-check"
+        check_dir.mkdir(parents=True, exist_ok=True)
+        token = uuid.uuid4().hex
+        token_path = check_dir / f"token-{token}"
+        script = check_dir / "check.sbatch"
+        # The same options as every run, so a partition or account Slurm refuses is said now.
+        script.write_text("\n".join([
+            "#!/bin/bash",
+            *self.header(name="bisect-prefetch-check", out=check_dir / "check.out",
+                         err=check_dir / "check.err", time_limit="2"),
+            f"echo {token} > {shlex.quote(str(token_path))}",
+            "",
+        ]))
+        job_id = self._sbatch(script)
+        time.sleep(0.5)  # let the scheduler look at it once: a reason it never runs shows then
+        deadline = time.monotonic() + CHECK_TIMEOUT_S
+        try:
+            while time.monotonic() < deadline:
+                found = self._state(job_id, check_dir)
+                if found is not None and found[0] not in IN_FLIGHT:
+                    break
+                time.sleep(0.2)
+            else:
+                raise BisectPrefetchError(
+                    f"the Slurm check job {job_id} did not run within {CHECK_TIMEOUT_S:g}s")
+        finally:
+            _run(["scancel", job_id])
+        try:
+            seen = token_path.read_text().strip() == token
+        except OSError:
+            seen = False
+        if not seen:
+            raise BisectPrefetchError(
+                f"state dir {state_path} is not shared with the Slurm nodes: a job wrote "
+                f"{token_path} there and it did not appear here; use a --state-dir on a shared filesystem")
+        token_path.unlink()
+        _checked.add(done)

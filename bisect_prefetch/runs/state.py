@@ -1,0 +1,71 @@
+"""The start of every command that runs jobs, written once.
+
+Open the experiment's state dir and take its lock, say what was repaired (a
+journal line torn by a kill) and which leftovers of a killed orchestrator
+were stopped, and find the prefetch graph (static, or learned by one short
+recorded run that the journal keeps).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+from rich.console import Console
+
+from bisect_prefetch.experiment import Experiment
+from bisect_prefetch.graph import PrefetchGraph
+from bisect_prefetch.runs.discover import discover_graph
+from bisect_prefetch.runs.execute import Runner
+from bisect_prefetch.runs.executors import with_executor
+from bisect_prefetch.runs.store import StateDir
+
+
+@dataclass
+class OpenState:
+    """A locked state dir and the runner of its experiment."""
+
+    experiment: Experiment
+    state: StateDir
+    runner: Runner
+    console: Console | None
+
+    @property
+    def path(self) -> Path:
+        return self.state.path
+
+    def graph(self) -> PrefetchGraph:
+        """The experiment's prefetch graph (narrated when a discovery run is needed)."""
+        return discover_graph(self.runner, self.console)
+
+
+@contextmanager
+def open_state(experiment: Experiment, state_dir: str | Path, *,
+               console: Console | None = None, executor: str | None = None,
+               slots: int | None = None) -> Iterator[OpenState]:
+    """Hold `<state_dir>/<experiment name>/` locked while the command uses it.
+
+    executor and slots (--executor, --slots) replace the experiment's own.
+    """
+    experiment = with_executor(experiment, kind=executor, slots=slots)
+    with StateDir(state_dir, experiment.name) as state:
+        if console is not None and state.torn_line is not None:
+            console.print("note: the journal's last line was torn by a kill and was dropped",
+                          markup=False)
+        runner = Runner(experiment, state)
+        if console is not None and runner.killed_leftovers:
+            console.print(f"note: killed {len(runner.killed_leftovers)} process(es) left running "
+                          "by an earlier orchestrator that was killed", markup=False, soft_wrap=True)
+        left = state.unfinished_submissions()
+        if console is not None and left:
+            console.print(f"note: {len(left)} job(s) submitted by an earlier orchestrator have not "
+                          "been collected: each is re-attached when the search reaches it, the "
+                          "rest are cancelled at the end", markup=False, soft_wrap=True)
+        try:
+            yield OpenState(experiment, state, runner, console)
+        finally:
+            # Jobs still in flight (Ctrl-C, an error) and jobs of a dead orchestrator
+            # that were not re-attached are cancelled: none outlives the command.
+            runner.close()

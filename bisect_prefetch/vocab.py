@@ -1,0 +1,67 @@
+"""The words both sides use, named once: the orchestrator and the in-process adapter.
+
+Standard library only and free of imports from the rest of the package, so
+a training job (through adapters/) can import it as cheaply as the CLI can.
+A value spelled in several files drifts in one of them: spell it here.
+"""
+
+from __future__ import annotations
+
+# -- how one run ended (launcher, runner, journal, search, reports) ----------------
+OK = "ok"  # ran every step asked for
+STOPPED_EARLY = "stopped-early"  # stopped on purpose at its first difference
+TRUNCATED = "truncated"  # ended by itself (any exit code) after fewer steps than asked
+ERROR = "error"  # failed: no metrics, a crash before the first step, a bad probe
+TIMEOUT = "timeout"  # killed: ran too long or stopped making progress
+RUN_OUTCOMES = (OK, ERROR, TIMEOUT, STOPPED_EARLY, TRUNCATED)
+# Only these say whether a run diverged; every other run is retried or left out, never evidence.
+USABLE_OUTCOMES = (OK, STOPPED_EARLY)
+
+# -- what an A/A group (or a matrix cell) concluded, and what a cell may expect ----
+CONSISTENT = "consistent"
+DIVERGED = "diverged"
+SAME = "same"  # one run that agreed with its reference, as progress lines say it
+GROUP_VERDICTS = (CONSISTENT, DIVERGED, ERROR)
+EXPECTATIONS = (CONSISTENT, DIVERGED, "any")
+
+# -- guards: prefetches the adapter skips whatever the mask says -------------------
+GUARD_NONE = "none"
+GUARD_SIZE_ONE = "size-one"  # skip prefetches into a unit whose shard group has size 1
+GUARDS = (GUARD_NONE, GUARD_SIZE_ONE)
+
+# -- metric log formats ------------------------------------------------------------
+METRIC_FORMATS = ("jsonl", "mindformers", "torchtitan", "megatron", "regex")
+
+# -- what happened to one prefetch at the adapter's gate (probe files, audit) --------
+ISSUED = "issued"  # a real unshard (all-gather) was started
+NOOP = "noop"  # allowed, but its target was already unsharded or pending
+MASKED = "masked"  # the mask switched the edge off
+GUARDED = "guarded"  # the guard skipped it
+PROBE_OUTCOMES = (ISSUED, NOOP, MASKED, GUARDED)
+
+# -- edges and masks -----------------------------------------------------------------
+# A mask: the set of ENABLED edge ids. One type from the search to the plan file; it
+# becomes a sorted JSON list only when the plan is written, and a Mask again when read.
+Mask = frozenset[str]
+FWD = "fwd"
+BWD = "bwd"
+PHASES = (FWD, BWD)
+
+
+def edge_id(phase: str, src: str, dst: str) -> str:
+    """The id of a prefetch edge: `PHASE:SRC->DST`, e.g. `bwd:layers.1->layers.0`."""
+    return f"{phase}:{src}->{dst}"
+
+
+def edge_phase(text: str) -> str:
+    """The phase an edge id starts with (`fwd`, `bwd`; anything else for a non-id)."""
+    return text.partition(":")[0]
+
+
+def parse_edge_id(text: str) -> tuple[str, str, str]:
+    """(phase, src, dst) of an edge id; ValueError when it is not one."""
+    phase, sep, rest = text.partition(":")
+    src, arrow, dst = rest.partition("->")
+    if not sep or not arrow or phase not in PHASES or not src or not dst:
+        raise ValueError(f"not an edge id (PHASE:SRC->DST, PHASE fwd or bwd): {text!r}")
+    return phase, src, dst

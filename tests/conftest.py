@@ -1,0 +1,210 @@
+"""Shared test setup: a pinned console width, and the helpers several test files use.
+
+Test files import helpers from here (`from tests.conftest import ...`), never
+from each other: stand-in experiments and process checks for the reliability
+tests, FSDP2 workload runs for the adapter tests, a Markdown table parser.
+
+rich decides line breaks and table layout by the console width; a terminal's
+width (pytest -s) or a CI runner's would change every transcript. All of
+them render at WIDTH: the CLI's console, consoles the tests make
+(`console()`), and the processes tests start (COLUMNS is inherited).
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+from rich.console import Console
+
+from tests.slurm_cluster import slurm_cluster  # noqa: E402,F401  (a real Slurm, session-wide)
+
+WIDTH = 160  # the CLI's own width outside a terminal (cli.py)
+os.environ["COLUMNS"] = str(WIDTH)  # before any Console is made, here or in a child process
+
+
+@pytest.fixture(autouse=True)
+def _pinned_console_width(monkeypatch):
+    from bisect_prefetch import cli
+
+    monkeypatch.setattr(cli.console, "width", WIDTH)
+
+
+def console(out: io.StringIO) -> Console:
+    """A console that writes plain text to out at the pinned width, as the CLI does in a pipe."""
+    return Console(file=out, width=WIDTH, highlight=False, color_system=None)
+
+
+def parse_markdown_table(text: str) -> list[dict[str, str]]:
+    """Rows of the first pipe table in text, as header -> cell text (escapes undone)."""
+    lines = [ln for ln in text.splitlines() if ln.startswith("|")]
+    assert len(lines) >= 2, text
+
+    def cells(line: str) -> list[str]:
+        out, cur, i = [], "", 1
+        while i < len(line):
+            ch = line[i]
+            if ch == "\\" and i + 1 < len(line):
+                cur += line[i + 1]
+                i += 2
+                continue
+            if ch == "|":
+                out.append(cur.strip())
+                cur = ""
+            else:
+                cur += ch
+            i += 1
+        return out
+
+    headers = cells(lines[0])
+    assert all(set(c) <= set("-: ") for c in cells(lines[1]))
+    return [dict(zip(headers, cells(line), strict=True)) for line in lines[2:]]
+
+
+# -- stand-in experiments, state snapshots, leftover processes ----------------------------
+FAKE_JOB = Path(__file__).resolve().parent / "fake_job.py"
+NAME = "fake"
+
+
+def write_experiment(tmp_path: Path, argv: list[str], *, steps: int = 8, timeout_s: float = 30,
+                     metrics_format: str = "jsonl", file_name: str = "exp.yaml",
+                     extra: str = "") -> Path:
+    """An experiment named `fake` running argv, on a static 2-layer graph."""
+    path = tmp_path / file_name
+    path.write_text(textwrap.dedent(f"""
+        name: {NAME}
+        command: {json.dumps(argv)}
+        metrics: {{format: {metrics_format}, names: [loss]}}
+        graph: {{source: static, policy: fsdp2-chain, layers: 2}}
+        steps: {steps}
+        timeout_s: {timeout_s}
+    """) + extra)
+    return path
+
+
+def fake_job_experiment(tmp_path: Path, mode: str = "clean", **kw) -> Path:
+    """An experiment running tests/fake_job.py in a mode (clean, crash, hang, ...)."""
+    return write_experiment(tmp_path, [sys.executable, str(FAKE_JOB), mode], **kw)
+
+
+def script_experiment(tmp_path: Path, body: str, *args: str, **kw) -> Path:
+    """An experiment running a small Python script written here."""
+    script = tmp_path / "job.py"
+    script.write_text(textwrap.dedent(body))
+    return write_experiment(tmp_path, [sys.executable, str(script), *args], **kw)
+
+
+def snapshot(root: Path) -> dict[str, bytes | None]:
+    """Every path under root with its bytes (None for a directory), except the lock file.
+
+    The lock file holds the pid of whoever locked last; it is not state.
+    """
+    if not root.exists():
+        return {}
+    return {
+        str(p.relative_to(root)): (p.read_bytes() if p.is_file() else None)
+        for p in sorted(root.rglob("*"))
+        if p.name != "lock"
+    }
+
+
+def job_processes(marker: str) -> list[int]:
+    """Live processes (not zombies) whose environment mentions marker: none may outlive a test."""
+    pids = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit() or int(proc.name) == os.getpid():
+            continue
+        try:
+            if marker.encode() in (proc / "environ").read_bytes():
+                if "\nState:\tZ" not in (proc / "status").read_text():
+                    pids.append(int(proc.name))
+        except OSError:
+            continue
+    return pids
+
+
+# -- the FSDP2 reference workload under torchrun -------------------------------------------
+REPO = Path(__file__).resolve().parents[1]
+SITE = REPO / "bisect_prefetch" / "adapters" / "site"
+LAYERS = 4
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def write_plan(run_dir: Path, **fields) -> Path:
+    plan = {
+        "version": 1,
+        "experiment": "test",
+        "run_id": run_dir.name,
+        "out_dir": str(run_dir),
+        "mask": None,
+        "guard": "none",
+        "record": {"graph": True, "probe": True, "digests": None, "digest_every": 1},
+        "fault": None,
+        "seed": 1234,
+        "steps": 30,
+    }
+    plan.update(fields)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    path = run_dir / "plan.json"
+    path.write_text(json.dumps(plan))
+    return path
+
+
+def run_fsdp2(
+    run_dir: Path,
+    *,
+    steps: int,
+    nproc: int = 2,
+    plan: Path | None = None,
+    extra_args: tuple[str, ...] = (),
+    timeout: float = 120,
+) -> subprocess.CompletedProcess:
+    """Launch the workload under torchrun; kill the whole process group on timeout."""
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    env.pop("BISECT_PREFETCH_PLAN", None)
+    if plan is not None:
+        env["PYTHONPATH"] = os.pathsep.join([str(SITE), str(REPO)])
+        env["BISECT_PREFETCH_PLAN"] = str(plan)
+    command = [
+        sys.executable, "-m", "torch.distributed.run",
+        f"--nproc_per_node={nproc}", f"--master_port={free_port()}",
+        "-m", "bisect_prefetch.workloads.fsdp2",
+        "--layers", str(LAYERS), "--steps", str(steps), "--seed", "1234", *extra_args,
+    ]  # fmt: skip
+    run_dir.mkdir(parents=True, exist_ok=True)
+    process = subprocess.Popen(
+        command, cwd=run_dir, env=env, text=True, start_new_session=True,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    )  # fmt: skip
+    try:
+        stdout, stderr = process.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        process.communicate()
+        raise
+    result = subprocess.CompletedProcess(command, process.returncode, stdout, stderr)
+    assert result.returncode == 0, f"workload failed:\n{stderr[-4000:]}"
+    return result
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    """Records sorted by (step, rank, param): ranks append in any order."""
+    records = [json.loads(line) for line in path.read_text().splitlines()]
+    return sorted(records, key=lambda r: (r["step"], r["rank"], r.get("param", "")))
+
+
+def read_probe(run_dir: Path, rank: int = 0) -> dict:
+    return json.loads((run_dir / f"probe.rank{rank}.json").read_text())

@@ -1,0 +1,189 @@
+"""A real single-node Slurm for the tests: munged, slurmctld and slurmd.
+
+Debian's slurm-wlm and munge packages (installed by .ci/install-slurm, which
+`make test` runs first). The cluster gets a generated slurm.conf in a temp dir
+with its own ports, proctrack/linuxproc, task/none and no accounting storage;
+the client commands (sbatch, squeue, scontrol, scancel) find it through
+SLURM_CONF, so the system's /etc/slurm is never read or written. The daemons
+run in the foreground as children of the test process and are stopped by pid.
+
+munged must run as the munge user with /run/munge, /var/log/munge,
+/var/lib/munge and /etc/munge owned by it; a munged already answering on the
+default socket is used as it is (and left running).
+"""
+
+from __future__ import annotations
+
+import os
+import pwd
+import shutil
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+MUNGE_DIRS = ("/run/munge", "/var/log/munge", "/var/lib/munge", "/etc/munge")
+MUNGE_KEY = Path("/etc/munge/munge.key")
+PARTITION = "debug"
+# More CPUs than a small test machine has, so that several one-CPU jobs run at
+# once (slurmd accepts it with SlurmdParameters=config_overrides).
+NODE_CPUS = 8
+
+
+@dataclass
+class SlurmCluster:
+    conf: Path
+    partition: str
+    node: str
+    env: dict[str, str]  # what the client commands need (SLURM_CONF)
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _munge_works() -> bool:
+    if not shutil.which("munge"):
+        return False
+    made = subprocess.run(["munge", "-n"], capture_output=True)
+    if made.returncode != 0:
+        return False
+    return subprocess.run(["unmunge"], input=made.stdout, capture_output=True).returncode == 0
+
+
+def _start_munged() -> subprocess.Popen | None:
+    """munged as the munge user, or None when one already answers."""
+    if _munge_works():
+        return None
+    user = pwd.getpwnam("munge")
+    for directory in MUNGE_DIRS:
+        os.makedirs(directory, exist_ok=True)
+        os.chown(directory, user.pw_uid, user.pw_gid)
+    os.chmod("/run/munge", 0o755)  # clients reach the socket through it
+    if not MUNGE_KEY.exists():
+        subprocess.run(["mungekey", "--create", f"--keyfile={MUNGE_KEY}"], check=True,
+                       user=user.pw_uid, group=user.pw_gid, extra_groups=[])
+    proc = subprocess.Popen(["munged", "--foreground"], user=user.pw_uid, group=user.pw_gid,
+                            extra_groups=[], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    _wait_for(_munge_works, 20, "munged", proc)
+    return proc
+
+
+def _wait_for(ready, seconds: float, what: str, proc: subprocess.Popen | None = None) -> None:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if ready():
+            return
+        if proc is not None and proc.poll() is not None:
+            err = proc.stderr.read().decode(errors="replace") if proc.stderr else ""
+            raise RuntimeError(f"{what} exited with {proc.returncode}: {err[-2000:]}")
+        time.sleep(0.2)
+    raise RuntimeError(f"{what} not ready after {seconds:g}s")
+
+
+def write_conf(root: Path, node: str) -> Path:
+    for sub in ("state", "spool", "log"):
+        (root / sub).mkdir(parents=True, exist_ok=True)
+    conf = root / "slurm.conf"
+    conf.write_text(f"""\
+ClusterName=bptest
+SlurmctldHost={node}(127.0.0.1)
+SlurmctldPort={_free_port()}
+SlurmdPort={_free_port()}
+SlurmUser=root
+SlurmdUser=root
+AuthType=auth/munge
+StateSaveLocation={root}/state
+SlurmdSpoolDir={root}/spool
+SlurmctldPidFile={root}/slurmctld.pid
+SlurmdPidFile={root}/slurmd.pid
+SlurmctldLogFile={root}/log/slurmctld.log
+SlurmdLogFile={root}/log/slurmd.log
+ProctrackType=proctrack/linuxproc
+TaskPlugin=task/none
+JobAcctGatherType=jobacct_gather/none
+AccountingStorageType=accounting_storage/none
+JobCompType=jobcomp/none
+SchedulerType=sched/builtin
+SelectType=select/cons_tres
+SelectTypeParameters=CR_Core
+SchedulerParameters=sched_interval=1
+MpiDefault=none
+ReturnToService=2
+SlurmdParameters=config_overrides
+MinJobAge=300
+KillWait=5
+InactiveLimit=0
+NodeName={node} NodeAddr=127.0.0.1 CPUs={NODE_CPUS} State=UNKNOWN
+PartitionName={PARTITION} Nodes={node} Default=YES MaxTime=INFINITE State=UP
+""")
+    return conf
+
+
+def _node_idle(env: dict[str, str], node: str) -> bool:
+    out = subprocess.run(["sinfo", "-h", "-n", node, "-o", "%t"], env=env,
+                         capture_output=True, text=True)
+    return out.returncode == 0 and out.stdout.strip() in ("idle", "mix", "alloc")
+
+
+def _stop(proc: subprocess.Popen | None) -> None:
+    if proc is None or proc.poll() is not None:
+        return
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(timeout=15)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
+@contextmanager
+def running_cluster(root: Path) -> Iterator[SlurmCluster]:
+    """munged, slurmctld and slurmd with a slurm.conf under root; SLURM_CONF set meanwhile."""
+    for program in ("sbatch", "slurmctld", "slurmd", "munged"):
+        if shutil.which(program) is None:
+            raise RuntimeError(f"{program} not found: run .ci/install-slurm (make test does)")
+    node = socket.gethostname().split(".")[0]
+    conf = write_conf(root, node)
+    env = {**os.environ, "SLURM_CONF": str(conf)}
+    munged = slurmctld = slurmd = None
+    old_conf = os.environ.get("SLURM_CONF")
+    try:
+        munged = _start_munged()
+        slurmctld = subprocess.Popen(["slurmctld", "-D", "-i", "-f", str(conf)], env=env,
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        _wait_for(lambda: subprocess.run(["scontrol", "ping"], env=env, capture_output=True,
+                                         text=True).stdout.count("UP") > 0,
+                  60, "slurmctld", slurmctld)
+        slurmd = subprocess.Popen(["slurmd", "-D", "-f", str(conf), "-N", node], env=env,
+                                  stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        _wait_for(lambda: _node_idle(env, node), 60, "slurmd (node idle)", slurmd)
+        os.environ["SLURM_CONF"] = str(conf)
+        yield SlurmCluster(conf=conf, partition=PARTITION, node=node,
+                           env={"SLURM_CONF": str(conf)})
+    finally:
+        if old_conf is None:
+            os.environ.pop("SLURM_CONF", None)
+        else:
+            os.environ["SLURM_CONF"] = old_conf
+        if slurmctld is not None and slurmctld.poll() is None:
+            subprocess.run(["scancel", "--full", "--partition", PARTITION], env=env,
+                           capture_output=True, timeout=30)
+        _stop(slurmd)
+        _stop(slurmctld)
+        _stop(munged)
+
+
+@pytest.fixture(scope="session")
+def slurm_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SlurmCluster]:
+    """A running single-node Slurm for the whole test session (SLURM_CONF set)."""
+    with running_cluster(tmp_path_factory.mktemp("slurm")) as cluster:
+        yield cluster

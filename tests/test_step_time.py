@@ -1,0 +1,108 @@
+"""Step time per run and per mask (runs/step_time.py), the order log's bounds, and a real run."""
+
+from __future__ import annotations
+
+import io
+import json
+
+import pytest
+from rich.console import Console
+
+from bisect_prefetch.adapters.order import OrderLog
+from bisect_prefetch.runs.step_time import (
+    fix_cost_line,
+    fix_costs,
+    group_cost,
+    mask_costs,
+    run_step_time_ms,
+)
+
+
+def write_probe(run_dir, rank: int, seconds: list[float]) -> None:
+    steps = [[i + 1, s] for i, s in enumerate(seconds)]
+    (run_dir / f"probe.rank{rank}.json").write_text(json.dumps({"rank": rank,
+                                                                "step_seconds": steps}))
+
+
+def test_run_step_time_is_the_slowest_ranks_median_after_warm_up(tmp_path):
+    write_probe(tmp_path, 0, [9.0, 5.0, 0.010, 0.012, 0.011, 0.030])
+    write_probe(tmp_path, 1, [9.0, 5.0, 0.020, 0.010, 0.011, 0.010])
+    # per step max: 0.020, 0.012, 0.011, 0.030 -> median 0.016
+    assert run_step_time_ms(tmp_path) == pytest.approx(16.0)
+
+
+def test_no_step_time_without_steps_past_warm_up(tmp_path):
+    assert run_step_time_ms(tmp_path) is None
+    write_probe(tmp_path, 0, [1.0, 1.0])
+    assert run_step_time_ms(tmp_path) is None
+
+
+def test_mask_costs_against_all_on_with_spread():
+    costs = mask_costs({"all-on": [10.0, 11.0, 12.0], "all-off": [12.0, None, 13.2],
+                        "x": [None]})
+    assert costs["all-on"]["ratio"] == 1.0
+    off = costs["all-off"]
+    assert (off["median_ms"], off["runs"]) == (12.6, 2)
+    assert off["ratio"] == pytest.approx(1.145, abs=1e-3)
+    assert (off["ratio_min"], off["ratio_max"]) == (pytest.approx(12 / 11, abs=1e-4),
+                                                    pytest.approx(1.2))
+    assert "x" not in costs
+    assert group_cost([None], 10.0) is None
+
+
+def test_fix_costs_from_the_journal():
+    every = ["fwd:a->b", "bwd:b->a"]
+    records = [
+        {"variant": "search@f", "mask": every, "guard": "none", "step_time_ms": 10.0},
+        {"variant": "search@f", "mask": None, "guard": "none", "step_time_ms": 10.0},
+        {"variant": "search@f", "mask": ["fwd:a->b"], "guard": "none", "step_time_ms": 11.0},
+        {"variant": "aa@f", "mask": every, "guard": "size-one", "step_time_ms": 10.1},
+        {"variant": "search@other", "mask": ["fwd:a->b"], "guard": "none", "step_time_ms": 99.0},
+    ]
+    costs = fix_costs(records, edge_ids=every, fix=["bwd:b->a"], variant_suffix="@f")
+    assert costs["drop"]["ratio"] == pytest.approx(1.1)
+    assert costs["guard"]["ratio"] == pytest.approx(1.01)
+    line = fix_cost_line(costs, ["bwd:b->a"])
+    assert line.startswith("dropping bwd:b->a costs +10.0% step time")
+    assert "; the size-one guard costs +1.0% step time" in line
+    assert fix_cost_line(fix_costs([], edge_ids=every, fix=[]), []) is None
+
+
+def test_order_log_keeps_only_the_first_steps():
+    lines = []
+    log = OrderLog(rank=3, steps=2, write=lines.append)
+    for step in (1, 2, 3):
+        event = log.begin_prefetch("fwd:a->b")
+        if event is not None:
+            event[2] = "issued"
+        log.set_running_edge("fwd:a->b")
+        log.unshard("b")
+        log.set_running_edge(None)
+        log.use("b", "fwd")
+        log.reshard("b")
+        log.end_step(step)
+    assert len(lines) == 2 and not log.active
+    first = json.loads(lines[0])
+    assert first == {"step": 1, "rank": 3, "events": [["prefetch", "fwd:a->b", "issued"],
+                                                      ["unshard", "b", "fwd:a->b"],
+                                                      ["use", "b", "fwd"], ["reshard", "b"]]}
+    assert log._events == []  # nothing kept after the last recorded step
+
+
+@pytest.mark.slow
+def test_fsdp2_aa_reports_each_runs_step_time(tmp_path):
+    pytest.importorskip("torch")
+    from bisect_prefetch.commands.aa import run_aa
+
+    path = tmp_path / "e.yaml"
+    path.write_text(json.dumps({"name": "st", "steps": 5,
+                                "workload": {"builtin": "fsdp2", "layers": 2, "world_size": 2}}))
+    out = io.StringIO()
+    result = run_aa(path, masks=["all-on"], runs=2, steps=None, guard=None,
+                    state_dir=tmp_path / "state", console=Console(file=out, width=200))
+    data = result.to_json()
+    times = [r["step_time_ms"] for r in data["run_details"]]
+    assert all(t is not None and 0 < t < 60_000 for t in times)
+    assert data["step_time"]["runs"] == 2
+    assert data["step_time"]["min_ms"] == min(times)
+    assert "step time: " in out.getvalue()
