@@ -13,9 +13,16 @@ through all orders of three conditions:
 
 Overhead = median(on) / median(off) - 1; the digests' extra cost is reported
 on top of ``on``, both for wall time and for the CPU time of rank 0's step
-thread (which a loaded machine disturbs less). Start-up (launch to the first step) and its share of a
-``--startup-steps`` run come from whole jobs with and without the adapter,
-alternated. Run: ``python -m benchmarks.bench_adapter [--json FILE]``.
+thread (which a loaded machine disturbs less). The digests are also timed
+directly: the CPU time of ``write_digests`` itself in each ``digests`` step,
+against the median CPU time of an ``on`` step (a difference of two medians
+moves by a few percent on a shared machine; the direct time does not). The
+interleaved job runs ``--repeats`` times; each figure is the median over the
+repeats, each repeat's own figure a median over its steps.
+
+Start-up (launch to the first step) and its share of a ``--startup-steps`` run
+come from whole jobs with and without the adapter, alternated.
+Run: ``python -m benchmarks.bench_adapter [--repeats N] [--json FILE]``.
 """
 
 from __future__ import annotations
@@ -131,6 +138,7 @@ def worker(out: str, layers: int, steps: int) -> None:
     schedule = itertools.cycle(c for order in itertools.permutations(CONDITIONS) for c in order)
     times: dict[str, list[float]] = {c: [] for c in CONDITIONS}
     cpu_times: dict[str, list[float]] = {c: [] for c in CONDITIONS}
+    digest_cpu: list[float] = []  # write_digests alone, in each digests step
     for step in range(1, steps + 1):
         condition = "on" if step <= WARMUP_STEPS else next(schedule)
         started, cpu_started = time.perf_counter(), time.thread_time()
@@ -140,18 +148,23 @@ def worker(out: str, layers: int, steps: int) -> None:
         if condition != "off":
             adapters.report_step(step, loss=loss, grad_norm=grad_norm)
         if condition == "digests":
+            digest_started = time.thread_time()
             fsdp2_adapter.adapter().write_digests(step, "*")
+            if step > WARMUP_STEPS:
+                digest_cpu.append(time.thread_time() - digest_started)
         if step > WARMUP_STEPS:
             times[condition].append(time.perf_counter() - started)
             cpu_times[condition].append(time.thread_time() - cpu_started)
     if rank == 0:
-        Path(out).write_text(json.dumps({"wall": times, "cpu": cpu_times}))
+        figures = {"wall": times, "cpu": cpu_times, "digest_cpu": digest_cpu}
+        Path(out).write_text(json.dumps(figures))
     dist.destroy_process_group()
 
 
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description="adapter overhead on the FSDP2 workload")
     parser.add_argument("--steps", type=int, default=183, help="steps of the interleaved job")
+    parser.add_argument("--repeats", type=int, default=5, help="interleaved jobs (figures: median)")
     parser.add_argument("--startup-rounds", type=int, default=3)
     parser.add_argument("--startup-steps", type=int, default=20)
     parser.add_argument("--layers", type=int, default=8)
@@ -177,19 +190,28 @@ def main(argv: list[str] | None = None) -> dict:
         graph = json.loads((root / "adapter-0" / "graph.rank0.json").read_text())
         mask = [edge["id"] for edge in graph["edges"]]
 
-        print(f"step time: one job, {args.steps} steps cycling {CONDITIONS}...", flush=True)
-        run_dir = root / "interleaved"
-        run_dir.mkdir()
-        times_path = run_dir / "times.json"
-        worker_args = [
-            "benchmarks.bench_adapter", "--worker", str(times_path),
-            "--layers", str(args.layers), "--steps", str(args.steps),
-        ]  # fmt: skip
-        _torchrun(run_dir, worker_args, plan=_write_plan(run_dir, mask=mask), args=args)
-        times = json.loads(times_path.read_text())
+        print(f"step time: {args.repeats} jobs, {args.steps} steps each cycling {CONDITIONS}...",
+              flush=True)
+        repeats = []
+        for i in range(args.repeats):
+            run_dir = root / f"interleaved-{i}"
+            run_dir.mkdir()
+            times_path = run_dir / "times.json"
+            worker_args = [
+                "benchmarks.bench_adapter", "--worker", str(times_path),
+                "--layers", str(args.layers), "--steps", str(args.steps),
+            ]  # fmt: skip
+            _torchrun(run_dir, worker_args, plan=_write_plan(run_dir, mask=mask), args=args)
+            repeats.append(_repeat_figures(json.loads(times_path.read_text())))
+            last = repeats[-1]
+            print(f"  job {i + 1}: digests {last['digests_cpu_pct']:+.2f}% of a step's CPU "
+                  f"(difference of medians: {last['digests_extra_cpu_pct']:+.2f}%)", flush=True)
 
-    median_ms = {c: 1000 * statistics.median(times["wall"][c]) for c in CONDITIONS}
-    cpu_ms = {c: 1000 * statistics.median(times["cpu"][c]) for c in CONDITIONS}
+    def median_of(key: str) -> float:
+        return statistics.median(r[key] for r in repeats)
+
+    median_ms = {c: statistics.median(r["step_ms"][c] for r in repeats) for c in CONDITIONS}
+    cpu_ms = {c: statistics.median(r["step_cpu_ms"][c] for r in repeats) for c in CONDITIONS}
     startup_figures = {
         name: {
             "startup_s": statistics.median(r["startup_s"] for r in runs),
@@ -204,11 +226,15 @@ def main(argv: list[str] | None = None) -> dict:
         "edges_in_mask": len(mask),
         "median_step_ms": median_ms,
         "median_step_cpu_ms": cpu_ms,
-        "steps_per_condition": {c: len(times["wall"][c]) for c in CONDITIONS},
-        "adapter_overhead_pct": 100 * (median_ms["on"] / median_ms["off"] - 1),
-        "digests_extra_pct": 100 * (median_ms["digests"] - median_ms["on"]) / median_ms["off"],
-        "adapter_overhead_cpu_pct": 100 * (cpu_ms["on"] / cpu_ms["off"] - 1),
-        "digests_extra_cpu_pct": 100 * (cpu_ms["digests"] - cpu_ms["on"]) / cpu_ms["off"],
+        "repeats": args.repeats,
+        "steps_per_condition": repeats[0]["steps_per_condition"],
+        "adapter_overhead_pct": median_of("adapter_overhead_pct"),
+        "digests_extra_pct": median_of("digests_extra_pct"),
+        "adapter_overhead_cpu_pct": median_of("adapter_overhead_cpu_pct"),
+        "digests_extra_cpu_pct": median_of("digests_extra_cpu_pct"),
+        "digest_cpu_ms": median_of("digest_cpu_ms"),
+        "digests_cpu_pct": median_of("digests_cpu_pct"),
+        "per_repeat": repeats,
         "startup": startup_figures,
         "startup_steps": args.startup_steps,
     }
@@ -223,6 +249,12 @@ def main(argv: list[str] | None = None) -> dict:
         f"digests, extra on top:           {result['digests_extra_pct']:+.2f}% per step "
         f"(CPU: {result['digests_extra_cpu_pct']:+.2f}%)"
     )
+    print(
+        f"digests, timed directly:         {result['digest_cpu_ms']:.3f} ms CPU a step, "
+        f"{result['digests_cpu_pct']:+.2f}% of an 'on' step's CPU "
+        f"(median of {args.repeats} jobs: "
+        + ", ".join(f"{r['digests_cpu_pct']:+.2f}%" for r in repeats) + ")"
+    )
     for name, f in startup_figures.items():
         print(
             f"start-up {name:<8} {f['startup_s']:.2f} s before the first step, "
@@ -232,6 +264,24 @@ def main(argv: list[str] | None = None) -> dict:
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=1))
     return result
+
+
+def _repeat_figures(times: dict) -> dict:
+    """One interleaved job's figures: medians over its steps, per condition."""
+    step_ms = {c: 1000 * statistics.median(times["wall"][c]) for c in CONDITIONS}
+    cpu_ms = {c: 1000 * statistics.median(times["cpu"][c]) for c in CONDITIONS}
+    digest_cpu_ms = 1000 * statistics.median(times["digest_cpu"])
+    return {
+        "step_ms": step_ms,
+        "step_cpu_ms": cpu_ms,
+        "steps_per_condition": {c: len(times["wall"][c]) for c in CONDITIONS},
+        "adapter_overhead_pct": 100 * (step_ms["on"] / step_ms["off"] - 1),
+        "digests_extra_pct": 100 * (step_ms["digests"] - step_ms["on"]) / step_ms["off"],
+        "adapter_overhead_cpu_pct": 100 * (cpu_ms["on"] / cpu_ms["off"] - 1),
+        "digests_extra_cpu_pct": 100 * (cpu_ms["digests"] - cpu_ms["on"]) / cpu_ms["off"],
+        "digest_cpu_ms": digest_cpu_ms,
+        "digests_cpu_pct": 100 * digest_cpu_ms / cpu_ms["on"],
+    }
 
 
 if __name__ == "__main__":

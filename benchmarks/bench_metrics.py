@@ -4,7 +4,7 @@ Generates, in a temporary directory, two runs of 100,000 steps x 8 ranks of Mind
 1.9 worker logs (msrun's log/worker_<rank>.log: `loss:[step/mean]`, `global_norm: [x]`,
 the percent lines and a few warnings) that diverge late, and 1,000,000 digest records per
 run; then times
-1. compare of the metrics, parsing included (load_run on both runs + compare_trajectories),
+1. compare of the metrics, parsing included (load_runs on both runs + compare_trajectories),
 2. live following (metrics/live.py, the parser compare uses): a writer process appends
    one run's 8 logs while the follower polls them as the orchestrator does and compares
    every step with the other run; the follower's CPU is measured over the whole log,
@@ -31,7 +31,7 @@ import numpy as np
 from bisect_prefetch.metrics.compare import StreamingComparator, compare_trajectories, earliest
 from bisect_prefetch.metrics.digests import compare_digest_files
 from bisect_prefetch.metrics.live import LiveMetrics
-from bisect_prefetch.metrics.loading import load_run
+from bisect_prefetch.metrics.loading import load_run, load_runs
 
 STEPS = 100_000
 RANKS = 8
@@ -107,7 +107,8 @@ def generate(root: Path) -> tuple[Path, Path]:
 
 
 def compare_metrics(a: Path, b: Path, workers: int | None = None) -> dict:
-    return compare_trajectories(load_run(a, workers=workers), load_run(b, workers=workers))
+    """What `compare` does with the metrics of two runs (compare_paths, less the digests)."""
+    return compare_trajectories(*load_runs([a, b], workers=workers))
 
 
 FOLLOW_S = 20.0  # the writer appends the whole run in about this long

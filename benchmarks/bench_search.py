@@ -13,7 +13,9 @@ rounds and the inconclusive share; the targets are checked at the end, PASS or
 FAIL with the figures.
 
 `python -m benchmarks bench_search` runs the trial counts the issues ask for, on
-two processes. BENCH_SEARCH_SCALE=0.1 scales every trial count down (a quick look).
+two processes (about 40 minutes on 2 cores). BENCH_SEARCH_SCALE=0.1 scales every
+trial count down (a quick look); BENCH_SEARCH_CASES=q3,bg-culprit runs only those
+cases (the targets are checked on a run of every case).
 """
 
 from __future__ import annotations
@@ -65,12 +67,19 @@ CASES = [
     Case("q3-h0", "hint always wrong, q = 0.3", 0.3, 300, hint_accuracy=0.0),
     Case("q1-h0", "hint always wrong, q = 0.1", 0.1, 300, hint_accuracy=0.0),
     # issue 12 items 1, 3: background drift, sets of three
+    # all_off_runs: auto rules out drift without prefetch as strong as the answer's
     Case("bg", "background as strong as a culprit (0.3), no culprit, 67 edges", 0.3, 1000, (),
          background=0.3),
+    Case("bg-auto", "  the same, all_off_runs: auto", 0.3, 1000, (), background=0.3,
+         options={"all_off_runs": "auto"}),
     Case("bg-chain", "background 0.3, no culprit, fsdp2-chain 8 layers", 0.3, 1000, (),
          policy="fsdp2-chain", layers=8, background=0.3),
+    Case("bg-chain-auto", "  the same, all_off_runs: auto", 0.3, 1000, (),
+         policy="fsdp2-chain", layers=8, background=0.3, options={"all_off_runs": "auto"}),
+    Case("q3-auto", "single culprit, q = 0.3, all_off_runs: auto", 0.3, 300,
+         options={"all_off_runs": "auto"}),
     Case("bg-culprit", "background p0 = 0.02 and a culprit at q = 0.3", 0.3, 1000, background=0.02),
-    Case("three", "three edges needed together, q = 0.3", 0.3, 300, ("all", "all", "all"), True),
+    Case("three", "three edges needed together, q = 0.3", 0.3, 60, ("all", "all", "all"), True),
     # issue 13 item 3: slots
     *[Case(f"q3-s{n}", f"slots {n}, q = 0.3", 0.3, 300, slots=n) for n in (1, 2, 4, 8, 16)],
     *[Case(f"q1-s{n}", f"slots {n}, q = 0.1", 0.1, 100, slots=n) for n in (1, 2, 4, 8, 16)],
@@ -112,33 +121,40 @@ def _summary(results: list[dict]) -> dict:
 
 def main() -> None:
     scale = float(os.environ.get("BENCH_SEARCH_SCALE", "1"))
+    wanted = [k for k in os.environ.get("BENCH_SEARCH_CASES", "").split(",") if k]
+    cases = [c for c in CASES if not wanted or c.key in wanted]
     print(f"graph {POLICY} {LAYERS} layers (67 edges), {STEPS} steps per run, seed {SEED}, "
-          f"{WORKERS} processes, trial scale {scale:g}")
-    # Trials split into chunks, each its own seed offset, so two processes share the work.
-    tasks = []
-    for case in CASES:
-        trials = max(4, round(case.trials * scale))
-        chunks = 4 if trials >= 100 else 1
-        for i in range(chunks):
-            tasks.append((case, trials // chunks + (i < trials % chunks), SEED + 1000 * i))
-    gathered: dict[str, list[dict]] = {c.key: [] for c in CASES}
-    seconds: dict[str, float] = {c.key: 0.0 for c in CASES}
+          f"{WORKERS} processes, trial scale {scale:g}", flush=True)
     start = time.perf_counter()
-    with ProcessPoolExecutor(WORKERS) as pool:
-        for key, results, took in pool.map(_chunk, tasks):
-            gathered[key] += results
-            seconds[key] += took
-    print(f"all cases in {time.perf_counter() - start:.0f} s wall-clock\n")
-    print(f"  {'case':<62} {'trials':>6} {'acc':>6} {'claim':>6} {'runs p50':>8} {'p90':>6}"
-          f" {'rounds p50':>10} {'p90':>6} {'inconcl':>7} {'cpu s':>6}")
     summary = {}
-    for case in CASES:
-        s = summary[case.key] = _summary(gathered[case.key])
-        claimed = f"{s['claimed']:.3f}" if s["claimed"] is not None else "-"
-        print(f"  {case.title:<62} {s['trials']:>6} {s['accuracy']:>6.3f} {claimed:>6} "
-              f"{s['runs_median']:>8.1f} {s['runs_p90']:>6.1f} {s['rounds_median']:>10.1f} "
-              f"{s['rounds_p90']:>6.1f} {s['inconclusive']:>7.3f} {seconds[case.key]:>6.1f}")
-    print()
+    print(f"  {'case':<62} {'trials':>6} {'acc':>6} {'claim':>6} {'runs p50':>8} {'p90':>6}"
+          f" {'rounds p50':>10} {'p90':>6} {'inconcl':>7} {'cpu s':>6}", flush=True)
+    # Trials split into chunks, each its own seed offset, so the processes share the work;
+    # each case prints as soon as its chunks are in.
+    with ProcessPoolExecutor(WORKERS) as pool:
+        futures = {}
+        for case in cases:
+            trials = max(4, round(case.trials * scale))
+            chunks = 4 if trials >= 100 else 1
+            futures[case.key] = [
+                pool.submit(_chunk, (case, trials // chunks + (i < trials % chunks), SEED + 1000 * i))
+                for i in range(chunks)
+            ]
+        for case in cases:
+            results, seconds = [], 0.0
+            for future in futures[case.key]:
+                _, chunk, took = future.result()
+                results += chunk
+                seconds += took
+            s = summary[case.key] = _summary(results)
+            claimed = f"{s['claimed']:.3f}" if s["claimed"] is not None else "-"
+            print(f"  {case.title:<62} {s['trials']:>6} {s['accuracy']:>6.3f} {claimed:>6} "
+                  f"{s['runs_median']:>8.1f} {s['runs_p90']:>6.1f} {s['rounds_median']:>10.1f} "
+                  f"{s['rounds_p90']:>6.1f} {s['inconclusive']:>7.3f} {seconds:>6.1f}", flush=True)
+    print(f"\nall cases in {time.perf_counter() - start:.0f} s wall-clock\n")
+    if wanted:
+        print("targets are checked on a run of every case")
+        return
     for ok, line in _targets(summary):
         print(f"{'PASS' if ok else 'FAIL'} {line}")
 
@@ -159,9 +175,11 @@ def _targets(s: dict) -> list[tuple[bool, str]]:
     for q in ("q3", "q1"):
         limit = 1.2 * s[q]["runs_median"]
         at_most(f"{q}-h0", "runs_median", limit, f"hint always wrong, {q}: <= 1.2x the no-hint median")
-    for key in ("bg", "bg-chain"):
+    for key in ("bg", "bg-auto", "bg-chain", "bg-chain-auto"):
         out.append((s[key]["accuracy"] >= 0.95,
                     f"{key}: not-prefetch in {s[key]['accuracy']:.3f} >= 0.95 of {s[key]['trials']} searches"))
+    out.append((True, f"cost of all_off_runs: auto at q = 0.3: median runs {s['q3-auto']['runs_median']:.1f}"
+                      f" against {s['q3']['runs_median']:.1f}"))
     out.append((s["bg-culprit"]["accuracy"] >= 0.95,
                 f"p0 = 0.02 + culprit q = 0.3: accuracy {s['bg-culprit']['accuracy']:.3f} >= 0.95, "
                 f"median runs {s['bg-culprit']['runs_median']:.1f}"))
@@ -171,7 +189,8 @@ def _targets(s: dict) -> list[tuple[bool, str]]:
     for key, what in (("q1", "single q = 0.1"), ("pair", "pair q = 0.3")):
         out.append((s[key]["inconclusive"] <= 0.02,
                     f"default budget, {what}: inconclusive {s[key]['inconclusive']:.3f} <= 0.02"))
-    for key in ("q3", "q1", "pair", "bg", "bg-chain", "bg-culprit", "q3-h80", "q3-h0"):
+    for key in ("q3", "q1", "pair", "bg", "bg-auto", "bg-chain", "bg-chain-auto", "bg-culprit",
+                "q3-auto", "q3-h80", "q3-h0"):
         claimed = s[key]["claimed"]
         out.append((claimed is not None and s[key]["accuracy"] >= claimed,
                     f"calibration {key} over {s[key]['trials']} searches: accuracy {s[key]['accuracy']:.3f}"

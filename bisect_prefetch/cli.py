@@ -216,6 +216,7 @@ def simulate(
     max_runs: Annotated[int | None, typer.Option("--max-runs", help="Run budget of each search (default: scaled with the graph and the estimated q).")] = None,
     slots: Annotated[int, typer.Option("--slots", help="Runs at once; wall-clock is reported in full runs.")] = 1,
     hint_accuracy: Annotated[float | None, typer.Option("--hint-accuracy", help="Give the first diverged run a localization hint, right with this chance.")] = None,
+    all_off_runs: Annotated[str, typer.Option("--all-off-runs", help="all-off runs after the first divergence, or auto (as search.all_off_runs).")] = "1",
     json_out: JsonOpt = None,
 ) -> None:
     """Run the search against a simulated oracle with a known answer, and score it."""
@@ -225,8 +226,16 @@ def simulate(
         policy, layers, culprit, console=console, json_out=json_out, hazard=hazard, steps=steps,
         together=together, trials=trials, seed=seed, background=background,
         startup_cost=startup_cost, confidence=confidence, max_runs=max_runs, slots=slots,
-        hint_accuracy=hint_accuracy,
+        hint_accuracy=hint_accuracy, all_off_runs=_count(all_off_runs),
     ))
+
+
+def _count(text: str) -> int | str:
+    """A count option that also takes a word ("auto"); Bisection checks the value."""
+    try:
+        return int(text)
+    except ValueError:
+        return text
 
 
 INTERRUPTED = 130  # 128 + SIGINT, as a shell reports Ctrl-C

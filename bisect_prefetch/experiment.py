@@ -117,7 +117,13 @@ class GraphSource(_Strict):
 
 class Search(_Strict):
     confidence: Annotated[float, Field(gt=0.0, lt=1.0)] = 0.95
-    max_runs: Annotated[int, Field(ge=1)] = 200
+    # None: a budget that scales with the graph and the estimated q (Bisection.budget).
+    max_runs: Annotated[int, Field(ge=1)] | None = None
+    # all-off runs right after the first divergence; more come whenever they are the
+    # most informative question (background drift). auto: also, before a culprit-found
+    # verdict, enough all-off runs to rule out drift without prefetch as strong as the
+    # answer's (about 10 more runs at a per-run chance of 0.3).
+    all_off_runs: Annotated[int, Field(ge=1)] | Literal["auto"] = 1
 
 
 class Record(_Strict):

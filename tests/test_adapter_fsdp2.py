@@ -237,6 +237,56 @@ def test_fsdp2_adapter_activates_on_import_even_when_the_job_imports_it_first(tm
     assert (result.returncode, result.stdout.strip()) == (0, "False True"), result.stderr
 
 
+# -- gradient digests of torch gradients ------------------------------------------------
+def test_gradient_batch_measures_each_gradient_and_hashes_what_its_digest_covers():
+    torch = pytest.importorskip("torch")
+    from bisect_prefetch.adapters.digest import FULL_BYTES, gradient_digest
+    from bisect_prefetch.adapters.fsdp2 import BATCHED_MAX_BYTES, GradientBatch
+
+    torch.manual_seed(0)
+    grads = [
+        torch.randn(10_000),  # sampled
+        torch.randn(7),  # hashed whole
+        torch.randn(300, 40).t(),  # strided
+        torch.randn(7),  # a second of the same size
+        torch.randn(2000, dtype=torch.float64),  # another dtype
+        torch.randn(40_000),  # measured where it lies, not batched
+        torch.randn(400, 100).t(),  # the same, strided
+    ]
+    grads[1][3] = float("nan")
+    assert grads[0].numel() * 4 > FULL_BYTES and grads[-1].numel() * 4 > BATCHED_MAX_BYTES
+    names = [f"p{k}" for k in range(len(grads))]
+    batch = GradientBatch([*names, "empty"], [*grads, torch.zeros(0)])
+    measured, digests, norms, peaks = batch.measure([*grads, torch.zeros(0)])
+    assert measured == names  # an empty shard has nothing to digest
+    # The accelerator's way reads the same bytes.
+    assert batch.measure([*grads, torch.zeros(0)], gather=True)[1] == digests
+    for grad, digest, norm, max_abs in zip(grads, digests, norms, peaks, strict=True):
+        data = grad.contiguous().numpy().tobytes()
+        peak = float(grad.abs().max())
+        assert digest == gradient_digest(data, peak)
+        if peak == peak:
+            assert max_abs == peak and norm == pytest.approx(float(grad.double().norm()), rel=1e-12)
+        else:  # NaN stays NaN
+            assert max_abs != max_abs and norm != norm
+    assert len(set(digests)) == len(grads)
+
+
+def test_a_one_ulp_change_changes_exactly_that_gradients_digest():
+    torch = pytest.importorskip("torch")
+    from bisect_prefetch.adapters.fsdp2 import GradientBatch
+
+    torch.manual_seed(1)
+    grads = [torch.randn(5000), torch.randn(16), torch.randn(16), torch.randn(20_000)]
+    batch = GradientBatch(["a", "b", "c", "d"], grads)
+    before = batch.measure(grads)[1]
+    for k in range(len(grads)):
+        changed = [g.clone() for g in grads]
+        changed[k][0] = torch.nextafter(changed[k][0], torch.tensor(float("inf")))
+        after = batch.measure(changed)[1]
+        assert [a != b for a, b in zip(before, after, strict=True)] == [i == k for i in range(4)]
+
+
 # -- FSDP2, real runs ------------------------------------------------------------------
 def _fsdp2_helpers():
     pytest.importorskip("torch")

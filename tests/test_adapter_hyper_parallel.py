@@ -1,9 +1,10 @@
-"""The hyper-parallel adapter: discovery, masking, probe and guard.
+"""The hyper-parallel adapter: discovery, masking, probe, guard and gradient digests.
 
 Fast tests drive the adapter in-process over a toy scheduler with hyper-parallel's
 interface, and in a subprocess through a stand-in ``hyper_parallel`` package (the
-import hook path). Slow tests run the MindSpore reference workload, hyper-parallel's
-test double on real MindSpore, through msrun: 1 rank (every unit size-one) and
+import hook path). The digest tests train the MindSpore reference model under
+hyper-parallel's test double in-process, on real MindSpore tensors. Slow tests run the
+MindSpore reference workload through msrun: 1 rank (every unit size-one) and
 2 ranks (every unit sharded over 2, real AllGathers).
 """
 
@@ -26,6 +27,7 @@ from bisect_prefetch.adapters import hyper_parallel as hp
 from bisect_prefetch.adapters.plan import parse_plan
 from bisect_prefetch.audit import audit_run_dir
 from bisect_prefetch.graph import from_policy
+from bisect_prefetch.metrics.digests import compare_digest_files
 
 REPO = Path(__file__).resolve().parents[1]
 SITE = REPO / "bisect_prefetch" / "adapters" / "site"
@@ -293,6 +295,101 @@ def test_importing_hyper_parallel_activates_the_adapter(tmp_path):
     assert probe["hyper_parallel"]["units"]["layers.0"]["params_with_shard_size"] == 0
 
 
+# -- gradient digests, on real MindSpore tensors ---------------------------------------
+DIGEST_FIELDS = {"step", "rank", "param", "digest", "norm", "max_abs"}
+NUDGED_PARAM = "decoder.layers.0.attention.qkv.weight"  # 12 KiB: its digest samples it
+
+
+def mindspore_digest_run(out_dir: Path, monkeypatch, *, nudge_step: int | None = None) -> dict:
+    """Three steps of the reference GPT under hyper-parallel's double, in this process.
+
+    Each step leaves every parameter's shard gradient on ``sharded_param.grad``, as
+    hyper-parallel's post-backward does, then reports the step (the adapter digests at
+    its end). nudge_step: at that step, one element of NUDGED_PARAM's gradient moves by
+    one ulp. Returns the last step's gradients by parameter name.
+    """
+    ms = pytest.importorskip("mindspore")
+    import numpy as np
+
+    from bisect_prefetch.workloads import hsdp_double
+    from bisect_prefetch.workloads import mindspore as workload
+
+    ms.set_context(mode=ms.PYNATIVE_MODE, device_target="CPU")
+    hp.patch_scheduler_class(hsdp_double.HSDPSchedulerDouble)
+    plan = {"version": 1, "out_dir": str(out_dir), "mask": None, "guard": "none",
+            "record": {"digests": "*", "digest_every": 1}}
+    session = Session(parse_plan(plan), rank=0)
+    adapter = hp.HyperParallelAdapter(session)
+    session.add_step_end_listener(adapter.on_step_end)
+    monkeypatch.setattr(hp, "_adapter", adapter)
+
+    model = workload.GPT(layers=2)
+    rng = np.random.RandomState(7)  # the same weights in every run of this process
+    for _, param in model.parameters_and_names():
+        param.set_data(ms.Tensor((0.1 * rng.standard_normal(param.shape)).astype(np.float32)))
+    params = workload.shard_model(model, world_size=1, rank=0, shard_size_source="shard_size",
+                                  build_guard="none")
+    optimizer = ms.nn.Adam([p.sharded_param for p in params], learning_rate=1e-2)
+    loss_fn = ms.nn.CrossEntropyLoss()
+    grad_fn = ms.value_and_grad(lambda ids, targets: loss_fn(model(ids).reshape(-1, workload.VOCAB),
+                                                             targets),
+                                None, [p.unsharded_param for p in params])
+    last: dict[str, np.ndarray] = {}
+    for step, (ids, targets) in enumerate(workload.fixed_batches(7, 0)[:3], start=1):
+        loss, grads = grad_fn(ids, targets)
+        grads = [g.asnumpy() for g in grads]
+        for param, grad in zip(params, grads, strict=True):
+            if step == nudge_step and param.unsharded_param.name == NUDGED_PARAM:
+                grad.reshape(-1)[0] = np.nextafter(grad.reshape(-1)[0], np.float32(np.inf))
+            param.sharded_param.grad = ms.Tensor(grad)
+            last[param.unsharded_param.name] = grad
+        optimizer(tuple(param.sharded_param.grad for param in params))
+        session.report_step(step, {"loss": float(loss.asnumpy())})
+    session.close()
+    return last
+
+
+@pytest.mark.mindspore
+def test_digests_of_mindspore_gradients_are_the_lines_the_orchestrator_reads(tmp_path, monkeypatch):
+    from bisect_prefetch.adapters.digest import FULL_BYTES
+    from bisect_prefetch.metrics.digests import parse_digest_line
+    from bisect_prefetch.metrics.localize import unit_of, units_in_graph
+
+    grads = mindspore_digest_run(tmp_path, monkeypatch)
+    lines = (tmp_path / "digests.jsonl").read_text().splitlines()
+    assert len(lines) == 3 * len(grads)
+    assert all(set(json.loads(line)) == DIGEST_FIELDS for line in lines)
+    records = [parse_digest_line(line) for line in lines]
+    assert [r.step for r in records] == [s for s in (1, 2, 3) for _ in grads]
+    assert {r.param for r in records} == set(grads) and {r.rank for r in records} == {0}
+    # Every parameter lies in a unit of the graph (the names come from the same walk).
+    units = units_in_graph(tmp_path / "graph.rank0.json")
+    assert {unit_of(r.param, units) for r in records} == set(units) - {"root"}
+    assert grads[NUDGED_PARAM].nbytes > FULL_BYTES  # sampled; others are hashed whole
+    for record in records[-len(grads):]:
+        grad = grads[record.param].astype("float64")
+        assert record.norm == pytest.approx(float((grad**2).sum() ** 0.5), rel=1e-12)
+        assert record.max_abs == float(abs(grads[record.param]).max())
+
+
+@pytest.mark.mindspore
+def test_mindspore_digests_are_reproducible_and_see_a_one_ulp_change(tmp_path, monkeypatch):
+    from bisect_prefetch.metrics.digests import compare_digest_files
+
+    runs = {name: tmp_path / name for name in ("a", "b", "nudged")}
+    mindspore_digest_run(runs["a"], monkeypatch)
+    grads = mindspore_digest_run(runs["b"], monkeypatch)
+    mindspore_digest_run(runs["nudged"], monkeypatch, nudge_step=2)
+    a, b = (runs[name] / "digests.jsonl" for name in ("a", "b"))
+    assert a.read_text() == b.read_text()  # same inputs, same bytes, same lines
+    result = compare_digest_files(a, runs["nudged"] / "digests.jsonl")
+    assert result.first_diff_step == 2
+    assert result.at_first == [(0, NUDGED_PARAM)]
+    assert result.spread[2] == 1  # exactly that parameter's digest at that step
+    assert result.records_compared == 3 * len(grads)
+    assert result.missing_in_a == result.missing_in_b == 0
+
+
 # -- the MindSpore reference workload through msrun -------------------------------------
 MSRUN = Path(sys.executable).parent / "msrun"
 LAYERS, STEPS = 2, 4
@@ -342,7 +439,8 @@ def run_workload(root: Path, name: str, *, ranks: int, mask=None, guard="none", 
     run_dir = root / name
     run_dir.mkdir()
     plan = {"version": 1, "experiment": "test", "run_id": name, "out_dir": str(run_dir),
-            "mask": mask, "guard": guard, "seed": 7, "steps": STEPS}
+            "mask": mask, "guard": guard, "seed": 7, "steps": STEPS,
+            "record": {"digests": "*", "digest_every": 1}}  # on by default in the tool
     (run_dir / "plan.json").write_text(json.dumps(plan))
     env = {
         **os.environ,
@@ -457,6 +555,15 @@ def test_masking_the_faulty_backward_edge_removes_the_drift(runs):
     assert steps_differing and min(steps_differing)[0] <= 2
     masked = runs("nudge-masked")  # every edge on but the faulty one
     assert masked.metrics() == reference.metrics()
+    # The workload leaves each shard's gradient where hyper-parallel does, so the adapter
+    # digests it: the drift shows in the digests no later than in the metrics, and the
+    # masked run's digests equal the reference's.
+    digests = compare_digest_files(reference.dir / "digests.jsonl", drifting.dir / "digests.jsonl",
+                                   metric_first_diff=min(steps_differing)[0])
+    assert digests.records_compared >= STEPS and not digests.problems
+    assert digests.first_diff_step is not None and digests.lead_steps >= 0
+    same = compare_digest_files(reference.dir / "digests.jsonl", masked.dir / "digests.jsonl")
+    assert same.first_diff_step is None and same.records_differing == 0
     counts = masked.probe()["edges"][FAULT_EDGE]
     assert (counts["issued"], counts["masked"]) == (0, STEPS)
     assert masked.probe()["hyper_parallel"]["edges"][FAULT_EDGE]["async_unshards"] == 0

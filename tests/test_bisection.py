@@ -138,34 +138,31 @@ checking that all-off is consistent...
 testing forward-off...
     run 3 (2 edges on): diverged at step 6 [0.2s]
   -> diverged at run 1 (step 6)
-testing keep-only:bwd:layers.2->layers.1...
-    run 4 (1 edges on): clean over 20 steps [0.2s]
-  -> clean (1 run)
-testing drop-only:bwd:layers.1->layers.0...
-    run 5 (3 edges on): diverged at step 19 [0.2s]
-  -> diverged at run 1 (step 19)
 testing drop-only:bwd:layers.2->layers.1...
-    run 6 (3 edges on): clean over 20 steps [0.2s]
-  -> clean (1 run)
+    run 4 (3 edges on): clean over 20 steps [0.2s]
+    run 5 (3 edges on): clean over 20 steps [0.2s]
+  -> clean (2 runs)
 double checking the answer: keep-only:bwd:layers.2->layers.1 should diverge...
-    run 7 (1 edges on): diverged at step 1 [0.2s]
-  -> diverged at run 1 (step 1)
-testing drop-only:bwd:layers.2->layers.1...
+    run 6 (1 edges on): clean over 20 steps [0.2s]
+  -> clean (1 run)
+testing keep-only:bwd:layers.2->layers.1...
+    run 7 (1 edges on): diverged at step 19 [0.2s]
+  -> diverged at run 1 (step 19)
+double checking the answer: drop-only:bwd:layers.2->layers.1 should be consistent...
     run 8 (3 edges on): clean over 20 steps [0.2s]
     run 9 (3 edges on): clean over 20 steps [0.2s]
-  -> clean (2 runs)
-double checking the answer: drop-only:bwd:layers.2->layers.1 should be consistent...
     run 10 (3 edges on): clean over 20 steps [0.2s]
     run 11 (3 edges on): clean over 20 steps [0.2s]
     run 12 (3 edges on): clean over 20 steps [0.2s]
-    run 13 (3 edges on): clean over 20 steps [0.2s]
-  -> clean (4 runs)
+  -> clean (5 runs)
 
 verdict: culprit-found
 minimal set: bwd:layers.2->layers.1
-confidence: 0.985   runs: 13   steps: 224
-  - keep-only:bwd:layers.2->layers.1 diverged (run 7, step 1): the set is enough for drift
+confidence: 0.987   runs: 12   steps: 223
+  - keep-only:bwd:layers.2->layers.1 diverged (run 7, step 19): the set is enough for drift
   - drop-only:bwd:layers.2->layers.1: 7 runs, all consistent: removing the set removes drift
+  - all-off and drop-only:bwd:layers.2->layers.1 after the search: 6 runs, all consistent: drift without prefetch at a per-run chance of 0.393 or more is ruled
+out at 95% (the answer's: 0.4; search.all_off_runs: auto rules out drift as strong as the answer's)
 evidence
 ┏━━━━━━━━━━━┳━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━┳━━━━━━━┳━━━━━━┳━━━━━━━━━━┳━━━━━━━━━━━━━━━━━━━━━━━┳━━━━━━━━━━┓
 ┃ step      ┃ mask                             ┃ edges ┃ runs ┃ diverged ┃ first differing steps ┃ verdict  ┃
@@ -173,47 +170,63 @@ evidence
 │ calibrate │ all-on                           │ 4     │ 1    │ 1        │ 18                    │ diverged │
 │ check-off │ all-off                          │ 0     │ 1    │ 0        │ -                     │ clean    │
 │ search    │ forward-off                      │ 2     │ 1    │ 1        │ 6                     │ diverged │
-│ search    │ keep-only:bwd:layers.2->layers.1 │ 1     │ 1    │ 0        │ -                     │ clean    │
-│ search    │ drop-only:bwd:layers.1->layers.0 │ 3     │ 1    │ 1        │ 19                    │ diverged │
-│ search    │ drop-only:bwd:layers.2->layers.1 │ 3     │ 1    │ 0        │ -                     │ clean    │
-│ keep-only │ keep-only:bwd:layers.2->layers.1 │ 1     │ 1    │ 1        │ 1                     │ diverged │
 │ search    │ drop-only:bwd:layers.2->layers.1 │ 3     │ 2    │ 0        │ -                     │ clean    │
-│ drop-only │ drop-only:bwd:layers.2->layers.1 │ 3     │ 4    │ 0        │ -                     │ clean    │
+│ keep-only │ keep-only:bwd:layers.2->layers.1 │ 1     │ 1    │ 0        │ -                     │ clean    │
+│ search    │ keep-only:bwd:layers.2->layers.1 │ 1     │ 1    │ 1        │ 19                    │ diverged │
+│ drop-only │ drop-only:bwd:layers.2->layers.1 │ 3     │ 5    │ 0        │ -                     │ clean    │
 └───────────┴──────────────────────────────────┴───────┴──────┴──────────┴───────────────────────┴──────────┘
-per-run chance 0.8 (95% interval 0.284-0.995), per-step hazard 0.0625, from 5 runs that enabled the set
+per-run chance 0.75 (95% interval 0.194-0.994), per-step hazard 0.0476, from 4 runs that enabled the set
 reproduce: bisect-prefetch aa TMP/exp.yaml --runs=4 '--mask=keep-only:bwd:layers.2->layers.1'
-runs launched 14, reused from the journal 0; report: TMP/state/sim/report.html
+runs launched 13, reused from the journal 0; report: TMP/state/sim/report.html
 wrote TMP/out.json
 """
 
 NO_DRIFT = """\
-bisecting sim: 20 steps a run, seed 1, guard none, confidence 0.95, at most 11 runs
+bisecting sim: 20 steps a run, seed 1, guard none, confidence 0.95, at most 16 runs
 running the golden reference (all-off, full length)...
 checking that all-on diverges...
     run 1 (4 edges on): clean over 20 steps [0.2s]
-    run 2 (4 edges on): clean over 20 steps [0.2s]
-    run 3 (4 edges on): clean over 20 steps [0.2s]
-    run 4 (4 edges on): clean over 20 steps [0.2s]
-    run 5 (4 edges on): clean over 20 steps [0.2s]
+  -> clean (1 run)
+testing forward-off...
+    run 2 (2 edges on): clean over 20 steps [0.2s]
+  -> clean (1 run)
+testing keep-only:fwd:layers.0->layers.1...
+    run 3 (1 edges on): clean over 20 steps [0.2s]
+  -> clean (1 run)
+testing keep-only:fwd:layers.1->layers.2...
+    run 4 (1 edges on): clean over 20 steps [0.2s]
+  -> clean (1 run)
+testing backward-off...
+    run 5 (2 edges on): clean over 20 steps [0.2s]
+  -> clean (1 run)
+checking that all-on diverges...
     run 6 (4 edges on): clean over 20 steps [0.2s]
     run 7 (4 edges on): clean over 20 steps [0.2s]
     run 8 (4 edges on): clean over 20 steps [0.2s]
     run 9 (4 edges on): clean over 20 steps [0.2s]
     run 10 (4 edges on): clean over 20 steps [0.2s]
-  -> clean (10 runs)
+    run 11 (4 edges on): clean over 20 steps [0.2s]
+    run 12 (4 edges on): clean over 20 steps [0.2s]
+    run 13 (4 edges on): clean over 20 steps [0.2s]
+  -> clean (8 runs)
 
 verdict: no-drift-reproduced
-confidence: 0.950   runs: 10   steps: 200
-  - all-on: 10 runs, none diverged: a per-run chance of 0.259 or more is ruled out at 95% (fewer than 3/10)
+confidence: 0.950   runs: 13   steps: 260
+  - every edge enabled in 10 clean runs (9 of them all-on), none diverged: a per-run chance of 0.259 or more is ruled out at 95% (fewer than 3/10)
 evidence
-┏━━━━━━━━━━━┳━━━━━━━━┳━━━━━━━┳━━━━━━┳━━━━━━━━━━┳━━━━━━━━━━━━━━━━━━━━━━━┳━━━━━━━━━┓
-┃ step      ┃ mask   ┃ edges ┃ runs ┃ diverged ┃ first differing steps ┃ verdict ┃
-┡━━━━━━━━━━━╇━━━━━━━━╇━━━━━━━╇━━━━━━╇━━━━━━━━━━╇━━━━━━━━━━━━━━━━━━━━━━━╇━━━━━━━━━┩
-│ calibrate │ all-on │ 4     │ 10   │ 0        │ -                     │ clean   │
-└───────────┴────────┴───────┴──────┴──────────┴───────────────────────┴─────────┘
-per-run chance 0 (95% interval 0-0.308), from 10 runs that enabled every edge (all-on)
+┏━━━━━━━━━━━┳━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━┳━━━━━━━┳━━━━━━┳━━━━━━━━━━┳━━━━━━━━━━━━━━━━━━━━━━━┳━━━━━━━━━┓
+┃ step      ┃ mask                             ┃ edges ┃ runs ┃ diverged ┃ first differing steps ┃ verdict ┃
+┡━━━━━━━━━━━╇━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━╇━━━━━━━╇━━━━━━╇━━━━━━━━━━╇━━━━━━━━━━━━━━━━━━━━━━━╇━━━━━━━━━┩
+│ calibrate │ all-on                           │ 4     │ 1    │ 0        │ -                     │ clean   │
+│ search    │ forward-off                      │ 2     │ 1    │ 0        │ -                     │ clean   │
+│ search    │ keep-only:fwd:layers.0->layers.1 │ 1     │ 1    │ 0        │ -                     │ clean   │
+│ search    │ keep-only:fwd:layers.1->layers.2 │ 1     │ 1    │ 0        │ -                     │ clean   │
+│ search    │ backward-off                     │ 2     │ 1    │ 0        │ -                     │ clean   │
+│ calibrate │ all-on                           │ 4     │ 8    │ 0        │ -                     │ clean   │
+└───────────┴──────────────────────────────────┴───────┴──────┴──────────┴───────────────────────┴─────────┘
+per-run chance 0 (95% interval 0-0.336), from 9 runs that enabled every edge (all-on)
 reproduce: bisect-prefetch aa TMP/exp.yaml --runs=4
-runs launched 11, reused from the journal 0; report: TMP/state/sim/report.html
+runs launched 14, reused from the journal 0; report: TMP/state/sim/report.html
 wrote TMP/out.json
 """
 
@@ -264,21 +277,21 @@ checking that all-on diverges...
 checking that all-off is consistent...
     run 3 (0 edges on): clean over 20 steps [0.2s]
   -> clean (1 run)
-testing keep-only:fwd:layers.0->layers.1...
-    run 4 (1 edges on): diverged at step 11 [0.2s]
-  -> diverged at run 1 (step 11)
+testing forward-off...
+    run 4 (2 edges on): clean over 20 steps [0.2s]
+  -> clean (1 run)
 
 verdict: inconclusive
-confidence: 0.679   runs: 4   steps: 68
-  - stopped: the run budget (--max-runs 4) ran out; best guess {fwd:layers.0->layers.1} at probability 0.679
+confidence: 0.272   runs: 4   steps: 77
+  - stopped: the run budget (--max-runs 4) ran out; best guess {fwd:layers.0->layers.1} at probability 0.272
 evidence
-┏━━━━━━━━━━━┳━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━┳━━━━━━━┳━━━━━━┳━━━━━━━━━━┳━━━━━━━━━━━━━━━━━━━━━━━┳━━━━━━━━━━┓
-┃ step      ┃ mask                             ┃ edges ┃ runs ┃ diverged ┃ first differing steps ┃ verdict  ┃
-┡━━━━━━━━━━━╇━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━╇━━━━━━━╇━━━━━━╇━━━━━━━━━━╇━━━━━━━━━━━━━━━━━━━━━━━╇━━━━━━━━━━┩
-│ calibrate │ all-on                           │ 4     │ 2    │ 1        │ 17                    │ diverged │
-│ check-off │ all-off                          │ 0     │ 1    │ 0        │ -                     │ clean    │
-│ search    │ keep-only:fwd:layers.0->layers.1 │ 1     │ 1    │ 1        │ 11                    │ diverged │
-└───────────┴──────────────────────────────────┴───────┴──────┴──────────┴───────────────────────┴──────────┘
+┏━━━━━━━━━━━┳━━━━━━━━━━━━━┳━━━━━━━┳━━━━━━┳━━━━━━━━━━┳━━━━━━━━━━━━━━━━━━━━━━━┳━━━━━━━━━━┓
+┃ step      ┃ mask        ┃ edges ┃ runs ┃ diverged ┃ first differing steps ┃ verdict  ┃
+┡━━━━━━━━━━━╇━━━━━━━━━━━━━╇━━━━━━━╇━━━━━━╇━━━━━━━━━━╇━━━━━━━━━━━━━━━━━━━━━━━╇━━━━━━━━━━┩
+│ calibrate │ all-on      │ 4     │ 2    │ 1        │ 17                    │ diverged │
+│ check-off │ all-off     │ 0     │ 1    │ 0        │ -                     │ clean    │
+│ search    │ forward-off │ 2     │ 1    │ 0        │ -                     │ clean    │
+└───────────┴─────────────┴───────┴──────┴──────────┴───────────────────────┴──────────┘
 per-run chance 0.5 (95% interval 0.0126-0.987), per-step hazard 0.027, from 2 runs that enabled every edge (all-on)
 reproduce: bisect-prefetch aa TMP/exp.yaml --runs=4
 runs launched 5, reused from the journal 0; report: TMP/state/sim/report.html
@@ -297,7 +310,7 @@ checking that all-off is consistent...
 testing forward-off...
     run 3 (2 edges on): diverged at step 6 [0.2s]
   -> diverged at run 1 (step 6)
-testing keep-only:bwd:layers.2->layers.1...
+testing drop-only:bwd:layers.2->layers.1...
 interrupted: finished runs are in the journal; to resume, run again:
   bisect-prefetch bisect TMP/exp.yaml --resume --state-dir=TMP/state
 """
@@ -315,34 +328,31 @@ checking that all-off is consistent...
 testing forward-off...
     run 3 (2 edges on): diverged at step 6 [from the journal]
   -> diverged at run 1 (step 6)
-testing keep-only:bwd:layers.2->layers.1...
-    run 4 (1 edges on): clean over 20 steps [0.2s]
-  -> clean (1 run)
-testing drop-only:bwd:layers.1->layers.0...
-    run 5 (3 edges on): diverged at step 2 [0.2s]
-  -> diverged at run 1 (step 2)
 testing drop-only:bwd:layers.2->layers.1...
-    run 6 (3 edges on): clean over 20 steps [0.2s]
-  -> clean (1 run)
+    run 4 (3 edges on): clean over 20 steps [0.2s]
+    run 5 (3 edges on): clean over 20 steps [0.2s]
+  -> clean (2 runs)
 double checking the answer: keep-only:bwd:layers.2->layers.1 should diverge...
-    run 7 (1 edges on): diverged at step 19 [0.2s]
-  -> diverged at run 1 (step 19)
-testing drop-only:bwd:layers.2->layers.1...
+    run 6 (1 edges on): clean over 20 steps [0.2s]
+  -> clean (1 run)
+testing keep-only:bwd:layers.2->layers.1...
+    run 7 (1 edges on): diverged at step 2 [0.2s]
+  -> diverged at run 1 (step 2)
+double checking the answer: drop-only:bwd:layers.2->layers.1 should be consistent...
     run 8 (3 edges on): clean over 20 steps [0.2s]
     run 9 (3 edges on): clean over 20 steps [0.2s]
-  -> clean (2 runs)
-double checking the answer: drop-only:bwd:layers.2->layers.1 should be consistent...
     run 10 (3 edges on): clean over 20 steps [0.2s]
     run 11 (3 edges on): clean over 20 steps [0.2s]
     run 12 (3 edges on): clean over 20 steps [0.2s]
-    run 13 (3 edges on): clean over 20 steps [0.2s]
-  -> clean (4 runs)
+  -> clean (5 runs)
 
 verdict: culprit-found
 minimal set: bwd:layers.2->layers.1
-confidence: 0.985   runs: 13   steps: 225
-  - keep-only:bwd:layers.2->layers.1 diverged (run 7, step 19): the set is enough for drift
+confidence: 0.987   runs: 12   steps: 206
+  - keep-only:bwd:layers.2->layers.1 diverged (run 7, step 2): the set is enough for drift
   - drop-only:bwd:layers.2->layers.1: 7 runs, all consistent: removing the set removes drift
+  - all-off and drop-only:bwd:layers.2->layers.1 after the search: 6 runs, all consistent: drift without prefetch at a per-run chance of 0.393 or more is ruled
+out at 95% (the answer's: 0.4; search.all_off_runs: auto rules out drift as strong as the answer's)
 evidence
 ┏━━━━━━━━━━━┳━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━┳━━━━━━━┳━━━━━━┳━━━━━━━━━━┳━━━━━━━━━━━━━━━━━━━━━━━┳━━━━━━━━━━┓
 ┃ step      ┃ mask                             ┃ edges ┃ runs ┃ diverged ┃ first differing steps ┃ verdict  ┃
@@ -350,16 +360,14 @@ evidence
 │ calibrate │ all-on                           │ 4     │ 1    │ 1        │ 18                    │ diverged │
 │ check-off │ all-off                          │ 0     │ 1    │ 0        │ -                     │ clean    │
 │ search    │ forward-off                      │ 2     │ 1    │ 1        │ 6                     │ diverged │
-│ search    │ keep-only:bwd:layers.2->layers.1 │ 1     │ 1    │ 0        │ -                     │ clean    │
-│ search    │ drop-only:bwd:layers.1->layers.0 │ 3     │ 1    │ 1        │ 2                     │ diverged │
-│ search    │ drop-only:bwd:layers.2->layers.1 │ 3     │ 1    │ 0        │ -                     │ clean    │
-│ keep-only │ keep-only:bwd:layers.2->layers.1 │ 1     │ 1    │ 1        │ 19                    │ diverged │
 │ search    │ drop-only:bwd:layers.2->layers.1 │ 3     │ 2    │ 0        │ -                     │ clean    │
-│ drop-only │ drop-only:bwd:layers.2->layers.1 │ 3     │ 4    │ 0        │ -                     │ clean    │
+│ keep-only │ keep-only:bwd:layers.2->layers.1 │ 1     │ 1    │ 0        │ -                     │ clean    │
+│ search    │ keep-only:bwd:layers.2->layers.1 │ 1     │ 1    │ 1        │ 2                     │ diverged │
+│ drop-only │ drop-only:bwd:layers.2->layers.1 │ 3     │ 5    │ 0        │ -                     │ clean    │
 └───────────┴──────────────────────────────────┴───────┴──────┴──────────┴───────────────────────┴──────────┘
-per-run chance 0.8 (95% interval 0.284-0.995), per-step hazard 0.0615, from 5 runs that enabled the set
+per-run chance 0.75 (95% interval 0.194-0.994), per-step hazard 0.0652, from 4 runs that enabled the set
 reproduce: bisect-prefetch aa TMP/exp.yaml --runs=4 '--mask=keep-only:bwd:layers.2->layers.1'
-runs launched 10, reused from the journal 4; report: TMP/state/sim/report.html
+runs launched 9, reused from the journal 4; report: TMP/state/sim/report.html
 wrote TMP/out.json
 """
 
@@ -374,13 +382,13 @@ def test_culprit_found(tmp_path):
     assert lines(text) == lines(CULPRIT_FOUND)
     assert code == 1
     data = json.loads((tmp_path / "out.json").read_text())
-    assert (data["verdict"], data["minimal_set"], data["runs_used"]) == ("culprit-found", [CULPRIT], 13)
-    assert data["facts"][0].startswith(f"keep-only:{CULPRIT} diverged (run 7, step 1)")
+    assert (data["verdict"], data["minimal_set"], data["runs_used"]) == ("culprit-found", [CULPRIT], 12)
+    assert data["facts"][0].startswith(f"keep-only:{CULPRIT} diverged (run 7, step 19)")
     assert data == json.loads((tmp_path / "state" / "sim" / "bisect.json").read_text())
 
 
 def test_no_drift_reproduced(tmp_path):
-    code, text = run_command(tmp_path, Simulation([]), max_runs=11)
+    code, text = run_command(tmp_path, Simulation([]), max_runs=16)
     assert lines(text) == lines(NO_DRIFT)
     assert code == 0
 
@@ -412,7 +420,7 @@ def test_interrupted_then_resumed(tmp_path):
     assert lines(text) == lines(RESUMED)
     assert code == 1
     data = json.loads((tmp_path / "out.json").read_text())
-    assert (data["runs_launched"], data["runs_reused"]) == (10, 4)
+    assert (data["runs_launched"], data["runs_reused"]) == (9, 4)
 
 
 def test_a_second_bisection_without_resume_is_refused(tmp_path):
@@ -438,6 +446,10 @@ A, B = "fwd:layers.0->layers.1", "bwd:layers.2->layers.1"
     (Fact(p.STOPPED, reason="all-unresolved", chance=0.5),
      "stopped: every informative mask is unresolved; best guess no edge (drift without prefetch) "
      "at probability 0.500"),
+    (Fact(p.BACKGROUND_RULED_OUT, edges=(B,), runs=5, chance=1 - 0.05 ** (1 / 5), strength=0.3),
+     f"all-off and drop-only:{B} after the search: 5 runs, all consistent: drift without prefetch "
+     "at a per-run chance of 0.451 or more is ruled out at 95% (the answer's: 0.3; "
+     "search.all_off_runs: auto rules out drift as strong as the answer's)"),
     (Fact(p.STOPPED, edges=(B,), reason="keep-only-never-completed", chance=0.96),
      "stopped: keep-only of the answer never completed a run; best guess {" + B + "} at "
      "probability 0.960"),
@@ -464,7 +476,7 @@ if __name__ == "__main__":
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         show("CULPRIT_FOUND", run_command(root / "a", Simulation([CULPRIT]))[1])
-        show("NO_DRIFT", run_command(root / "b", Simulation([]), max_runs=11)[1])
+        show("NO_DRIFT", run_command(root / "b", Simulation([]), max_runs=16)[1])
         show("NOT_PREFETCH", run_command(root / "c", Simulation([], background=0.9))[1])
         show("INCONCLUSIVE", run_command(root / "d", Simulation(["fwd:layers.0->layers.1"]),
                                          max_runs=4)[1])

@@ -22,7 +22,7 @@ SURFACE = {
     "simulate": {
         "--policy", "--layers", "--culprit", "--together", "--hazard", "--steps", "--trials",
         "--seed", "--background", "--startup-cost", "--confidence", "--max-runs", "--slots",
-        "--hint-accuracy", "--json",
+        "--hint-accuracy", "--all-off-runs", "--json",
     },
 }
 

@@ -61,6 +61,13 @@ def test_full_example_loads(tmp_path):
     assert exp.base_dir == tmp_path.resolve()
 
 
+def test_search_defaults_to_a_scaled_budget_and_takes_auto_all_off_runs(tmp_path):
+    plain = load_experiment(_write(tmp_path, "name: x\ncommand: [a]\n"))
+    assert (plain.search.max_runs, plain.search.all_off_runs) == (None, 1)
+    auto = load_experiment(_write(tmp_path, "name: x\ncommand: [a]\nsearch: {all_off_runs: auto}\n"))
+    assert auto.search.all_off_runs == "auto"
+
+
 def test_command_experiment_resolves_config_next_to_the_file(tmp_path):
     (tmp_path / "train.yaml").write_text("training: {seed: 1}\n")
     exp = load_experiment(_write(tmp_path, """
@@ -119,6 +126,8 @@ def test_missing_file(tmp_path):
     ("name: x\ncommand: [a]\ngraph: {source: static}\n", "graph.policy"),
     ("name: x\ncommand: [a]\nguard: always\n", "guard"),
     ("name: x\ncommand: [a]\nsteps: 0\n", "steps"),
+    ("name: x\ncommand: [a]\nsearch: {all_off_runs: 0}\n", "all_off_runs"),
+    ("name: x\ncommand: [a]\nsearch: {all_off_runs: sometimes}\n", "all_off_runs"),
 ])
 def test_invalid_experiments(tmp_path, text, needle):
     assert needle in _error(_write(tmp_path, text))

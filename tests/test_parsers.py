@@ -13,7 +13,13 @@ from hypothesis import strategies as st
 from bisect_prefetch.errors import BisectPrefetchError
 from bisect_prefetch.metrics import console
 from bisect_prefetch.metrics.lines import parse_jsonl_line
-from bisect_prefetch.metrics.loading import detect_format, load_files, load_run, parse_file
+from bisect_prefetch.metrics.loading import (
+    detect_format,
+    load_files,
+    load_run,
+    load_runs,
+    parse_file,
+)
 from bisect_prefetch.metrics.trajectory import Series, Trajectory
 
 FILE_PREFIX = "[INFO] 2026-01-01 10:00:00,123 [mindformers/core/callback/callback.py:532] _print_log: "
@@ -152,12 +158,15 @@ def test_mindformers_sink_mode_and_info_log_prefix(tmp_path):
     assert [(step, m["loss"]) for _, step, m in records(sink, "mindformers")] == [(1, 1.5), (2, 2.5)]
 
 
-def test_mindformers_epochs_count_on_from_the_last_epoch(tmp_path):
+def test_mindformers_epochs_count_on_from_the_last_epoch(tmp_path, monkeypatch):
     lines = [mf19_line(s, f"{e}.{s}", epoch=e, epochs=2, per_epoch=3) for e in (1, 2) for s in (1, 2, 3)]
     path = write(tmp_path / "a.log", lines)
-    for fast in (True, False):
-        got = [(step, m["loss"]) for _, step, m in records(path, "mindformers", fast=fast)]
-        assert got == [(1, 1.1), (2, 1.2), (3, 1.3), (4, 2.1), (5, 2.2), (6, 2.3)]
+    # One chunk holding both epochs, and chunks of a line or two (one epoch each).
+    for chunk in (console.CHUNK_BYTES, len(lines[0]) + 1, 2 * len(lines[0]) + 2):
+        monkeypatch.setattr(console, "CHUNK_BYTES", chunk)
+        for fast in (True, False):
+            got = [(step, m["loss"]) for _, step, m in records(path, "mindformers", fast=fast)]
+            assert got == [(1, 1.1), (2, 1.2), (3, 1.3), (4, 2.1), (5, 2.2), (6, 2.3)]
 
 
 def test_mindformers_rank_logs_and_interleaved_ranks(tmp_path):
@@ -285,6 +294,20 @@ def test_parallel_parsing_matches_serial(tmp_path):
     for rank in serial.ranks:
         for name, s in serial.per_rank[rank].items():
             assert dict(parallel.per_rank[rank][name]) == dict(s)
+
+
+def test_runs_parsed_together_match_each_run_parsed_alone(tmp_path):
+    # compare parses both runs' files in one pool; each run keeps its own files and format.
+    for rank in range(2):
+        write(tmp_path / "a" / f"worker_{rank}.log", [mf19_line(s, f"{s}.{rank}") for s in range(1, 30)])
+    write(tmp_path / "b" / "metrics.jsonl", [json.dumps({"step": s, "rank": 1, "loss": s / 3}) for s in range(1, 20)])
+    together = load_runs([tmp_path / "a", tmp_path / "b"], workers=2)
+    alone = [load_run(tmp_path / "a", workers=1), load_run(tmp_path / "b", workers=1)]
+    for t, a in zip(together, alone, strict=True):
+        assert t.ranks == a.ranks and t.sources == a.sources and t.lines_read == a.lines_read
+        for rank in a.ranks:
+            assert {n: dict(s) for n, s in t.per_rank[rank].items()} == {n: dict(s) for n, s in a.per_rank[rank].items()}
+    assert together[0].ranks == [0, 1] and together[1].ranks == [1]
 
 
 def test_series_repeated_step_keeps_last_value():

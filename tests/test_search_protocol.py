@@ -42,12 +42,19 @@ def test_culprit_found_names_the_edge_and_both_checks(trial):
     assert result.verdict == "culprit-found"
     assert result.minimal_set == [culprit]
     assert result.confidence >= 0.95
-    keep, drop = result.facts
+    keep, drop, background = result.facts
     assert (keep.kind, keep.edges) == (p.KEEP_ONLY_DIVERGED, (culprit,))
     assert search.history[keep.run - 1][1].first_diff_step == keep.step
     assert (drop.kind, drop.edges) == (p.DROP_ONLY_CONSISTENT, (culprit,)) and drop.runs >= 1
     assert result.drop_only_diverges is False
-    assert [row["step"] for row in result.evidence[:2]] == ["calibrate", "check-off"]
+    # The controls: the all-off check and the double check's drop-only runs (at least 3).
+    assert background.kind == p.BACKGROUND_RULED_OUT and background.runs >= 1 + p.MIN_DROP_ONLY
+    assert background.chance == pytest.approx(1 - 0.05 ** (1 / background.runs))
+    # One all-on run first; the all-off check right after the first divergence.
+    steps = [row["step"] for row in result.evidence]
+    first_diverged = next(i for i, row in enumerate(result.evidence) if row["divergences"])
+    assert steps[0] == "calibrate" and result.evidence[0]["runs"] == 1 + (first_diverged == 0) * 0
+    assert steps[first_diverged + 1] == "check-off"
     assert result.runs_used == len(search.history) == sum(row["runs"] for row in result.evidence)
     assert result.steps_used == sum(r.steps for _, r in search.history)
     assert result.calibration["divergences"] >= 1
@@ -57,10 +64,13 @@ def test_culprit_found_names_the_edge_and_both_checks(trial):
 def test_no_drift_reproduced_states_the_bound_ruled_out():
     search, result = search_with([], calibration_runs=20)
     assert result.verdict == "no-drift-reproduced"
-    assert result.runs_used == 20
+    # Half of calibration_runs searching, then all-on until every edge had 20 clean runs.
+    assert 20 < result.runs_used <= 30
+    assert min(sum(e in mask for mask, _ in search.history) for e in EDGES) == 20
     assert result.minimal_set == []
     assert result.confidence == 0.95
-    assert (result.facts[0].kind, result.facts[0].runs) == (p.NO_DRIFT, 20)
+    all_on = sum(mask == frozenset(EDGES) for mask, _ in search.history)
+    assert (result.facts[0].kind, result.facts[0].runs, result.facts[0].clean) == (p.NO_DRIFT, 20, (all_on,))
     assert result.facts[0].chance == pytest.approx(1 - 0.05 ** (1 / 20))
 
 
@@ -97,6 +107,26 @@ def test_pair_needed_together_is_found_one_minimal(trial):
             assert set(pair) <= mask or not mask
 
 
+def test_all_off_runs_sets_the_check_after_the_first_divergence():
+    search, result = search_with(["bwd:layers.2->layers.1"], all_off_runs=3)
+    first_diverged = next(i for i, row in enumerate(result.evidence) if row["divergences"])
+    check = result.evidence[first_diverged + 1]
+    assert (check["step"], check["mask"], check["runs"]) == ("check-off", "all-off", 3)
+
+
+def test_the_first_divergence_may_come_from_a_search_mask():
+    # One all-on run, then the search's masks: a search mask's divergence both
+    # shows the drift and localizes it; the all-off check follows it.
+    search = Bisection(EDGES, steps_per_run=STEPS)
+    assert search.next_mask() == frozenset(EDGES) and search.state == "calibrate"
+    search.record(frozenset(EDGES), RunResult("ok", False, None, STEPS))
+    assert search.state == "search"
+    mask = search.next_mask()
+    assert 0 < len(mask) < len(EDGES)
+    search.record(mask, RunResult("stopped-early", True, 5, 5))
+    assert (search.state, search.next_mask()) == ("check-off", frozenset())
+
+
 def test_several_disjoint_causes_are_reported():
     culprits = ["fwd:layers.0->layers.1", "bwd:layers.3->layers.2"]
     search, result = search_with(culprits, q=0.9)
@@ -104,6 +134,9 @@ def test_several_disjoint_causes_are_reported():
     assert len(result.minimal_set) == 1 and result.minimal_set[0] in culprits
     assert result.drop_only_diverges is True
     assert [f.kind for f in result.facts] == [p.KEEP_ONLY_DIVERGED, p.DROP_ONLY_DIVERGES]
+    # One keep-only divergence could be background drift: a second one stands for it.
+    keep = frozenset(result.minimal_set)
+    assert sum(r.diverged for mask, r in search.history if mask == keep) >= 2
 
 
 def test_replaying_the_runs_rebuilds_the_same_search():
@@ -203,3 +236,51 @@ def test_mask_names():
     assert mask_name(frozenset(EDGES[:1]), EDGES) == f"keep-only:{EDGES[0]}"
     assert mask_name(frozenset(EDGES[1:4]), EDGES) == f"keep-only {EDGES[1]} .. {EDGES[3]} (3 edges)"
     assert mask_name(frozenset(EDGES[:1] + EDGES[4:]), EDGES) == f"drop-only {EDGES[1]} .. {EDGES[3]} (3 edges)"
+
+
+def test_auto_all_off_runs_rule_out_background_as_strong_as_the_answer():
+    culprit = "bwd:layers.2->layers.1"
+    _, plain = search_with([culprit], q=0.3, trial=4)
+    search, strict = search_with([culprit], q=0.3, trial=4, all_off_runs="auto")
+    assert strict.verdict == plain.verdict == "culprit-found"
+    background = strict.facts[-1]
+    assert background.kind == p.BACKGROUND_RULED_OUT
+    # Enough controls that drift without prefetch as strong as the answer's would have
+    # shown with chance 1 - alpha/2; the plain search stops with fewer.
+    assert (1 - background.strength) ** background.runs <= 0.025
+    assert plain.facts[-1].runs < background.runs
+    assert [b.context for b in search.events if b.step == "check-off"][-1] == p.BACKGROUND_CONTROL
+
+
+def test_auto_all_off_runs_turn_background_drift_into_not_prefetch():
+    # Background drift as strong as a culprit, no culprit: the controls catch it.
+    verdicts = [search_with([], q=0.3, background=0.3, trial=t, all_off_runs="auto")[1].verdict
+                for t in range(10)]
+    assert verdicts.count("not-prefetch") >= 9
+
+
+def test_all_off_runs_must_be_a_count_or_auto():
+    with pytest.raises(BisectPrefetchError, match="all_off_runs"):
+        Bisection(EDGES, all_off_runs="sometimes")
+
+
+def test_three_edges_needed_together_end_inconclusive_within_a_sane_budget():
+    # Outside the model (sets of three): every single and pair keeps a low q, so the
+    # budget must follow all-on's rate, not theirs, and the verdict names a best guess.
+    edges = from_policy("mindformers", 8).edge_ids()
+    culprits = [edges[1], edges[7], edges[12]]
+    oracle = SimulatedOracle(culprits, together=True, hazard=hazard(0.5), steps=STEPS, seed=SEED)
+    search = Bisection(edges, steps_per_run=STEPS)
+    result = run(search, oracle)
+    assert result.verdict == "inconclusive"
+    stopped = result.facts[0]
+    assert (stopped.kind, stopped.reason) == (p.STOPPED, "max-runs")
+    assert result.runs_used == stopped.limit <= 400
+
+
+def test_no_drift_fits_a_tight_budget():
+    # A quarter of 12 is under 10, so calibration_runs is 10: the search masks give way
+    # to all-on as soon as the runs left only just hold the all-on runs still needed.
+    search, result = search_with([], max_runs=12)
+    assert (result.verdict, result.runs_used) == ("no-drift-reproduced", 12)
+    assert result.facts[0].runs == 10

@@ -42,16 +42,17 @@ import contextlib
 import ctypes
 import datetime
 import fnmatch
-import hashlib
-import struct
 import threading
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
+from torch._utils import _flatten_dense_tensors
 
 from bisect_prefetch import vocab
+from bisect_prefetch.adapters import digest
+from bisect_prefetch.adapters.digest import gradient_digests
 from bisect_prefetch.adapters.units import (
     ROOT_NAME,
     UNKNOWN_NAME,
@@ -95,6 +96,8 @@ class _Fsdp2Adapter:
         self.world_size = 1
         self._digest_key: tuple[str, int] | None = None
         self._digest_params: list[tuple[str, Any]] = []
+        self._digest_names: list[str] = []
+        self._digest_batch: GradientBatch | None = None
 
     # -- prefetch sources -------------------------------------------------------------
     def sources(self) -> list[FSDPState]:
@@ -312,91 +315,184 @@ class _Fsdp2Adapter:
                 for fsdp_param in group.fsdp_params
                 if fnmatch.fnmatchcase(fsdp_param._param_fqn, glob)
             ]
+            self._digest_names = [name for name, _ in self._digest_params]
         return self._digest_params
 
     def write_digests(self, step: int, glob: str) -> None:
         """Digest, norm and max abs of each matching parameter's local gradient shard.
 
-        The digest is blake2b over the shard's bytes (or a sample of them: see
-        DIGEST_FULL_BYTES); norm and max abs cover every element. On the CPU the bytes
-        are hashed where they lie; on an accelerator they are copied to the host once.
+        What a digest covers: adapters/digest.py. The work is batched (GradientBatch: a few
+        tensor ops for all gradients, one write), because with many small parameters the
+        cost is per parameter and per op, not per byte.
         """
         recorder = self.session.recorder
         if recorder is None:
             return
-        names, grads = [], []
-        for name, fsdp_param in self.digest_params(glob):
-            grad = fsdp_param.sharded_param.grad
-            if grad is None:
-                continue
-            # A DTensor's local shard, without to_local()'s autograd bookkeeping.
-            local = getattr(grad, "_local_tensor", grad)
-            if local.numel():  # an uneven split can leave a rank an empty shard: nothing to hash
-                names.append(name)
-                grads.append(local)
-        if not grads:
-            return
-        norms = torch._foreach_norm(grads)
-        if grads[0].device.type == "cpu":  # cheaper there than the inf-norm, which fuses on GPUs
-            max_abs = torch._foreach_max(torch._foreach_abs(grads))
+        params = self.digest_params(glob)
+        grads = [fsdp_param.sharded_param.grad for _, fsdp_param in params]
+        if any(grad is None for grad in grads):  # some parameter got no gradient this step
+            names = [name for (name, _), grad in zip(params, grads, strict=True)
+                     if grad is not None]
+            grads = [grad for grad in grads if grad is not None]
         else:
-            max_abs = torch._foreach_norm(grads, float("inf"))
-        stats = torch.stack([*norms, *max_abs]).tolist()
+            names = self._digest_names
+        grads = [getattr(grad, "_local_tensor", grad) for grad in grads]  # a DTensor's local shard
+        batch = self._digest_batch
+        if batch is None or batch.names != names:  # a parameter's shard keeps its shape
+            batch = self._digest_batch = GradientBatch(names, grads)
+        recorder.digest_columns(step, *batch.measure(grads))
+
+
+# Gradients of up to BATCHED_MAX_BYTES are copied into one flat buffer per dtype and measured
+# together; larger ones are measured where they lie, so no step copies a large gradient.
+BATCHED_MAX_BYTES = 1 << 16
+
+
+class GradientBatch:
+    """How to measure the gradients of one list of parameters in a few tensor ops.
+
+    With many small gradients the cost is per tensor op, not per byte. Small gradients are
+    copied into one flat buffer per dtype, ordered so that gradients of the same size lie
+    side by side: each run of equal sizes is a (count, numel) view, whose per-row norm and
+    max abs are one op each. Large gradients get two foreach ops for all of them. The bytes
+    a digest covers are read in place on the CPU; elsewhere they are gathered on the
+    device and copied to the host at once.
+    """
+
+    def __init__(self, names: list[str], grads: list[torch.Tensor]) -> None:
+        self.names = names  # the parameters, in the order write_digests lists them
+        # An uneven split can leave a rank an empty shard: nothing to measure or hash.
+        self.kept = [k for k, g in enumerate(grads) if g.numel()]
+        self.kept_names = [names[k] for k in self.kept]
+        grads = [grads[k] for k in self.kept]
+        self.device = grads[0].device if grads else None
+        self.sizes = [g.numel() * g.element_size() for g in grads]  # bytes, per gradient
+        by_dtype: dict[torch.dtype, list[int]] = {}
+        self.large: list[int] = []
+        for k, g in enumerate(grads):
+            if self.sizes[k] > BATCHED_MAX_BYTES:
+                self.large.append(k)
+            else:
+                by_dtype.setdefault(g.dtype, []).append(k)
+        # Per flat buffer: the gradients in it, and its runs of equal size (offset, count, numel).
+        self.flats: list[tuple[list[int], list[tuple[int, int, int]]]] = []
+        self.where: dict[int, tuple[int, int]] = {}  # small gradient -> (flat, byte offset)
+        stat_order: list[int] = []  # gradient index of each row of the stats, in op order
+        for members in by_dtype.values():
+            members.sort(key=lambda k: grads[k].numel())
+            runs: list[tuple[int, int, int]] = []
+            offset = 0
+            for k in members:
+                numel = grads[k].numel()
+                if runs and runs[-1][2] == numel:
+                    start, count, _ = runs[-1]
+                    runs[-1] = (start, count + 1, numel)
+                else:
+                    runs.append((offset, 1, numel))
+                self.where[k] = (len(self.flats), offset * grads[k].element_size())
+                offset += numel
+            self.flats.append((members, runs))
+            stat_order += members
+        stat_order += self.large
         count = len(grads)
-        items = []
-        for k, data in enumerate(_hashed_bytes(grads)):
-            digest = hashlib.blake2b(data, digest_size=16)
-            if len(data) < grads[k].numel() * grads[k].element_size():
-                digest.update(struct.pack("=d", stats[count + k]))  # sampled: add the exact max
-            items.append((names[k], digest.hexdigest(), stats[k], stats[count + k]))
-        recorder.digests(step, items)
+        self.norm_row = [0] * count
+        for row, k in enumerate(stat_order):
+            self.norm_row[k] = row
+        self.max_row = [row + count for row in self.norm_row]
+        self._gather_index: list[torch.Tensor] | None = None
+
+    def measure(
+        self, grads: list[torch.Tensor], *, gather: bool | None = None
+    ) -> tuple[list[str], list[str], list[float], list[float]]:
+        """(names, digests, norms, max abs) of the non-empty gradients, in the order of ``names``.
+
+        grads: one per name, of the shapes this batch was built for. gather: read the
+        bytes as on an accelerator would (default: where the gradients lie).
+        """
+        if len(self.kept) < len(grads):
+            grads = [grads[k] for k in self.kept]
+        if not grads:
+            return [], [], [], []
+        flats, norm_parts, max_parts = [], [], []
+        for members, runs in self.flats:
+            flat = _flatten_dense_tensors([grads[k] for k in members])
+            flats.append(flat)
+            # |x| in float64: exact for every float dtype, and one op for the whole buffer.
+            magnitudes = flat.to(torch.float64, copy=True).abs_()
+            for part, (_, count, numel) in zip(
+                magnitudes.split([count * numel for _, count, numel in runs]), runs, strict=True
+            ):
+                rows = part.view(count, numel)
+                norm_parts.append(torch.linalg.vector_norm(rows, dim=1))
+                max_parts.append(rows.amax(dim=1))
+        # Contiguous, and held here: their bytes are read in place below.
+        large = [grads[k].contiguous() for k in self.large]
+        if large:
+            norm_parts.append(torch.stack(torch._foreach_norm(large, 2, dtype=torch.float64)))
+            max_parts.append(torch.stack(torch._foreach_norm(large, float("inf"))))
+        stats = torch.cat(norm_parts + max_parts).tolist()  # float64; one sync on an accelerator
+        norms = [stats[row] for row in self.norm_row]
+        max_abs = [stats[row] for row in self.max_row]
+        if gather is None:
+            gather = self.device.type != "cpu"
+        # In place: views of the memory, hashed below while flats and large still hold it.
+        data = self.bytes_gathered(flats, large) if gather else self.bytes_in_place(flats, large)
+        return self.kept_names, gradient_digests(data, max_abs, self.sizes), norms, max_abs
+
+    def bytes_in_place(self, flats: list[torch.Tensor], large: list[torch.Tensor]) -> list[Any]:
+        """Each gradient's bytes, as views of the memory they lie in (CPU only, no copy)."""
+        data: list[Any] = [None] * len(self.sizes)
+        views = [_memory(f) for f in flats]
+        for k, (flat, start) in self.where.items():
+            data[k] = views[flat][start : start + self.sizes[k]]
+        for k, grad in zip(self.large, large, strict=True):
+            data[k] = _memory(grad)  # contiguous (measure made it so)
+        return data
+
+    def bytes_gathered(self, flats: list[torch.Tensor], large: list[torch.Tensor]) -> list[bytes]:
+        """Only the bytes each digest covers, gathered on the device, copied to the host at once."""
+        if self._gather_index is None:
+            self._gather_index = [
+                torch.tensor(self._covered_positions(members), dtype=torch.long, device=f.device)
+                for (members, _), f in zip(self.flats, flats, strict=True)
+            ]
+        parts = [f.view(torch.uint8)[index] for f, index in zip(flats, self._gather_index,
+                                                                  strict=True)]
+        parts += [_sampled_chunks(grad) for grad in large]
+        packed = torch.cat(parts).cpu()  # one copy to the host, one sync
+        host = ctypes.string_at(packed.data_ptr(), packed.numel())
+        data: list[bytes] = [b""] * len(self.sizes)
+        offset = 0
+        for k in [k for members, _ in self.flats for k in members] + self.large:
+            covered = digest.covered_bytes(self.sizes[k])
+            data[k] = host[offset : offset + covered]
+            offset += covered
+        return data
+
+    def _covered_positions(self, members: list[int]) -> list[int]:
+        """Byte positions, in one flat buffer, of its gradients' covered bytes (in order)."""
+        positions: list[int] = []
+        for k in members:
+            start, size = self.where[k][1], self.sizes[k]
+            if digest.is_sampled(size):
+                for chunk in digest.chunk_starts(size):
+                    positions += range(start + chunk, start + chunk + digest.CHUNK_BYTES)
+            else:
+                positions += range(start, start + size)
+        return positions
 
 
-# Gradients of up to DIGEST_FULL_BYTES are hashed whole. Larger ones are hashed through
-# DIGEST_CHUNKS evenly spaced chunks of DIGEST_CHUNK_BYTES, plus their max abs (exact: a max
-# does not depend on summation order). That bounds the hashing (and, on an accelerator, the
-# host copy) to a few KiB a parameter however large the model (on the FSDP2 bench, with small
-# parameters, the cost is per parameter, not per byte: about 3% of a step). What it gives up: a difference confined to unsampled bytes that
-# leaves the max abs bit-equal is not seen by that digest at that step. Drift rarely stays
-# there: a perturbed parameter changes the activations, hence nearly every element of the
-# next gradients, which the samples and the other parameters' digests then show.
-DIGEST_CHUNKS = 4
-DIGEST_CHUNK_BYTES = 1024
-DIGEST_FULL_BYTES = DIGEST_CHUNKS * DIGEST_CHUNK_BYTES
+def _memory(tensor: torch.Tensor) -> memoryview:
+    """The bytes of a contiguous CPU tensor, without a copy (valid while the tensor lives)."""
+    size = tensor.numel() * tensor.element_size()
+    return memoryview((ctypes.c_char * size).from_address(tensor.data_ptr())).cast("B")
 
 
-def _hashed_bytes(grads: list[torch.Tensor]) -> list[bytes]:
-    """Per gradient, the bytes its digest covers (see DIGEST_FULL_BYTES)."""
-    if grads[0].device.type != "cpu":
-        samples = [_sample_on_device(g) for g in grads]
-        packed = torch.cat(samples).cpu()  # one copy to the host, one sync
-        data = ctypes.string_at(packed.data_ptr(), packed.numel())
-        out, offset = [], 0
-        for t in samples:
-            out.append(data[offset : offset + t.numel()])
-            offset += t.numel()
-        return out
-    out = []
-    for g in grads:  # on the CPU: straight from the tensor's memory
-        if not g.is_contiguous():
-            g = g.contiguous()
-        size, address = g.numel() * g.element_size(), g.data_ptr()
-        if size <= DIGEST_FULL_BYTES:
-            out.append(ctypes.string_at(address, size))
-        else:
-            row = size // DIGEST_CHUNKS
-            out.append(b"".join([ctypes.string_at(address + i * row, DIGEST_CHUNK_BYTES)
-                                 for i in range(DIGEST_CHUNKS)]))
-    return out
-
-
-def _sample_on_device(grad: torch.Tensor) -> torch.Tensor:
-    """The same bytes _hashed_bytes takes on the CPU, gathered where the gradient lies."""
+def _sampled_chunks(grad: torch.Tensor) -> torch.Tensor:
+    """The chunks a large gradient's digest covers (adapters/digest.py), where it lies."""
     raw = grad.reshape(-1).view(torch.uint8)
-    if raw.numel() <= DIGEST_FULL_BYTES:
-        return raw
-    row = raw.numel() // DIGEST_CHUNKS
-    return raw[: row * DIGEST_CHUNKS].view(DIGEST_CHUNKS, row)[:, :DIGEST_CHUNK_BYTES].reshape(-1)
+    row = raw.numel() // digest.CHUNKS
+    return raw[: row * digest.CHUNKS].view(digest.CHUNKS, row)[:, : digest.CHUNK_BYTES].reshape(-1)
 
 
 def _patch_torch() -> None:

@@ -29,6 +29,14 @@ per edge ``async_unshards`` and ``already_unsharded`` (the target was unsharded
 when the prefetch came), and per unit its effective shard size, whether it is
 size-one, and how many of its parameters carry ``shard_size``.
 
+At each step end where the plan asks for digests, each wrapped parameter's local
+gradient (``hsdp_param.sharded_param.grad``, a DTensor's local shard) is read as
+numpy bytes (``asnumpy()``; a torch tensor through ``numpy()``) and digested as
+adapters/digest.py says, with its norm and max abs, into digests.jsonl. A
+parameter is named by its path from the root (``parameters_and_names()`` /
+``named_parameters()``), the names the units come from; a gradient that is None
+(not computed, or cleared before the step ended) is skipped.
+
 While the session records the order (the first steps), the state's
 ``unshard`` and ``shard`` (instance attributes) record unshards that start
 work (an async unshard leaves its gathers pending until the state is
@@ -43,12 +51,15 @@ if ``is_sharded``, else 1. Of a state: the largest over its parameters
 from __future__ import annotations
 
 import contextlib
+import fnmatch
 import functools
+import math
 import sys
 import threading
 from collections.abc import Iterator
 from typing import Any
 
+from bisect_prefetch.adapters.digest import gradient_digests
 from bisect_prefetch.adapters.units import (
     ROOT_NAME,
     UNKNOWN_NAME,
@@ -105,6 +116,45 @@ def scheduler_modules(scheduler: Any) -> tuple[Any, ...]:
     return tuple(modules) if modules else (scheduler.cell,)
 
 
+def named_parameters(root: Any) -> Iterator[tuple[str, Any]]:
+    """(path, parameter) under ``root``: MindSpore cells or torch modules."""
+    if hasattr(root, "parameters_and_names"):
+        return root.parameters_and_names()
+    return root.named_parameters()
+
+
+def hsdp_param_name(param: Any, paths: dict[int, str]) -> str | None:
+    """A wrapped parameter's path from the root, whichever of its Parameters the cell holds."""
+    for attr in ("sharded_param", "_unsharded_param", "unsharded_param"):
+        path = paths.get(id(getattr(param, attr, None)))
+        if path is not None:
+            return path
+    return getattr(param, "_param_fqn", None) or getattr(
+        getattr(param, "sharded_param", None), "name", None
+    )
+
+
+def gradient_array(param: Any) -> Any:
+    """The local shard of a wrapped parameter's gradient as a flat numpy array, or None."""
+    grad = getattr(getattr(param, "sharded_param", None), "grad", None)
+    if grad is None:
+        return None
+    local = getattr(grad, "_local_tensor", None)  # a torch DTensor's shard
+    if local is None:
+        local = grad.to_local() if hasattr(grad, "to_local") else grad
+    try:
+        array = _numpy(local)
+    except (TypeError, RuntimeError):  # a dtype numpy lacks (bfloat16): widened, exactly
+        array = _numpy(local.float())
+    return array.reshape(-1)  # contiguous (copied if it was not)
+
+
+def _numpy(tensor: Any) -> Any:
+    if hasattr(tensor, "asnumpy"):  # MindSpore
+        return tensor.asnumpy()
+    return tensor.detach().cpu().numpy()  # torch
+
+
 def _async_op(args: tuple, kwargs: dict) -> bool:
     return bool(kwargs.get("async_op", args[0] if args else False))
 
@@ -123,7 +173,10 @@ class HyperParallelAdapter:
         self.async_unshards = 0
         self.pending: set[int] = set()  # id(state) of states with an async unshard not yet waited
         self.graph_dirty = False
+        self.roots: list[Any] = []  # root modules, in discovery order
         self._local = threading.local()
+        self._digest_key: tuple[str, int] | None = None
+        self._digest_params: list[tuple[str, Any]] = []
         session.probe_extra["hyper_parallel"] = {"edges": self.edge_extra, "units": self.units}
 
     # -- prefetch sources -------------------------------------------------------------
@@ -158,6 +211,7 @@ class HyperParallelAdapter:
     def discover(self, root_scheduler: Any) -> None:
         """Name every wrapped module under the root, graph their lists, instrument their states."""
         root = scheduler_modules(root_scheduler)[0]
+        self.roots.append(root)
         found: dict[int, tuple[Any, list[str]]] = {}
         for fqn, module in named_submodules(root):
             scheduler = getattr(module, "hsdp_scheduler", None)
@@ -336,6 +390,49 @@ class HyperParallelAdapter:
     def on_step_end(self, step: int) -> None:
         if self.graph_dirty:
             self.write_graph()
+        plan = self.session.plan
+        if plan is not None and plan.digest_glob and step % plan.digest_every == 0:
+            self.write_digests(step, plan.digest_glob)
+
+    # -- gradient digests -------------------------------------------------------------
+    def digest_params(self, glob: str) -> list[tuple[str, Any]]:
+        """(name, wrapped parameter) of the parameters whose gradients are digested (cached)."""
+        key = (glob, len(self.schedulers))  # another root adds schedulers: look again
+        if self._digest_key != key:
+            self._digest_key = key
+            paths = {id(p): path for root in self.roots for path, p in named_parameters(root)}
+            seen: set[int] = set()
+            self._digest_params = []
+            for scheduler in self.schedulers:
+                state = getattr(scheduler, "hsdp_state", None)
+                for param in getattr(state, "hsdp_params", None) or ():
+                    name = hsdp_param_name(param, paths)
+                    if id(param) in seen or name is None:
+                        continue
+                    seen.add(id(param))
+                    if fnmatch.fnmatchcase(name, glob):
+                        self._digest_params.append((name, param))
+        return self._digest_params
+
+    def write_digests(self, step: int, glob: str) -> None:
+        """Digest, norm and max abs of each matching parameter's local gradient shard."""
+        recorder = self.session.recorder
+        if recorder is None:
+            return
+        names, data, norms, peaks = [], [], [], []
+        for name, param in self.digest_params(glob):
+            array = gradient_array(param)
+            if array is None or not array.size:  # no gradient, or an empty shard
+                continue
+            wide = array.astype("float64")
+            names.append(name)
+            data.append(memoryview(array.view("uint8")))  # the bytes as they lie
+            norms.append(math.sqrt(float(wide.dot(wide))))
+            peaks.append(float(abs(array).max()))  # exact: a max does not round
+        if not names:
+            return
+        digests = gradient_digests(data, peaks, [len(d) for d in data])
+        recorder.digest_columns(step, names, digests, norms, peaks)
 
     def on_exit(self) -> None:
         if self.graph_dirty:

@@ -25,7 +25,8 @@ size-one guard). ``fired`` counts attempts: fired = issued + noop + masked +
 guarded. Per-step lists name each edge once, in first-occurrence order.
 
 API: ``Recorder(out_dir, rank)`` with ``metrics(step, values)``,
-``digests(step, items)``, ``graph(dict)``, ``probe(head, tally)``, ``close()``;
+``digests(step, items)`` (or ``digest_columns(step, params, digests, norms, max_abs)``),
+``graph(dict)``, ``probe(head, tally)``, ``close()``;
 ``ProbeTally`` with ``count(edge_id, outcome)``, ``end_step(step)``,
 ``render(head) -> str``, ``to_json()``. Standard library only.
 """
@@ -108,7 +109,8 @@ class Recorder:
         self.out_dir = out_dir
         self.rank = rank
         self._fds: dict[str, int] = {}
-        self._quoted_params: dict[str, str] = {}  # param name -> its JSON string
+        self._digest_template = ""  # a step's digest lines, %s where the values go
+        self._digest_template_params: list[str] | None = None  # ... for these parameters
         os.makedirs(out_dir, exist_ok=True)
 
     def _append(self, filename: str, text: str) -> None:
@@ -136,21 +138,31 @@ class Recorder:
 
     def digests(self, step: int, items: list[tuple[str, str, float, float]]) -> None:
         """One write for all of a step's (param, digest, norm, max_abs) records."""
-        if not items:
+        if items:
+            self.digest_columns(step, *(list(column) for column in zip(*items, strict=True)))
+
+    def digest_columns(
+        self, step: int, params: list[str], digests: list[str], norms: list[float],
+        max_abs: list[float],
+    ) -> None:
+        """digests(), given as columns: one formatting op and one write for the whole step."""
+        if not params:
             return
-        quoted = self._quoted_params
-        head = f'{{"step": {step}, "rank": {self.rank}, "param": '
+        template = self._digest_template
+        if self._digest_template_params != params:
+            template = self._digest_template = "".join(
+                f'{{"step": %s, "rank": {self.rank}, "param": '
+                f'{json.dumps(param).replace("%", "%%")}, "digest": "%s", "norm": %s, '
+                f'"max_abs": %s}}\n'
+                for param in params
+            )
+            self._digest_template_params = list(params)
         # Full-precision float texts, all at once (NaN and Infinity as Python's json writes them).
-        numbers = json.dumps([x for _, _, norm, max_abs in items for x in (norm, max_abs)])
-        texts = numbers[1:-1].split(", ")
-        lines = []
-        for k, (param, digest, _, _) in enumerate(items):
-            norm, max_abs = texts[2 * k], texts[2 * k + 1]
-            name = quoted.get(param)
-            if name is None:
-                name = quoted[param] = json.dumps(param)
-            lines.append(f'{head}{name}, "digest": "{digest}", "norm": {norm}, "max_abs": {max_abs}}}\n')
-        self._append("digests.jsonl", "".join(lines))
+        values: list[Any] = [step] * (4 * len(params))
+        values[1::4] = digests
+        values[2::4] = json.dumps(norms)[1:-1].split(", ")
+        values[3::4] = json.dumps(max_abs)[1:-1].split(", ")
+        self._append("digests.jsonl", template % tuple(values))
 
     def order(self, line: str) -> None:
         """One finished step of the order record (adapters/order.py) into order.rank{R}.jsonl."""

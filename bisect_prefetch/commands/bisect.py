@@ -117,8 +117,14 @@ def bisect(
     return EXIT_CODES[data["verdict"]]
 
 
+def _budget_words(max_runs: int | None) -> str:
+    if max_runs is None:
+        return "a run budget scaled with the graph and the estimated per-run chance"
+    return f"at most {max_runs} runs"
+
+
 def _bisect(experiment: Experiment, experiment_path: Path, *, hint: str, resume: bool,
-            state_dir: Path, confidence: float, max_runs: int, console: Console,
+            state_dir: Path, confidence: float, max_runs: int | None, console: Console,
             oracle_for: OracleFor, executor: str | None = None,
             slots: int | None = None) -> dict:
     with open_state(experiment, state_dir, console=console, executor=executor,
@@ -131,14 +137,14 @@ def _bisect(experiment: Experiment, experiment_path: Path, *, hint: str, resume:
             )
         console.print(f"bisecting {experiment.name}: {experiment.steps} steps a run, seed "
                       f"{experiment.seed}, guard {experiment.guard}, confidence "
-                      f"{confidence:g}, at most {max_runs} runs", markup=False)
+                      f"{confidence:g}, {_budget_words(max_runs)}", markup=False)
         if earlier:
             console.print(f"resuming: {earlier} finished run(s) in the journal are reused",
                           markup=False)
         graph = opened.graph()
         suspects = audit_suspects(opened, console)
         search = Bisection(graph.edge_ids(), confidence=confidence, max_runs=max_runs,
-                           steps_per_run=experiment.steps,
+                           steps_per_run=experiment.steps, all_off_runs=experiment.search.all_off_runs,
                            suspects=suspects)  # a soft prior the runs correct (hints.py)
         run_details: list[dict] = []
         oracle = oracle_for(opened, _run_line(console, run_details))
@@ -350,6 +356,8 @@ def step_title(step: str, mask: str, target: Sequence[str], context: str | None)
     if step == "check-off":
         if context == p.AFTER_DROP_ONLY_DIVERGED:
             return "drop-only still diverges: checking that all-off is consistent"
+        if context == p.BACKGROUND_CONTROL:
+            return "ruling out drift without prefetch as strong as the answer's: checking that all-off is consistent"
         return "checking that all-off is consistent"
     if step == "search":
         return f"testing {mask}"
@@ -382,8 +390,16 @@ def fact_line(fact: Fact, *, confidence: float) -> str:
     """One checked statement behind a verdict, in words."""
     names = ",".join(fact.edges)
     if fact.kind == p.NO_DRIFT:
-        return (f"all-on: {fact.runs} runs, none diverged: a per-run chance of {fact.chance:.3g} "
-                f"or more is ruled out at {confidence:.0%} (fewer than 3/{fact.runs})")
+        all_on = fact.clean[0] if fact.clean else fact.runs
+        return (f"every edge enabled in {fact.runs} clean runs ({all_on} of them all-on), none "
+                f"diverged: a per-run chance of {fact.chance:.3g} or more is ruled out at "
+                f"{confidence:.0%} (fewer than 3/{fact.runs})")
+    if fact.kind == p.BACKGROUND_RULED_OUT:
+        level = 1 - (1 - fact.chance) ** fact.runs  # the search's confidence (stats.upper_bound_none_seen)
+        return (f"all-off and drop-only:{names} after the search: {fact.runs} runs, all consistent: "
+                f"drift without prefetch at a per-run chance of {fact.chance:.3g} or more is ruled out "
+                f"at {level:.0%} (the answer's: {fact.strength:.3g}; search.all_off_runs: auto "
+                "rules out drift as strong as the answer's)")
     if fact.kind == p.ALL_OFF_DIVERGED:
         return (f"all-off diverged ({fact.divergences} of {fact.runs} runs): "
                 "drift happens with every prefetch edge off, so it has another cause")

@@ -26,6 +26,7 @@ from bisect_prefetch.metrics.loading import (
     detect_format,
     load_files,
     load_run,
+    load_runs,
     parse_file,
     run_files,
 )
@@ -52,6 +53,7 @@ __all__ = [
     "format_digest_line",
     "load_files",
     "load_run",
+    "load_runs",
     "parse_digest_line",
     "parse_file",
     "parse_jsonl_line",

@@ -37,7 +37,7 @@ import numpy as np
 from bisect_prefetch.errors import BisectPrefetchError
 from bisect_prefetch.metrics.digests import DigestResult, compare_digest_files
 from bisect_prefetch.metrics.lines import parse_jsonl_line
-from bisect_prefetch.metrics.loading import load_run
+from bisect_prefetch.metrics.loading import load_runs
 from bisect_prefetch.metrics.localize import compare_run_digests
 from bisect_prefetch.metrics.trajectory import EMPTY_SERIES, Series, Trajectory
 
@@ -481,8 +481,7 @@ def compare_paths(
     (truncation) unless allow_truncated: then the common prefix is what counts.
     """
     a, b = Path(a), Path(b)
-    ta = load_run(a, fmt, names, pattern=pattern)
-    tb = load_run(b, fmt, names, pattern=pattern)
+    ta, tb = load_runs([a, b], fmt, names, pattern=pattern)
     metrics = compare_trajectories(ta, tb, names)
     if not metrics:
         raise BisectPrefetchError(f"no metric in common to compare between {a} and {b}")

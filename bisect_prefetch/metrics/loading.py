@@ -1,5 +1,5 @@
 """Finding and reading a run's metrics files: one file (parse_file), several (load_files,
-in worker processes when there is much to read), or a run directory (load_run)."""
+in worker processes when there is much to read), or run directories (load_run, load_runs)."""
 
 from __future__ import annotations
 
@@ -124,20 +124,39 @@ def load_files(
     Big multi-file runs are parsed in worker processes (one per CPU core); workers=1
     forces a single process.
     """
-    paths = [Path(p) for p in paths]
-    if not paths:
+    return _load_groups([paths], fmt, names=names, pattern=pattern, workers=workers)[0]
+
+
+def _load_groups(
+    groups: Sequence[Sequence[str | Path]],
+    fmt: str | None,
+    *,
+    names: Sequence[str] | None,
+    pattern: str | None,
+    workers: int | None,
+) -> list[Trajectory]:
+    """One Trajectory per group of files (a run), every file of every group parsed in one
+    pool, so that the runs of a comparison share the cores instead of taking turns."""
+    groups = [[Path(p) for p in paths] for paths in groups]
+    if not all(groups):
         raise BisectPrefetchError("no metrics files to read")
-    fmt = fmt or detect_format(paths[0])
-    jobs = [(p, fmt, pattern, list(names) if names else None) for p in paths]
+    jobs = []
+    for paths in groups:
+        group_fmt = fmt or detect_format(paths[0])
+        jobs += [(p, group_fmt, pattern, list(names) if names else None) for p in paths]
     if workers is None:
-        big = sum(p.stat().st_size for p in paths if p.is_file()) >= PARALLEL_MIN_BYTES
-        workers = min(len(paths), os.cpu_count() or 1) if big else 1
-    if workers > 1 and len(paths) > 1 and _can_fork():
+        big = sum(job[0].stat().st_size for job in jobs if job[0].is_file()) >= PARALLEL_MIN_BYTES
+        workers = min(len(jobs), os.cpu_count() or 1) if big else 1
+    if workers > 1 and len(jobs) > 1 and _can_fork():
         with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("fork")) as pool:
             results = list(pool.map(_parse_job, jobs))
     else:
         results = [_parse_job(job) for job in jobs]
-    return Trajectory.from_results(results)
+    trajectories, start = [], 0
+    for paths in groups:
+        trajectories.append(Trajectory.from_results(results[start : start + len(paths)]))
+        start += len(paths)
+    return trajectories
 
 
 def run_files(path: str | Path, fmt: str | None = None) -> list[Path]:
@@ -174,5 +193,18 @@ def load_run(
     workers: int | None = None,
 ) -> Trajectory:
     """A run directory or a single log file -> Trajectory (format detected unless given)."""
-    files = run_files(path, fmt)
-    return load_files(files, fmt, names=names, pattern=pattern, workers=workers)
+    return load_runs([path], fmt, names, pattern=pattern, workers=workers)[0]
+
+
+def load_runs(
+    paths: Sequence[str | Path],
+    fmt: str | None = None,
+    names: Sequence[str] | None = None,
+    *,
+    pattern: str | None = None,
+    workers: int | None = None,
+) -> list[Trajectory]:
+    """Several runs (directories or log files) -> one Trajectory each, their files parsed
+    together (see load_files); each run's format is detected from its own files unless given."""
+    groups = [run_files(path, fmt) for path in paths]
+    return _load_groups(groups, fmt, names=names, pattern=pattern, workers=workers)

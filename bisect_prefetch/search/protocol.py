@@ -14,11 +14,15 @@ timeout) cost a run and tell nothing; a mask that fails `max_errors` times in a
 row is unresolved and not asked again.
 
 Steps, each a block of runs in `events` (structured: the command words them):
-1. calibrate: all-on until it diverges (with slots to spare, the search's best
-   masks run beside it). No divergence within `calibration_runs` runs:
-   no-drift-reproduced, with the per-run chance that is ruled out (about 3/n).
-2. check-off: all-off, `all_off_runs` times; later all-off runs come whenever
-   they are the most informative question (background drift).
+1. calibrate: one all-on run, then the search's own masks until a run diverges
+   (a search mask's divergence shows the drift reproduces and localizes it; more
+   all-on runs would only measure q). Nothing diverged after half of
+   `calibration_runs` runs: all-on again. no-drift-reproduced once every edge
+   was enabled in `calibration_runs` clean runs, with the per-run chance that is
+   ruled out (about 3/n).
+2. check-off, after the first divergence: all-off, `all_off_runs` times; later
+   all-off runs come whenever they are the most informative question
+   (background drift).
 3. search: the mask whose next run tells most (expected information) about
    which set causes drift, among runs of consecutive surviving edges in graph
    order (a phase, a range of layers), their complements, and the k most
@@ -27,12 +31,16 @@ Steps, each a block of runs in `events` (structured: the command words them):
    leading set. Once the leading set holds KEEP_AT of the posterior, keep-only of
    it runs (its divergence settles the search, its clean runs lower the set).
 4. double check, once a set reaches the confidence: keep-only(set) must have
-   diverged; then drop-only(set) runs until the chance that another, disjoint
-   cause as strong as this one hid from every clean run that enabled it fits the
-   error budget (prior DISJOINT_CAUSES; the search's own clean runs count).
-   A divergence there means another set causes drift too, or background drift:
-   all-off runs until the posterior tells them apart. not-prefetch: drift
-   without prefetch (none) reaches the confidence and all-off has diverged.
+   diverged; then drop-only(set) runs, at least MIN_DROP_ONLY times and until
+   the chance that another, disjoint cause as strong as this one hid from every
+   clean run that enabled it fits the error budget (prior DISJOINT_CAUSES; the
+   search's own clean runs count). A divergence there means another set causes
+   drift too, or background drift, or that the set's one keep-only divergence
+   was background drift: keep-only must diverge again, then all-off runs until
+   the posterior tells them apart. With all_off_runs="auto", all-off runs last
+   until background drift as strong as the answer's would have shown (see
+   _background_controls_needed). not-prefetch: drift without prefetch (none)
+   reaches the confidence and all-off has diverged.
 Out of runs (`max_runs`; by default scaled with the graph and the estimated q,
 see `budget`): inconclusive, with the best hypothesis so far (STOPPED fact).
 Sets of three or more edges needed together are outside the model: the search
@@ -82,8 +90,8 @@ VERDICTS = ("culprit-found", "no-drift-reproduced", "not-prefetch", "inconclusiv
 # A mask that reads better (forward-off, backward-off) or doubles as the final
 # check (drop-only of the leading set) wins with this share of the best information;
 # keep-only of the leading set, whose divergence ends the search, with KEEP_SHARE.
-NEAR_BEST = 0.9
-KEEP_SHARE = 0.85
+NEAR_BEST = 0.97
+KEEP_SHARE = 0.95
 # Prior chance that another set, disjoint from the answer, also causes drift: it is
 # outside the posterior's one-cause model, so only drop-only(answer) runs rule it out.
 DISJOINT_CAUSES = 0.1
@@ -92,13 +100,22 @@ KEEP_AT = 0.7
 # Default budget: this many times the runs an ideal search needs at the estimated q,
 # on top of the calibration (see Bisection.budget).
 BUDGET_FACTOR = 3.0
+# Clean drop-only runs of the answer a culprit-found verdict needs at least: the answer's
+# own keep-only divergence may have been background drift, and drop-only then still
+# enables the real cause (background p0 = 0.02 beside a culprit at q = 0.3: accuracy
+# 0.86 without, 0.94 with 2, 0.98 with 3, over 100 simulated searches each).
+MIN_DROP_ONLY = 3
 # Runs of one check mask in flight at once, at most (calibration, keep-only).
 CHECK_IN_FLIGHT = 2
+# Until a run diverges, the search's masks run after the first all-on, for this share
+# of calibration_runs runs; all-on again after that (see Bisection._before_drift).
+SEARCH_BEFORE_DRIFT = 0.5
 
 
 STEPS = ("calibrate", "check-off", "search", "keep-only", "drop-only", "extra")
 # Why a check-off step runs again late in the search (Ask.context, Block.context).
 AFTER_DROP_ONLY_DIVERGED = "drop-only-diverged"
+BACKGROUND_CONTROL = "background-control"  # all_off_runs="auto": ruling out background drift
 
 
 @dataclass
@@ -157,7 +174,7 @@ class Ask:
 
 # Fact kinds: the checked statements behind a verdict.
 BACKGROUND = "background"  # runs, divergences of all-off; chance: estimated p0
-NO_DRIFT = "no-drift"  # runs: clean all-on runs; chance: per-run chance ruled out
+NO_DRIFT = "no-drift"  # runs: clean runs enabling each edge (the least); clean: (all-on's,); chance: ruled out
 ALL_OFF_DIVERGED = "all-off-diverged"  # runs, divergences of all-off
 STOPPED = "stopped"  # reason (STOP_REASONS), limit; edges, chance: the best guess
 KEEP_ONLY_DIVERGED = "keep-only-diverged"  # edges; run, step: the divergence
@@ -166,6 +183,9 @@ DROP_ONLY_DIVERGES = "drop-only-diverges"  # edges; runs: clean all-off runs
 DROP_ONLY_CONSISTENT = "drop-only-consistent"  # edges; runs: clean drop-only runs
 DROP_ONLY_FAILED = "drop-only-failed"  # edges; errors
 DROP_ONLY_NOT_RUN = "drop-only-not-run"  # edges
+# runs: clean control runs (all-off, drop-only of the double check); chance: the per-run
+# chance of drift without prefetch they rule out; strength: the answer's per-run chance
+BACKGROUND_RULED_OUT = "background-ruled-out"
 STOP_REASONS = (
     "max-runs", "all-on-never-completed", "all-unresolved", "keep-only-never-completed",
     "not-finished",
@@ -187,6 +207,7 @@ class Fact:
     clean: tuple[int, ...] = ()
     reason: str | None = None
     limit: int | None = None
+    strength: float | None = None
 
 
 @dataclass(frozen=True)
@@ -231,7 +252,7 @@ class Bisection:
         confidence: float = 0.95,
         max_runs: int | None = None,
         calibration_runs: int | None = None,
-        all_off_runs: int = 1,
+        all_off_runs: int | str = 1,
         steps_per_run: int | None = None,
         max_errors: int = 3,
         suspects: Sequence[str] = (),
@@ -251,7 +272,13 @@ class Bisection:
         self.max_runs = max_runs
         # Default: a quarter of the budget, 50 without one (rules out chances above 0.06).
         self.calibration_runs = calibration_runs or (min(max_runs, max(10, max_runs // 4)) if max_runs else 50)
-        self.all_off_runs = all_off_runs
+        if all_off_runs != "auto" and not (isinstance(all_off_runs, int) and all_off_runs >= 1):
+            raise BisectPrefetchError(f"all_off_runs must be a count >= 1 or auto, got {all_off_runs!r}")
+        # auto: one all-off run after the first divergence, and before a culprit-found
+        # verdict enough all-off and drop-only runs to rule out background drift as
+        # strong as the answer's (see _background_controls_needed).
+        self.background_controls = all_off_runs == "auto"
+        self.all_off_runs = 1 if all_off_runs == "auto" else all_off_runs
         self.steps_per_run = steps_per_run
         self.max_errors = max_errors
 
@@ -418,14 +445,17 @@ class Bisection:
         An ideal search gains at most the capacity of the one-sided channel per run
         (a Z-channel at the estimated q) and needs about log2(sets) + log2(1/alpha)
         bits; the calibration comes on top. q is the leading set's posterior mean,
-        so the budget follows what the runs show.
+        so the budget follows what the runs show, but never below all-on's rate
+        (Beta(1, 3) prior): drift that no single set or pair explains (three edges
+        needed together) leaves every set's q low, and the budget must not grow
+        with that.
         """
         if self.max_runs is not None:
             return self.max_runs
         if self.model.divergences == 0:
-            return self.calibration_runs + 1
+            return math.ceil((1 + SEARCH_BEFORE_DRIFT) * self.calibration_runs) + 1
         n = len(self.edge_ids)
-        q = min(max(self.model.culprit_chance(self.model.top().edges), 0.02), 0.99)
+        q = min(max(self.model.culprit_chance(self.model.top().edges), self._all_on_rate(), 0.02), 0.99)
         capacity = math.log2(1 + q * (1 - q) ** ((1 - q) / q))
         bits = math.log2(n + n * (n - 1) / 2) + math.log2(1 / self.alpha)
         return self.calibration_runs + math.ceil(BUDGET_FACTOR * bits / capacity)
@@ -438,6 +468,8 @@ class Bisection:
         self._pending = None
         if self._result is not None:
             return
+        if self.model.divergences == 0 and self._clean_cover() >= self.calibration_runs:
+            return self._finish_no_drift()  # before the budget: the last run may settle it
         budget = self.budget
         if self.runs_used >= budget:
             answer = self._answer
@@ -447,20 +479,12 @@ class Bisection:
             return self._finish_inconclusive("max-runs")
         if self.runs_used + len(self.in_flight) >= budget:
             return  # the last runs are in flight
-        on = self._tally_of(self._all_on)
         if self.model.divergences == 0:
-            if on.clean >= self.calibration_runs:
-                return self._finish_no_drift()
-            if self._unresolved(self._all_on):
-                return self._finish_inconclusive("all-on-never-completed")
-            if not self.in_flight or self._in_flight_of(self._all_on) < CHECK_IN_FLIGHT:
-                return self._ask(self._all_on, "calibrate")
+            return self._before_drift()
         off = self._tally_of(self._all_off)
         if (off.clean + self._in_flight_of(self._all_off) < self.all_off_runs
                 and not self._unresolved(self._all_off)):
             return self._ask(self._all_off, "check-off")
-        if self.model.divergences == 0:
-            return self._search(self.model.top())
         if self._answer is None:
             self._answer = self._confirmed()
         if self._answer is not None:
@@ -475,6 +499,31 @@ class Bisection:
             if top.probability >= self.confidence:
                 return self._finish_inconclusive("keep-only-never-completed")
         self._search(top, pairs=pairs)
+
+    def _before_drift(self) -> None:
+        """Until a run diverges: all-on first, then the search's own masks.
+
+        A search mask's divergence shows the drift reproduces and where it comes
+        from at once, and its clean runs narrow the search, where more all-on runs
+        would only measure q. After SEARCH_BEFORE_DRIFT of calibration_runs runs
+        with nothing diverged, or once the budget left only holds the all-on runs
+        still needed, all-on again: no-drift-reproduced needs every edge enabled in
+        calibration_runs clean runs, and all-on enables them all.
+        """
+        if self._unresolved(self._all_on):
+            return self._finish_inconclusive("all-on-never-completed")
+        on = self._tally_of(self._all_on)
+        started = on.clean + self._in_flight_of(self._all_on)  # a failed run is retried
+        started_runs = self.runs_used + len(self.in_flight)
+        late = (started_runs >= SEARCH_BEFORE_DRIFT * self.calibration_runs
+                or self.budget - started_runs <= self.calibration_runs - self._clean_cover())
+        if (started == 0 or late) and self._in_flight_of(self._all_on) < CHECK_IN_FLIGHT:
+            return self._ask(self._all_on, "calibrate")
+        self._search(self.model.top())
+
+    def _clean_cover(self) -> int:
+        """Clean runs that enabled every edge, counted for the edge enabled least."""
+        return int(self.model.single_exposure.min() + 1e-9)
 
     def _confirmed(self) -> tuple[int, ...] | None:
         """The leading set when it holds the confidence and keep-only of it diverged.
@@ -549,7 +598,17 @@ class Bisection:
         drop = self._drop_only(edges)
         tally = self._tally_of(drop)
         if tally.divergences:
-            # Another cause, or background drift: all-off runs tell them apart.
+            # Another cause, or background drift: all-off runs tell them apart. And the
+            # answer itself may be background drift that keep-only happened to catch
+            # once: it stands beside another cause only once keep-only diverged again.
+            keep = self._keep_only(edges)
+            if self._tally_of(keep).divergences < 2 and not self._unresolved(keep):
+                if self._confirmed() != edges:
+                    self._answer = None
+                    return self._search(self.model.top(), pairs=self.model.pairs_likely)
+                if self._in_flight_of(keep) < CHECK_IN_FLIGHT:
+                    return self._ask(keep, "keep-only", edges)
+                return
             off = self._tally_of(self._all_off)
             if off.divergences:
                 # Background drift: the answer stands only if it is still clearly above it.
@@ -563,11 +622,56 @@ class Bisection:
                 return self._ask(self._all_off, "check-off", edges, AFTER_DROP_ONLY_DIVERGED)
             return self._search(self.model.top(), pairs=self.model.pairs_likely)
         needed = self._drop_needed(edges)
-        if needed <= 0 or self._unresolved(drop):
-            return self._finish_found(edges)
-        if self._in_flight_of(drop) < needed:
-            return self._ask(drop, "drop-only", edges)
-        self._search(self.model.top(), pairs=self.model.pairs_likely)
+        if needed > 0 and not self._unresolved(drop):
+            if self._in_flight_of(drop) < needed:
+                return self._ask(drop, "drop-only", edges)
+            return self._search(self.model.top(), pairs=self.model.pairs_likely)
+        if self.background_controls and not self._unresolved(self._all_off):
+            if self._tally_of(self._all_off).divergences and self._confirmed() != edges:
+                # Background drift showed: the answer must stand clearly above it.
+                self._answer = None
+                return self._search(self.model.top(), pairs=self.model.pairs_likely)
+            controls = self._background_controls_needed(edges)
+            if controls > 0:
+                if self._in_flight_of(self._all_off) < controls:
+                    return self._ask(self._all_off, "check-off", edges, BACKGROUND_CONTROL)
+                return self._search(self.model.top(), pairs=self.model.pairs_likely)
+        self._finish_found(edges)
+
+    def _background_controls_needed(self, edges: tuple[int, ...]) -> int:
+        """More clean all-off runs needed before background drift as strong as the
+        answer's would have shown with chance 1 - alpha/2.
+
+        Only runs that could not have singled the answer out count: all-off, and the
+        drop-only runs of the double check. The search's other runs without the answer
+        do not: under background drift the answer is the set every diverged run happened
+        to enable, so those runs are clean by selection.
+        """
+        return max(0, self._controls_for(edges) - self._controls(edges))
+
+    def _controls(self, edges: tuple[int, ...]) -> int:
+        """Clean runs that could not have singled the answer out: all-off, and the
+        drop-only runs of the double check."""
+        drop = self._drop_only(edges)
+        checked = sum(b.runs - b.errors - b.divergences for b in self.events
+                      if b.step == "drop-only" and b.enabled == drop)
+        return self._tally_of(self._all_off).clean + checked
+
+    def _controls_for(self, edges: tuple[int, ...]) -> int:
+        """Clean control runs that show background drift as strong as the answer's
+        with chance 1 - alpha/2."""
+        return math.ceil(math.log(self.alpha / 2) / math.log(1 - self._strength(edges)))
+
+    def _strength(self, edges: tuple[int, ...]) -> float:
+        """The answer's per-run chance for the background check: the lower of its
+        posterior mean (which the runs that singled it out make lean high) and
+        all-on's rate (Beta(1, 3) prior), which no choice of the search biases."""
+        return min(self.model.culprit_chance(edges), self._all_on_rate(), 0.999)
+
+    def _all_on_rate(self) -> float:
+        """Posterior mean per-run chance of all-on runs (Beta(1, 3) prior)."""
+        on = self._tally_of(self._all_on)
+        return (1 + on.divergences) / (4 + on.divergences + on.clean)
 
     def _drop_needed(self, edges: tuple[int, ...]) -> int:
         """Clean drop-only runs still needed before the answer's error fits the budget,
@@ -575,7 +679,8 @@ class Bisection:
         spare = self.alpha - self._answer_error(edges)
         if spare <= 0:
             return 1
-        for extra in range(0, 400):
+        done = self._tally_of(self._drop_only(edges)).clean
+        for extra in range(max(0, MIN_DROP_ONLY - done), 400):
             if (self._second_cause_error(edges, extra) <= spare
                     and self._background_miss(edges, extra) <= self.alpha / 2):
                 return extra
@@ -659,8 +764,9 @@ class Bisection:
         )
 
     def _finish_no_drift(self) -> None:
-        n = self._tally_of(self._all_on).clean
-        fact = Fact(NO_DRIFT, runs=n, chance=upper_bound_none_seen(n, self.confidence))
+        n = self._clean_cover()
+        fact = Fact(NO_DRIFT, runs=n, clean=(self._tally_of(self._all_on).clean,),
+                    chance=upper_bound_none_seen(n, self.confidence))
         self._result = self._result_of("no-drift-reproduced", (), self.confidence, [fact])
 
     def _finish_not_prefetch(self) -> None:
@@ -709,6 +815,13 @@ class Bisection:
             # Background drift beside the culprit: the set's rate stands clearly above it.
             facts.append(Fact(BACKGROUND, runs=off.clean + off.divergences, divergences=off.divergences,
                               chance=self.model.background()))
+        elif not drop_diverges:
+            # What the control runs rule out (all_off_runs="auto": enough for drift
+            # without prefetch as strong as the answer's; otherwise as many as ran).
+            runs = self._controls(edges)
+            facts.append(Fact(BACKGROUND_RULED_OUT, edges=ids, runs=runs,
+                              chance=upper_bound_none_seen(runs, self.confidence),
+                              strength=self._strength(edges)))
         self._result = self._result_of(
             "culprit-found", edges, max(confidence, 0.0), facts, drop=drop_diverges if ran_drop else None
         )

@@ -192,6 +192,7 @@ def simulate(
     max_runs: int | None = None,
     slots: int = 1,
     hint_accuracy: float | None = None,
+    all_off_runs: int | str = 1,
     method: str | Callable[..., Outcome] = "search",
 ) -> dict:
     """Run `trials` simulated searches on one graph and score them (DESIGN.md's simulate JSON).
@@ -199,7 +200,8 @@ def simulate(
     A culprit selector that matches several edges draws one of them per trial
     (`all` draws any edge). `background` is the per-run chance of drift with every
     edge off. `startup_cost` is in steps per run; it only adds to the reported
-    cost. `method`: "search", or a baseline callable (benchmarks/baselines.py).
+    cost. `all_off_runs`: as the experiment's search.all_off_runs (a count, or
+    "auto"). `method`: "search", or a baseline callable (benchmarks/baselines.py).
     """
     if method != "search" and not callable(method):
         raise BisectPrefetchError(f"unknown method {method!r} (the simulator runs the search)")
@@ -227,7 +229,7 @@ def simulate(
             hint = _hint_drawer(truth, units, hint_accuracy, _stream(seed, trial, "hint"))
             outcome = run_search(
                 edge_ids, oracle, slots=slots, hint=hint, confidence=confidence, max_runs=max_runs,
-                steps_per_run=steps,
+                steps_per_run=steps, all_off_runs=all_off_runs,
             )
         else:
             outcome = method(edge_ids, oracle, q=q, alpha=alpha)
@@ -257,6 +259,7 @@ def simulate(
         "rounds_median": _percentile([r["rounds"] for r in results], 50),
         "rounds_p90": _percentile([r["rounds"] for r in results], 90),
         "hint_accuracy": hint_accuracy,
+        "all_off_runs": all_off_runs,
         "background": background,
         "cost_median": _percentile([r["cost"] for r in results], 50),
         "method": method if isinstance(method, str) else method.__name__,

@@ -243,7 +243,11 @@ def train(args: argparse.Namespace) -> None:
             loss = all_reduce(loss) / world_size
             grads = [all_reduce(g) / world_size for g in grads]
         grad_norm = math.sqrt(sum(float((g.astype(ms.float64) ** 2).sum()) for g in grads))
-        optimizer(tuple(own_shards(params, grads)))
+        shards = own_shards(params, grads)
+        for param, shard in zip(params, shards, strict=True):
+            # Where hyper-parallel's post-backward leaves it; the adapter digests it there.
+            param.sharded_param.grad = shard
+        optimizer(tuple(shards))
         loss_value = float(loss.asnumpy())
         adapters.report_step(step, loss=loss_value, grad_norm=grad_norm)
         if rank == 0:
