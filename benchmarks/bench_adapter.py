@@ -31,26 +31,15 @@ import argparse
 import contextlib
 import itertools
 import json
-import os
-import signal
-import socket
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-SITE = REPO / "bisect_prefetch" / "adapters" / "site"
+from benchmarks.torchrun import REPO, torchrun
+
 CONDITIONS = ("off", "on", "digests")
 WARMUP_STEPS = 3  # with the adapter on: discovery happens in the first step
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _write_plan(run_dir: Path, *, mask: list[str] | None) -> Path:
@@ -74,29 +63,7 @@ def _torchrun(
 ) -> float:
     """Run one job under torchrun in its own process group; returns its launch time."""
     run_dir.mkdir(parents=True, exist_ok=True)
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(REPO))
-    env.pop("BISECT_PREFETCH_PLAN", None)
-    if plan is not None:
-        env["PYTHONPATH"] = os.pathsep.join([str(SITE), str(REPO)])
-        env["BISECT_PREFETCH_PLAN"] = str(plan)
-    command = [
-        sys.executable, "-m", "torch.distributed.run",
-        f"--nproc_per_node={args.nproc}", f"--master_port={_free_port()}", "-m", *module_args,
-    ]  # fmt: skip
-    launched = time.time()
-    process = subprocess.Popen(
-        command, cwd=REPO, env=env, start_new_session=True,
-        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-    )  # fmt: skip
-    try:
-        _, stderr = process.communicate(timeout=args.timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(process.pid, signal.SIGKILL)
-        process.communicate()
-        raise
-    if process.returncode != 0:
-        raise RuntimeError(f"job failed ({process.returncode}):\n{stderr[-3000:]}")
-    return launched
+    return torchrun(module_args, nproc=args.nproc, plan=plan, timeout=args.timeout, cwd=REPO)[0]
 
 
 def _startup_run(run_dir: Path, *, plan: Path | None, args: argparse.Namespace) -> dict:

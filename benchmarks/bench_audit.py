@@ -22,24 +22,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import signal
-import socket
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-SITE = REPO / "bisect_prefetch" / "adapters" / "site"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from benchmarks.torchrun import torchrun
 
 
 def _plan(run_dir: Path, *, mask: list[str] | None, order_steps: int) -> Path:
@@ -56,23 +45,7 @@ def _plan(run_dir: Path, *, mask: list[str] | None, order_steps: int) -> Path:
 def _torchrun(run_dir: Path, module_args: list[str], *, plan: Path, nproc: int,
               timeout: float) -> float:
     """One job under torchrun; returns its wall time (launch to exit)."""
-    env = dict(os.environ, OMP_NUM_THREADS="1",
-               PYTHONPATH=os.pathsep.join([str(SITE), str(REPO)]), BISECT_PREFETCH_PLAN=str(plan))
-    command = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}",
-               f"--master_port={_free_port()}", "-m", *module_args]
-    started = time.perf_counter()
-    process = subprocess.Popen(command, cwd=run_dir, env=env, start_new_session=True,
-                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    try:
-        _, stderr = process.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(process.pid, signal.SIGKILL)
-        process.communicate()
-        raise
-    if process.returncode != 0:
-        raise RuntimeError(f"job failed ({process.returncode}):\n{stderr[-3000:]}")
-    return time.perf_counter() - started
-
+    return torchrun(module_args, nproc=nproc, plan=plan, timeout=timeout, cwd=run_dir)[1]
 
 def worker(out: str, layers: int, steps: int) -> None:
     """Inside the job: steps alternate between recording the order and not; rank 0 writes times."""

@@ -545,6 +545,10 @@ class Bisection:
             return self._finish_inconclusive("all-unresolved")
         self._ask(mask, "search")
 
+    def _search_on(self) -> None:
+        """Back to the search, from the posterior's leading set (a check is waiting or failed)."""
+        self._search(self.model.top(), pairs=self.model.pairs_likely)
+
     def _planning_model(self) -> EdgePosterior:
         """The posterior with each run in flight counted as the clean part of a run it is expected to be."""
         if not self.in_flight:
@@ -605,7 +609,7 @@ class Bisection:
             if self._tally_of(keep).divergences < 2 and not self._unresolved(keep):
                 if self._confirmed() != edges:
                     self._answer = None
-                    return self._search(self.model.top(), pairs=self.model.pairs_likely)
+                    return self._search_on()
                 if self._in_flight_of(keep) < CHECK_IN_FLIGHT:
                     return self._ask(keep, "keep-only", edges)
                 return
@@ -615,27 +619,27 @@ class Bisection:
                 if self._confirmed() == edges:
                     return self._finish_found(edges)
                 self._answer = None
-                return self._search(self.model.top(), pairs=self.model.pairs_likely)
+                return self._search_on()
             if off.clean >= self._runs_to_miss(edges, self.alpha) or self._unresolved(self._all_off):
                 return self._finish_found(edges)
             if off.clean + self._in_flight_of(self._all_off) < self._runs_to_miss(edges, self.alpha):
                 return self._ask(self._all_off, "check-off", edges, AFTER_DROP_ONLY_DIVERGED)
-            return self._search(self.model.top(), pairs=self.model.pairs_likely)
+            return self._search_on()
         needed = self._drop_needed(edges)
         if needed > 0 and not self._unresolved(drop):
             if self._in_flight_of(drop) < needed:
                 return self._ask(drop, "drop-only", edges)
-            return self._search(self.model.top(), pairs=self.model.pairs_likely)
+            return self._search_on()
         if self.background_controls and not self._unresolved(self._all_off):
             if self._tally_of(self._all_off).divergences and self._confirmed() != edges:
                 # Background drift showed: the answer must stand clearly above it.
                 self._answer = None
-                return self._search(self.model.top(), pairs=self.model.pairs_likely)
+                return self._search_on()
             controls = self._background_controls_needed(edges)
             if controls > 0:
                 if self._in_flight_of(self._all_off) < controls:
                     return self._ask(self._all_off, "check-off", edges, BACKGROUND_CONTROL)
-                return self._search(self.model.top(), pairs=self.model.pairs_likely)
+                return self._search_on()
         self._finish_found(edges)
 
     def _background_controls_needed(self, edges: tuple[int, ...]) -> int:
@@ -693,8 +697,7 @@ class Bisection:
         The strength comes from the all-on runs alone (Beta(1, 3) prior), not from the
         runs that singled the answer out, which a search's own choices make lean high.
         """
-        on = self._tally_of(self._all_on)
-        strength = (1 + on.divergences) / (4 + on.divergences + on.clean)
+        strength = self._all_on_rate()
         clean_without = self.model.exposure - self.model.counts(edges)[1] + extra
         return (1 - strength) ** clean_without
 
