@@ -79,7 +79,9 @@ CASES = [
     Case("q3-auto", "single culprit, q = 0.3, all_off_runs: auto", 0.3, 300,
          options={"all_off_runs": "auto"}),
     Case("bg-culprit", "background p0 = 0.02 and a culprit at q = 0.3", 0.3, 1000, background=0.02),
-    Case("three", "three edges needed together, q = 0.3", 0.3, 60, ("all", "all", "all"), True),
+    Case("three", "three edges needed together, q = 0.3", 0.3, 300, ("all", "all", "all"), True),
+    Case("three-dd", "  baseline ddmin-repeats, three q = 0.3", 0.3, 100, ("all", "all", "all"), True,
+         method="ddmin-repeats"),
     # issue 13 item 3: slots
     *[Case(f"q3-s{n}", f"slots {n}, q = 0.3", 0.3, 300, slots=n) for n in (1, 2, 4, 8, 16)],
     *[Case(f"q1-s{n}", f"slots {n}, q = 0.1", 0.1, 100, slots=n) for n in (1, 2, 4, 8, 16)],
@@ -190,7 +192,7 @@ def _targets(s: dict) -> list[tuple[bool, str]]:
         out.append((s[key]["inconclusive"] <= 0.02,
                     f"default budget, {what}: inconclusive {s[key]['inconclusive']:.3f} <= 0.02"))
     for key in ("q3", "q1", "pair", "bg", "bg-auto", "bg-chain", "bg-chain-auto", "bg-culprit",
-                "q3-auto", "q3-h80", "q3-h0"):
+                "q3-auto", "q3-h80", "q3-h0", "three"):
         claimed = s[key]["claimed"]
         out.append((claimed is not None and s[key]["accuracy"] >= claimed,
                     f"calibration {key} over {s[key]['trials']} searches: accuracy {s[key]['accuracy']:.3f}"

@@ -37,9 +37,12 @@ class Simulation:
     interrupt_after: new runs before a Ctrl-C (None: never).
     """
 
-    def __init__(self, culprits, *, q=0.5, background=0.0, interrupt_after=None):
+    def __init__(self, culprits, *, q=0.5, together=False, background=0.0, interrupt_after=None,
+                 localized=None):
         print(f"seed {SEED}")
         self.culprits = culprits
+        self.together = together
+        self.localized = localized  # the unit every diverged run's gradients first differ in
         self.hazard = hazard_for_chance(q, STEPS)
         self.background = hazard_for_chance(background, STEPS) if background else 0.0
         self.interrupt_after = interrupt_after
@@ -56,7 +59,7 @@ class _Oracle:
     def __init__(self, sim: Simulation, opened, on_run):
         self.sim, self.runner, self.on_run = sim, opened.runner, on_run
         # A resumed command draws new runs from its own streams.
-        self.draws = SimulatedOracle(sim.culprits, hazard=sim.hazard, steps=STEPS,
+        self.draws = SimulatedOracle(sim.culprits, together=sim.together, hazard=sim.hazard, steps=STEPS,
                                      background=sim.background, seed=SEED, trial=sim.commands)
         self.requests: Counter[frozenset[str]] = Counter()
         self.runs_launched = self.runs_reused = 0
@@ -89,6 +92,9 @@ class _Oracle:
         out = RunOutcome(run_id=run_id, outcome="stopped-early" if result.diverged else "ok",
                          reason="", first_diff_step=result.first_diff_step,
                          steps_done=result.steps, wall_s=0.25)
+        if result.diverged and self.sim.localized:
+            out.localization = {"step": result.first_diff_step, "rank": 1, "unit": self.sim.localized,
+                                "param": f"{self.sim.localized}.weight", "units_differing": 1}
         state.append(key, out.to_record())
         self.runs_launched += 1
         return out
@@ -405,6 +411,38 @@ def test_inconclusive(tmp_path):
     assert code == 1
 
 
+def test_three_edges_needed_together(tmp_path):
+    culprits = ["fwd:layers.0->layers.1", "fwd:layers.1->layers.2", "bwd:layers.2->layers.1"]
+    code, text = run_command(tmp_path, Simulation(culprits, together=True))
+    assert code == 1
+    data = json.loads((tmp_path / "out.json").read_text())
+    assert (data["verdict"], sorted(data["minimal_set"])) == ("culprit-found", sorted(culprits))
+    assert "reducing the 3 edges every diverged run enabled: testing" in text
+    assert data["facts"][1].startswith("each edge of the set is needed: runs with the rest of the set")
+
+
+def test_localization_steers_the_search_and_is_said(tmp_path):
+    code, text = run_command(tmp_path, Simulation([CULPRIT], localized="layers.1"))
+    data = json.loads((tmp_path / "out.json").read_text())
+    assert (data["verdict"], data["minimal_set"]) == ("culprit-found", [CULPRIT])
+    said = ("  localization points at layers.1: the search weighs fwd:layers.0->layers.1, "
+            "bwd:layers.2->layers.1 first (a hint the runs can overrule)")
+    assert said in lines(text)
+    assert data["hints"][0] == {"event": "hint", "unit": "layers.1",
+                                "edges": ["fwd:layers.0->layers.1", "bwd:layers.2->layers.1"]}
+    # The same runs without the hint: the hint reorders the search, so the runs differ.
+    _, plain = run_command(tmp_path / "plain", Simulation([CULPRIT]))
+    assert "localization points at" not in plain
+    assert json.loads((tmp_path / "plain" / "out.json").read_text())["evidence"] != data["evidence"]
+
+
+def test_a_unit_the_graph_lacks_is_ignored_and_said(tmp_path):
+    code, text = run_command(tmp_path, Simulation([CULPRIT], localized="decoder.layers.99"))
+    assert ("  localization points at decoder.layers.99, which no edge of the graph touches: "
+            "hint ignored") in lines(text)
+    assert json.loads((tmp_path / "out.json").read_text())["verdict"] == "culprit-found"
+
+
 def test_interrupted_then_resumed(tmp_path):
     simulation = Simulation([CULPRIT], interrupt_after=4)  # the golden run and three more
     code, text = run_command(tmp_path, simulation)
@@ -431,13 +469,17 @@ def test_a_second_bisection_without_resume_is_refused(tmp_path):
 
 
 # -- wording of the facts the transcripts above do not reach ------------------------------------
-A, B = "fwd:layers.0->layers.1", "bwd:layers.2->layers.1"
+A, B, C = "fwd:layers.0->layers.1", "bwd:layers.2->layers.1", "fwd:layers.3->layers.4"
 
 
 @pytest.mark.parametrize("fact, words", [
-    (Fact(p.EACH_NEEDED, edges=(A, B), clean=(3, 1)),
+    (Fact(p.EACH_NEEDED, edges=(A, B), clean=(1, 3)),  # clean: runs without A, without B
      f"each edge of the set is needed: 3 runs enabling {A} without {B} and 1 run enabling {B} "
      f"without {A} stayed consistent"),
+    (Fact(p.EACH_NEEDED, edges=(A, B, C), clean=(20, 18, 25), chance=0.012),
+     f"each edge of the set is needed: runs with the rest of the set but not the edge stayed "
+     f"consistent ({A}: 20, {B}: 18, {C}: 25); the chance that one of them was not needed after "
+     "all is 0.012"),
     (Fact(p.DROP_ONLY_DIVERGES, edges=(A,), runs=4),
      f"drop-only:{A} still diverges while all-off stayed consistent (4 runs): another set of "
      "edges causes drift too"),

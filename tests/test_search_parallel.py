@@ -68,6 +68,19 @@ def test_four_slots_find_the_culprit_and_replay_gives_the_same_decisions(trial):
     assert again.result() == result
 
 
+def test_four_slots_reduce_three_edges_needed_together_and_replay_gives_the_same_decisions():
+    culprits = [EDGES[0], EDGES[4], EDGES[8]]
+    o = SimulatedOracle(culprits, together=True, hazard=hazard_for_chance(0.5, STEPS), steps=STEPS,
+                        seed=SEED)
+    search = Bisection(EDGES, steps_per_run=STEPS)
+    journal = []
+    run_slots(search, o, 4, journal)
+    result = search.result()
+    assert (result.verdict, sorted(result.minimal_set)) == ("culprit-found", sorted(culprits))
+    assert "reduce" in [row["step"] for row in result.evidence]
+    assert replay(journal).result() == result
+
+
 def test_runs_in_flight_are_never_evidence_and_slots_ask_different_questions():
     search = Bisection(EDGES, steps_per_run=STEPS)
     diverged = RunResult("stopped-early", True, 3, 3)

@@ -264,18 +264,58 @@ def test_all_off_runs_must_be_a_count_or_auto():
         Bisection(EDGES, all_off_runs="sometimes")
 
 
-def test_three_edges_needed_together_end_inconclusive_within_a_sane_budget():
-    # Outside the model (sets of three): every single and pair keeps a low q, so the
-    # budget must follow all-on's rate, not theirs, and the verdict names a best guess.
+@pytest.mark.parametrize("trial", range(3))
+def test_three_edges_needed_together_are_reduced_to_a_one_minimal_set(trial):
+    # Outside the posterior's model: the reduce step (noise-aware ddmin) finds them.
     edges = from_policy("mindformers", 8).edge_ids()
     culprits = [edges[1], edges[7], edges[12]]
-    oracle = SimulatedOracle(culprits, together=True, hazard=hazard(0.5), steps=STEPS, seed=SEED)
+    print(f"seed {SEED} trial {trial}")
+    oracle = SimulatedOracle(culprits, together=True, hazard=hazard(0.5), steps=STEPS, seed=SEED,
+                             trial=trial)
     search = Bisection(edges, steps_per_run=STEPS)
     result = run(search, oracle)
-    assert result.verdict == "inconclusive"
-    stopped = result.facts[0]
-    assert (stopped.kind, stopped.reason) == (p.STOPPED, "max-runs")
-    assert result.runs_used == stopped.limit <= 400
+    assert (result.verdict, sorted(result.minimal_set)) == ("culprit-found", sorted(culprits))
+    assert result.confidence >= 0.95
+    assert "reduce" in [row["step"] for row in result.evidence]
+    keep, needed = result.facts[:2]
+    assert (keep.kind, keep.edges) == (p.KEEP_ONLY_DIVERGED, tuple(culprits))
+    assert (needed.kind, needed.edges) == (p.EACH_NEEDED, tuple(culprits))
+    assert needed.chance <= 0.05 and min(needed.clean) >= 1
+    # 1-minimal, shown by the runs: each member's removal only ever ran clean.
+    for i, edge in enumerate(culprits):
+        rest = set(culprits) - {edge}
+        without = [r for mask, r in search.history if rest <= mask and edge not in mask and r.completed]
+        assert len(without) == needed.clean[i] and not any(r.diverged for r in without)
+    # Replaying the journal passes through the same reduce states.
+    again = Bisection(edges, steps_per_run=STEPS)
+    for mask, r in search.history:
+        assert again.next_mask() == mask
+        again.record(mask, r)
+    assert again.result() == result
+
+
+def test_a_budget_that_runs_out_in_the_reduce_step_names_the_core_or_the_reduced_set():
+    edges = from_policy("mindformers", 8).edge_ids()
+    culprits = [edges[1], edges[7], edges[12]]
+
+    def search(max_runs=None):
+        oracle = SimulatedOracle(culprits, together=True, hazard=hazard(0.5), steps=STEPS, seed=SEED,
+                                 trial=4)  # the reduce step starts from all 19 edges
+        return run(Bisection(edges, steps_per_run=STEPS, max_runs=max_runs), oracle)
+
+    full = search()
+    reduce_rows = [row for row in full.evidence if row["step"] == "reduce"]
+    started = sum(row["runs"] for row in full.evidence[:full.evidence.index(reduce_rows[0])])
+    # Cut short while reducing: inconclusive, the best guess is the core (it holds the set).
+    cut = search(max_runs=started + 1)
+    stopped = cut.facts[0]
+    assert (cut.verdict, stopped.kind, stopped.reason) == ("inconclusive", p.STOPPED, "max-runs")
+    assert set(culprits) < set(stopped.edges)
+    # Cut short in the double check after the set was reduced: found, drop-only cut short.
+    drop_started = full.runs_used - full.facts[2].runs
+    late = search(max_runs=drop_started + 1)
+    assert (late.verdict, sorted(late.minimal_set)) == ("culprit-found", sorted(culprits))
+    assert late.facts[2].kind == p.DROP_ONLY_CONSISTENT and late.facts[2].runs == 1
 
 
 def test_no_drift_fits_a_tight_budget():

@@ -166,6 +166,7 @@ def _bisect(experiment: Experiment, experiment_path: Path, *, hint: str, resume:
             data["runs_launched"], data["runs_reused"] = oracle.runs_launched, oracle.runs_reused
             data["runs_lost"] = list(getattr(oracle, "runs_lost", []))
             data["suspects"] = suspects
+            data["hints"] = [n for n in search.notices if n["event"].startswith("hint")]
             data["run_details"] = run_details  # each run, with where its gradients first differed
             data["step_time"] = fix_costs(
                 opened.state.records(), edge_ids=graph.edge_ids(), fix=partial.minimal_set,
@@ -271,6 +272,16 @@ class _Narrator:
         self.console = console
         self.open = False
         self.runs_before = 0  # runs recorded before the open step began
+        self.notices_said = len(search.notices)  # the audit's suspects are already said
+        self.units_said: set[str] = set()
+
+    def recorded(self) -> None:
+        """After a run was recorded: what its localization did to the search (once a unit)."""
+        for notice in self.search.notices[self.notices_said:]:
+            if notice.get("unit") not in self.units_said:
+                self.console.print(f"  {notice_line(notice)}", markup=False)
+                self.units_said.add(notice.get("unit"))
+        self.notices_said = len(self.search.notices)
 
     def before(self, ask: Ask) -> None:
         """Before a run of the mask the search asks for (`search.pending`)."""
@@ -302,6 +313,7 @@ def run_bisection(search: Bisection, oracle: Oracle, *, console: Console) -> Sea
         while (ask := search.pending) is not None:
             narrator.before(ask)
             search.record(ask.mask, oracle.run(ask.mask))
+            narrator.recorded()
     finally:
         narrator.close()  # an interrupted step still gets its verdict line
     return search.result()
@@ -318,6 +330,7 @@ def run_bisection_in_slots(search: Bisection, oracle: RealOracle, *,
     """
     retries: list[RunRequest] = []
     titled: list[tuple] = []  # the step last announced: runs of several steps interleave
+    narrator = _Narrator(search, console)  # for the hints only: steps interleave here
 
     def propose() -> RunRequest | None:
         if retries:
@@ -338,6 +351,7 @@ def run_bisection_in_slots(search: Bisection, oracle: RealOracle, *,
             retries.append(answer)
         elif not search.done:
             search.record(request.tag[0], answer)
+            narrator.recorded()
 
     keep_slots_busy(oracle.runner, propose, arrived, stop=lambda: search.done)
     return search.result()
@@ -361,11 +375,29 @@ def step_title(step: str, mask: str, target: Sequence[str], context: str | None)
         return "checking that all-off is consistent"
     if step == "search":
         return f"testing {mask}"
+    if step == "reduce":
+        return f"reducing the {len(target)} edges every diverged run enabled: testing {mask}"
     if step == "keep-only":
         return f"double checking the answer: {f'keep-only:{names}' if target else 'all-off'} should diverge"
     if step == "drop-only":
         return f"double checking the answer: drop-only:{names} should be consistent"
     return f"recorded run of {mask}"  # "extra": a run the search did not ask for
+
+
+def notice_line(notice: dict) -> str:
+    """What a localization hint (hints.py's events) does to the search, in words."""
+    event, unit = notice["event"], notice.get("unit")
+    if event == "hint":
+        edges = ", ".join(notice["edges"]) or "its neighbours' edges"
+        return (f"localization points at {unit}: the search weighs {edges} first "
+                "(a hint the runs can overrule)")
+    if event == "hint-ignored" and notice["reason"] == "unknown-unit":
+        return f"localization points at {unit}, which no edge of the graph touches: hint ignored"
+    if event == "hint-ignored":
+        return f"a hint for {unit} from a run that did not diverge: ignored"
+    if event == "suspect-ignored":
+        return f"audit suspect {notice['edge']} is not an edge of the graph: ignored"
+    return f"audit suspects: {', '.join(notice['edges'])}"
 
 
 def verdict_line(block: Block) -> str:
@@ -416,9 +448,14 @@ def fact_line(fact: Fact, *, confidence: float) -> str:
         return (f"keep-only:{names} diverged (run {fact.run}, step {fact.step}): "
                 "the set is enough for drift")
     if fact.kind == p.EACH_NEEDED:
-        (a, b), (only_a, only_b) = fact.edges, fact.clean
-        return (f"each edge of the set is needed: {_runs(only_a)} enabling {a} without {b} "
-                f"and {_runs(only_b)} enabling {b} without {a} stayed consistent")
+        if len(fact.edges) == 2:
+            (a, b), (without_a, without_b) = fact.edges, fact.clean
+            return (f"each edge of the set is needed: {_runs(without_b)} enabling {a} without {b} "
+                    f"and {_runs(without_a)} enabling {b} without {a} stayed consistent")
+        each = ", ".join(f"{edge}: {n}" for edge, n in zip(fact.edges, fact.clean, strict=True))
+        return (f"each edge of the set is needed: runs with the rest of the set but not the edge "
+                f"stayed consistent ({each}); the chance that one of them was not needed after "
+                f"all is {fact.chance:.2g}")
     if fact.kind == p.DROP_ONLY_DIVERGES:
         return (f"drop-only:{names} still diverges while all-off stayed consistent "
                 f"({_runs(fact.runs)}): another set of edges causes drift too")

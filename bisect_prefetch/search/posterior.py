@@ -24,8 +24,8 @@ without prefetch) their mass counts towards `none` (verdict not-prefetch).
 
 Prior mass: none 0.02, single 0.93, pair 0.05, each spread evenly unless a prior
 factor (hints.py: localization hints and audit suspects) reweights the sets. Sets
-of three or more edges needed together are outside the model (protocol.py reduces
-them with ddmin).
+of three or more edges needed together are outside the model (reduce.py reduces
+them with noise-aware ddmin).
 """
 
 from __future__ import annotations
@@ -201,6 +201,7 @@ class EdgePosterior:
         top = max(float(np.max(x)) for x in parts)
         total = sum(float(np.exp(x - top).sum()) for x in parts)
         none = float(np.exp(log_none - top)) / total
+        out["log_evidence"] = top + float(np.log(total)) - np.log(self._prior_mass())
         single = np.exp(kinds["single"]["log_mat"] - top) / total
         single_imm = np.exp(kinds["single"]["log_imm"] - top) / total
         pair = np.zeros((n, n))
@@ -225,6 +226,18 @@ class EdgePosterior:
     # -- posterior ----------------------------------------------------------
     def probabilities(self) -> Probabilities:
         return self._state()["probabilities"]
+
+    def log_evidence(self) -> float:
+        """log of the chance of the runs so far under the model (its prior over sets, q and p0;
+        a prior that hints reweighted is normalized first)."""
+        return self._state()["log_evidence"]
+
+    def _prior_mass(self) -> float:
+        """Total prior mass once the prior factors (hints.py) reweighted the sets."""
+        mass = PRIOR["none"] + PRIOR["single"] * float(np.mean(np.exp(self.log_prior_single)))
+        if self.n > 1:
+            mass += PRIOR["pair"] * float(np.mean(np.exp(self.log_prior_pair[self._upper])))
+        return mass
 
     @property
     def alive(self) -> np.ndarray:

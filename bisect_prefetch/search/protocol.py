@@ -41,13 +41,21 @@ Steps, each a block of runs in `events` (structured: the command words them):
    until background drift as strong as the answer's would have shown (see
    _background_controls_needed). not-prefetch: drift without prefetch (none)
    reaches the confidence and all-off has diverged.
+5. reduce, for three or more edges needed together (outside the posterior's
+   model): once "a set of three or more inside the core" (the edges every diverged
+   run enabled) explains the runs better than the model does, and while all-off
+   never diverged, noise-aware ddmin (reduce.py) reduces the core to a 1-minimal
+   set: keep-only(core) diverges, then each chunk of the core is dropped until it
+   diverges (the core shrinks) or stays clean often enough; at the last level each
+   edge's removal stays clean until the chance that it was not needed fits the
+   member's share of the error budget (MEMBER_SHARE). Then the double check of
+   step 4 (drop-only, background controls). This works for a set of any size, so a
+   switch made in error still ends right, only later.
 Out of runs (`max_runs`; by default scaled with the graph and the estimated q,
 see `budget`): inconclusive, with the best hypothesis so far (STOPPED fact).
-Sets of three or more edges needed together are outside the model: the search
-ends inconclusive on them.
 
 Hints (hints.py): `record(mask, result, hint=unit)` takes the localized unit of a
-diverged run, `Bisection(..., suspects=[edge ids])` the audit's suspects; both
+diverged run (by default `result.unit`), `Bisection(..., suspects=[edge ids])` the audit's suspects; both
 reweight the prior softly and learn their own reliability. The verdict and its
 confidence stay those of the runs. Each hint, and each one ignored, becomes a
 structured event in `notices` (see hints.py for the shapes).
@@ -71,6 +79,8 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from functools import lru_cache
+from itertools import combinations
 
 import numpy as np
 
@@ -78,6 +88,16 @@ from bisect_prefetch.errors import BisectPrefetchError
 from bisect_prefetch.search.hints import HintPrior
 from bisect_prefetch.search.oracle import RunResult
 from bisect_prefetch.search.posterior import EdgePosterior, Hypothesis
+from bisect_prefetch.search.reduce import (
+    COARSE_MISS,
+    Drop,
+    levels,
+    next_test,
+    runs_to_miss,
+    set_log_odds,
+    subset_odds,
+)
+from bisect_prefetch.search.reduce import miss_chance as set_miss_chance
 from bisect_prefetch.search.stats import (
     clopper_pearson,
     hazard_estimate,
@@ -110,9 +130,12 @@ CHECK_IN_FLIGHT = 2
 # Until a run diverges, the search's masks run after the first all-on, for this share
 # of calibration_runs runs; all-on again after that (see Bisection._before_drift).
 SEARCH_BEFORE_DRIFT = 0.5
+# A set of three or more (reduce step): its members' removals share this part of the
+# error budget; the second-cause check (drop-only) the rest.
+MEMBER_SHARE = 0.8
 
 
-STEPS = ("calibrate", "check-off", "search", "keep-only", "drop-only", "extra")
+STEPS = ("calibrate", "check-off", "search", "reduce", "keep-only", "drop-only", "extra")
 # Why a check-off step runs again late in the search (Ask.context, Block.context).
 AFTER_DROP_ONLY_DIVERGED = "drop-only-diverged"
 BACKGROUND_CONTROL = "background-control"  # all_off_runs="auto": ruling out background drift
@@ -178,7 +201,9 @@ NO_DRIFT = "no-drift"  # runs: clean runs enabling each edge (the least); clean:
 ALL_OFF_DIVERGED = "all-off-diverged"  # runs, divergences of all-off
 STOPPED = "stopped"  # reason (STOP_REASONS), limit; edges, chance: the best guess
 KEEP_ONLY_DIVERGED = "keep-only-diverged"  # edges; run, step: the divergence
-EACH_NEEDED = "each-needed"  # edges (a, b); clean: clean runs with a without b, b without a
+# edges; clean: per edge, clean runs with the rest of the set but without it; chance: the
+# chance that some edge was not needed after all (a set from the reduce step; None for a pair)
+EACH_NEEDED = "each-needed"
 DROP_ONLY_DIVERGES = "drop-only-diverges"  # edges; runs: clean all-off runs
 DROP_ONLY_CONSISTENT = "drop-only-consistent"  # edges; runs: clean drop-only runs
 DROP_ONLY_FAILED = "drop-only-failed"  # edges; errors
@@ -223,6 +248,12 @@ class SearchResult:
     drop_only_diverges: bool | None = None  # None when drop-only was not run
     top_hypotheses: list[dict] = field(default_factory=list)
     finished: bool = True
+
+
+@lru_cache(maxsize=8)
+def _triples(m: int) -> np.ndarray:
+    """Every set of three of m items, as three index columns."""
+    return np.array(list(combinations(range(m), 3))).reshape(-1, 3).T
 
 
 def mask_name(mask: Mask, edge_ids: Sequence[str]) -> str:
@@ -302,6 +333,13 @@ class Bisection:
             for phase in ("fwd", "bwd")
         }
         self._result: SearchResult | None = None
+        # The reduce step: the edges every diverged run enabled, every clean run's mask
+        # (with the share of a run it covered), and whether a set of three or more leads.
+        self._core = np.ones(len(self.edge_ids), dtype=bool)
+        self._clean: list[tuple[np.ndarray, float]] = []
+        self._diverged: list[np.ndarray] = []
+        self._reducing = False
+        self._reduce_from: tuple[int, int] | None = None  # (runs, core size) when it first began
         self._decide()
 
     # -- the loop ------------------------------------------------------------------
@@ -349,7 +387,8 @@ class Bisection:
         return None
 
     def record(self, mask: Mask, result: RunResult, *, hint: str | None = None) -> None:
-        """One finished run; `hint`: the unit its localization named (first divergent gradient)."""
+        """One finished run; `hint`: the unit its localization named (first divergent gradient),
+        by default the run's own (RunResult.unit)."""
         if self.done:
             raise BisectPrefetchError("the search is finished; no more runs to record")
         mask = frozenset(mask)
@@ -378,7 +417,21 @@ class Bisection:
         else:
             tally.clean += 1
         if result.completed:
-            self.model.observe(self._enabled(mask), bool(result.diverged), self._fraction(result))
+            enabled = self._enabled(mask)
+            self.model.observe(enabled, bool(result.diverged), self._fraction(result))
+            if result.diverged:
+                self._diverged.append(enabled)
+                # drop-only of a set diverging shows a second cause (or background
+                # drift), not where the set lies.
+                if not (ask and ask.step == "drop-only"):
+                    self._core &= enabled
+            else:
+                self._clean.append((enabled, self._fraction(result)))
+            self._reducing = self._set_leads()
+            if self._reducing and self._reduce_from is None:
+                self._reduce_from = (self.runs_used, int(self._core.sum()))
+        if hint is None and result.diverged:
+            hint = result.unit
         if hint is not None:
             self._take_hint(hint, bool(result.diverged))
         # Worked out at once after every result (not lazily), so the search passes
@@ -448,10 +501,15 @@ class Bisection:
         so the budget follows what the runs show, but never below all-on's rate
         (Beta(1, 3) prior): drift that no single set or pair explains (three edges
         needed together) leaves every set's q low, and the budget must not grow
-        with that.
+        with that. Once the reduce step began, at least what it needs (_reduce_budget).
         """
         if self.max_runs is not None:
             return self.max_runs
+        if self._reduce_from is not None:
+            return max(self._search_budget(), self._reduce_budget())
+        return self._search_budget()
+
+    def _search_budget(self) -> int:
         if self.model.divergences == 0:
             return math.ceil((1 + SEARCH_BEFORE_DRIFT) * self.calibration_runs) + 1
         n = len(self.edge_ids)
@@ -459,6 +517,17 @@ class Bisection:
         capacity = math.log2(1 + q * (1 - q) ** ((1 - q) / q))
         bits = math.log2(n + n * (n - 1) / 2) + math.log2(1 / self.alpha)
         return self.calibration_runs + math.ceil(BUDGET_FACTOR * bits / capacity)
+
+    def _reduce_budget(self) -> int:
+        """The runs before the reduce step began, and BUDGET_FACTOR times what ddmin needs
+        at all-on's rate: every coarse level twice, and a set of three at the last."""
+        runs, core = self._reduce_from
+        q = min(max(self._all_on_rate(), 0.02), 0.99)
+        per_run = -math.log(1 - q)
+        coarse = math.log(1 / COARSE_MISS) / per_run
+        final = math.log(1 / (self.alpha * MEMBER_SHARE / 3 / subset_odds(len(self.edge_ids), 3))) / per_run
+        needed = 2 * (len(levels(core)) - 1) * coarse + 3 * final
+        return runs + math.ceil(BUDGET_FACTOR * needed)
 
     # -- deciding ----------------------------------------------------------------------
     def _decide(self) -> None:
@@ -473,6 +542,8 @@ class Bisection:
         budget = self.budget
         if self.runs_used >= budget:
             answer = self._answer
+            if self._reducing and self._next_drop(self._core_edges()) is None:
+                answer = self._core_edges()  # reduced: 1-minimal, its keep-only diverged
             if answer is not None and answer != ():
                 # The set is known to cause drift; only the drop-only check was cut short.
                 return self._finish_found(answer)
@@ -485,6 +556,8 @@ class Bisection:
         if (off.clean + self._in_flight_of(self._all_off) < self.all_off_runs
                 and not self._unresolved(self._all_off)):
             return self._ask(self._all_off, "check-off")
+        if self._reducing:
+            return self._reduce()
         if self._answer is None:
             self._answer = self._confirmed()
         if self._answer is not None:
@@ -594,6 +667,123 @@ class Bisection:
                 threshold, best = bits, mask
         return best
 
+    # -- reduce: three or more edges needed together -----------------------------------------
+    def _set_leads(self) -> bool:
+        """Whether the reduce step runs: once a set of three or more edges inside the core
+        explains the runs better than the posterior's model, while all-off never diverged
+        (background drift breaks the core: a diverged run need not enable the set)."""
+        if (not self.model.divergences or self._tally_of(self._all_off).divergences
+                or self._core.sum() < 3):
+            return False  # a core of one or two edges: the posterior's model takes over again
+        if self._reducing:
+            return True
+        core = self._core_edges()
+        divergences, clean = self._counts(core)
+        evidence = self.model.log_evidence()
+        if set_log_odds(len(core), len(self.edge_ids), divergences, clean, evidence) <= 0:
+            return False  # not even the bound: the core itself fits no better than that
+        return set_log_odds(len(core), len(self.edge_ids), divergences, self._triple_clean(core),
+                            evidence) > 0
+
+    def _triple_clean(self, core: tuple[int, ...]) -> np.ndarray:
+        """Clean runs (as shares of a run) that enabled each set of three edges of the core."""
+        matrix, fractions = self._clean_matrix()
+        inside = matrix[:, list(core)].astype(float)
+        m = len(core)
+        pairs = (inside[:, :, None] * inside[:, None, :]).reshape(len(inside), m * m)
+        cube = ((inside * fractions[:, None]).T @ pairs).reshape(m, m, m)
+        a, b, c = _triples(m)
+        return cube[a, b, c]
+
+    def _core_edges(self) -> tuple[int, ...]:
+        return tuple(int(i) for i in np.flatnonzero(self._core))
+
+    def _reduce(self) -> None:
+        """The next run of the reduce step (see reduce.py), or the double check once the core is 1-minimal."""
+        core = self._core_edges()
+        keep = self._keep_only(core)
+        if not self._tally_of(keep).divergences:
+            # The set itself must diverge: the verdict rests on that run.
+            if self._unresolved(keep):
+                return self._finish_inconclusive("keep-only-never-completed")
+            if self._in_flight_of(keep) < CHECK_IN_FLIGHT:
+                return self._ask(keep, "reduce", core)
+            return
+        test = self._next_drop(core)
+        if test is None:
+            return self._double_check(core)
+        if test.chunk is None:
+            return  # the runs in flight finish the level
+        mask = self._keep_only([i for i in core if i not in test.chunk])
+        if self._unresolved(mask):
+            return self._finish_inconclusive("all-unresolved")
+        self._ask(mask, "reduce", core)
+
+    def _next_drop(self, core: tuple[int, ...]) -> Drop | None:
+        """The chunk of the core to drop next (reduce.next_test); None: the core is 1-minimal."""
+        if not self._tally_of(self._keep_only(core)).divergences:
+            return Drop(None, 0, 0)  # keep-only(core) must diverge first
+        divergences, clean = self._counts(core)
+        coarse = runs_to_miss(divergences, clean, COARSE_MISS)
+        final = runs_to_miss(divergences, clean, self._member_alpha(core))
+        needed_at = {g: final if g == len(core) else coarse for g in levels(len(core))}
+        matrix, fractions = self._clean_matrix()
+
+        def clean_without(chunk: tuple[int, ...]) -> float:
+            return self._clean_without(core, chunk, matrix, fractions)
+
+        def in_flight(chunk: tuple[int, ...]) -> int:
+            return self._in_flight_of(self._keep_only([i for i in core if i not in chunk]))
+
+        return next_test(core, clean_without, in_flight, needed_at)
+
+    def _clean_matrix(self) -> tuple[np.ndarray, np.ndarray]:
+        """Every clean run's enabled edges (a row each) and the share of a run it covered."""
+        if not self._clean:
+            return np.zeros((0, len(self.edge_ids)), dtype=bool), np.zeros(0)
+        return np.array([e for e, _ in self._clean]), np.array([f for _, f in self._clean])
+
+    @staticmethod
+    def _clean_without(edges: Sequence[int], left_out: Sequence[int], matrix: np.ndarray,
+                       fractions: np.ndarray) -> float:
+        """Clean runs (as shares of a run) that enabled the set but none of `left_out`."""
+        rest = [i for i in edges if i not in left_out]
+        hits = matrix[:, rest].all(axis=1) & ~matrix[:, list(left_out)].any(axis=1)
+        return float(fractions[hits].sum())
+
+    def _counts(self, edges: Sequence[int]) -> tuple[float, float]:
+        """(divergences, clean runs) of the runs that enabled every edge of the set."""
+        edges = tuple(edges)
+        if len(edges) <= 2:
+            return self.model.counts(edges)
+        divergences = sum(1 for enabled in self._diverged if enabled[list(edges)].all())
+        matrix, fractions = self._clean_matrix()
+        return float(divergences), float(fractions[matrix[:, list(edges)].all(axis=1)].sum())
+
+    def _miss(self, edges: Sequence[int], runs):
+        """Chance that `runs` clean runs all miss drift as strong as the set's (runs may be an array)."""
+        edges = tuple(edges)
+        if len(edges) <= 2:
+            return self.model.miss_chance(edges, runs)
+        return set_miss_chance(*self._counts(edges), runs)
+
+    def _members_error(self, edges: Sequence[int]) -> float:
+        """A set from the reduce step: the chance that some member was not needed after all.
+
+        Per member: the runs without it that stayed clean all missed drift by chance,
+        against the prior odds of the set without it. The odds matter: the core keeps
+        whichever edges every diverged run happened to enable, so among many edges
+        some unneeded one may have had a clean run of luck.
+        """
+        matrix, fractions = self._clean_matrix()
+        odds = subset_odds(len(self.edge_ids), len(edges))
+        return float(sum(min(1.0, odds * self._miss(edges, self._clean_without(edges, (i,), matrix, fractions)))
+                         for i in edges))
+
+    def _member_alpha(self, edges: Sequence[int]) -> float:
+        """The chance of each member's removal missing drift that fits its share of the error budget."""
+        return self.alpha * MEMBER_SHARE / len(edges) / subset_odds(len(self.edge_ids), len(edges))
+
     # -- double check -----------------------------------------------------------------------
     def _double_check(self, edges: tuple[int, ...]) -> None:
         if not edges:
@@ -601,6 +791,16 @@ class Bisection:
             return self._finish_not_prefetch()
         drop = self._drop_only(edges)
         tally = self._tally_of(drop)
+        if tally.divergences and len(edges) > 2:
+            # Another cause beside the set (background drift, once all-off diverges, ends
+            # the reduce step): all-off runs until drift as strong as the set's would show.
+            needed = self._controls_for(edges)
+            off = self._tally_of(self._all_off)
+            if off.clean >= needed or self._unresolved(self._all_off):
+                return self._finish_found(edges)
+            if off.clean + self._in_flight_of(self._all_off) < needed:
+                return self._ask(self._all_off, "check-off", edges, AFTER_DROP_ONLY_DIVERGED)
+            return
         if tally.divergences:
             # Another cause, or background drift: all-off runs tell them apart. And the
             # answer itself may be background drift that keep-only happened to catch
@@ -670,7 +870,12 @@ class Bisection:
         """The answer's per-run chance for the background check: the lower of its
         posterior mean (which the runs that singled it out make lean high) and
         all-on's rate (Beta(1, 3) prior), which no choice of the search biases."""
-        return min(self.model.culprit_chance(edges), self._all_on_rate(), 0.999)
+        if len(edges) > 2:
+            divergences, clean = self._counts(edges)
+            rate = (1 + divergences) / (4 + divergences + clean)  # Beta(1, 3) prior
+        else:
+            rate = self.model.culprit_chance(edges)
+        return min(rate, self._all_on_rate(), 0.999)
 
     def _all_on_rate(self) -> float:
         """Posterior mean per-run chance of all-on runs (Beta(1, 3) prior)."""
@@ -698,18 +903,21 @@ class Bisection:
         runs that singled the answer out, which a search's own choices make lean high.
         """
         strength = self._all_on_rate()
-        clean_without = self.model.exposure - self.model.counts(edges)[1] + extra
+        clean_without = self.model.exposure - self._counts(edges)[1] + extra
         return (1 - strength) ** clean_without
 
     def _runs_to_miss(self, edges: tuple[int, ...], chance: float) -> int:
         """Clean runs after which drift as strong as the answer's hides with at most this chance."""
         n = 1
-        while self.model.miss_chance(edges, n) > chance and n < self.budget:
+        while self._miss(edges, n) > chance and n < self.budget:
             n += 1
         return n
 
     def _answer_error(self, edges: tuple[int, ...]) -> float:
-        """Chance the answer is wrong inside the posterior's model."""
+        """Chance the answer is wrong inside the posterior's model (a set of three or more:
+        that some member was not needed)."""
+        if len(edges) > 2:
+            return self._members_error(edges)
         return 1.0 - self.model.probability_of(edges)
 
     def _second_cause_error(self, edges: tuple[int, ...], extra: int = 0) -> float:
@@ -723,7 +931,7 @@ class Bisection:
         if not outside.any():
             return 0.0
         clean = self.model.single_exposure[outside] + extra
-        return DISJOINT_CAUSES * float(np.mean(self.model.miss_chance(edges, clean)))
+        return DISJOINT_CAUSES * float(np.mean(self._miss(edges, clean)))
 
     # -- finishing ------------------------------------------------------------------------------
     def _covering(self, edges: Sequence[int]) -> list[RunResult]:
@@ -784,10 +992,15 @@ class Bisection:
         )
 
     def _stopped(self, reason: str) -> Fact:
-        """Why the search stopped, with its best guess (no edges: drift without prefetch)."""
+        """Why the search stopped, with its best guess (no edges: drift without prefetch;
+        in the reduce step the core, at the chance that each of its edges is needed)."""
+        limit = self.budget if reason == "max-runs" else None
+        if self._reducing:
+            core = self._core_edges()
+            return Fact(STOPPED, edges=self._ids(core), chance=max(0.0, 1.0 - self._members_error(core)),
+                        reason=reason, limit=limit)
         top = self.model.top()
-        return Fact(STOPPED, edges=self._ids(top.edges), chance=top.probability, reason=reason,
-                    limit=self.budget if reason == "max-runs" else None)
+        return Fact(STOPPED, edges=self._ids(top.edges), chance=top.probability, reason=reason, limit=limit)
 
     def _finish_found(self, edges: tuple[int, ...]) -> None:
         keep, drop = self._keep_only(edges), self._drop_only(edges)
@@ -830,13 +1043,16 @@ class Bisection:
         )
 
     def _each_needed(self, edges: Sequence[int]) -> Fact:
-        """The evidence that every edge of a pair is needed: runs enabling only one of them."""
-        a, b = self._ids(edges)
+        """The evidence that every edge of the set is needed: clean runs with the rest of it but not that edge."""
+        ids = self._ids(edges)
 
-        def clean_with_only(x: str, y: str) -> int:
-            return sum(1 for m, r in self.history if r.completed and not r.diverged and x in m and y not in m)
+        def clean_without(edge: str) -> int:
+            rest = set(ids) - {edge}
+            return sum(1 for m, r in self.history
+                       if r.completed and not r.diverged and rest <= m and edge not in m)
 
-        return Fact(EACH_NEEDED, edges=(a, b), clean=(clean_with_only(a, b), clean_with_only(b, a)))
+        chance = self._members_error(edges) if len(edges) > 2 else None
+        return Fact(EACH_NEEDED, edges=ids, clean=tuple(clean_without(e) for e in ids), chance=chance)
 
     # -- reading --------------------------------------------------------------------------------
     @property
