@@ -216,7 +216,7 @@ def simulate(
     max_runs: Annotated[int | None, typer.Option("--max-runs", help="Run budget of each search (default: scaled with the graph and the estimated q).")] = None,
     slots: Annotated[int, typer.Option("--slots", help="Runs at once; wall-clock is reported in full runs.")] = 1,
     hint_accuracy: Annotated[float | None, typer.Option("--hint-accuracy", help="Give the first diverged run a localization hint, right with this chance.")] = None,
-    all_off_runs: Annotated[str, typer.Option("--all-off-runs", help="all-off runs after the first divergence, or auto (as search.all_off_runs).")] = "1",
+    all_off_runs: Annotated[str, typer.Option("--all-off-runs", help="auto (default): all-off runs rule out drift without prefetch as strong as the answer's; or a count of all-off runs after the first divergence (as search.all_off_runs).")] = "auto",
     json_out: JsonOpt = None,
 ) -> None:
     """Run the search against a simulated oracle with a known answer, and score it."""

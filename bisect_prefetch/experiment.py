@@ -119,11 +119,13 @@ class Search(_Strict):
     confidence: Annotated[float, Field(gt=0.0, lt=1.0)] = 0.95
     # None: a budget that scales with the graph and the estimated q (Bisection.budget).
     max_runs: Annotated[int, Field(ge=1)] | None = None
-    # all-off runs right after the first divergence; more come whenever they are the
-    # most informative question (background drift). auto: also, before a culprit-found
-    # verdict, enough all-off runs to rule out drift without prefetch as strong as the
-    # answer's (about 10 more runs at a per-run chance of 0.3).
-    all_off_runs: Annotated[int, Field(ge=1)] | Literal["auto"] = 1
+    # auto: one all-off run right after the first divergence, and before a culprit-found
+    # verdict enough all-off runs to rule out drift without prefetch as strong as the
+    # answer's (about 10 more runs at a per-run chance of 0.3). A count N: N all-off
+    # runs right after the first divergence and no more controls, cheaper but trusting
+    # drift without prefetch to be rare. Either way more all-off runs come whenever they
+    # are the most informative question.
+    all_off_runs: Annotated[int, Field(ge=1)] | Literal["auto"] = "auto"
 
 
 class Record(_Strict):

@@ -161,14 +161,18 @@ double checking the answer: drop-only:bwd:layers.2->layers.1 should be consisten
     run 11 (3 edges on): clean over 20 steps [0.2s]
     run 12 (3 edges on): clean over 20 steps [0.2s]
   -> clean (5 runs)
+ruling out drift without prefetch as strong as the answer's: checking that all-off is consistent...
+    run 13 (0 edges on): clean over 20 steps [0.2s]
+    run 14 (0 edges on): clean over 20 steps [0.2s]
+  -> clean (2 runs)
 
 verdict: culprit-found
 minimal set: bwd:layers.2->layers.1
-confidence: 0.987   runs: 12   steps: 223
+confidence: 0.990   runs: 14   steps: 263
   - keep-only:bwd:layers.2->layers.1 diverged (run 7, step 19): the set is enough for drift
   - drop-only:bwd:layers.2->layers.1: 7 runs, all consistent: removing the set removes drift
-  - all-off and drop-only:bwd:layers.2->layers.1 after the search: 6 runs, all consistent: drift without prefetch at a per-run chance of 0.393 or more is ruled
-out at 95% (the answer's: 0.4; search.all_off_runs: auto rules out drift as strong as the answer's)
+  - all-off and drop-only:bwd:layers.2->layers.1 after the search: 8 runs, all consistent: drift without prefetch at a per-run chance of 0.312 or more is ruled
+out at 95%; as strong as the answer's (0.4), it would have shown at 98.3%
 evidence
 ┏━━━━━━━━━━━┳━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━┳━━━━━━━┳━━━━━━┳━━━━━━━━━━┳━━━━━━━━━━━━━━━━━━━━━━━┳━━━━━━━━━━┓
 ┃ step      ┃ mask                             ┃ edges ┃ runs ┃ diverged ┃ first differing steps ┃ verdict  ┃
@@ -180,10 +184,11 @@ evidence
 │ keep-only │ keep-only:bwd:layers.2->layers.1 │ 1     │ 1    │ 0        │ -                     │ clean    │
 │ search    │ keep-only:bwd:layers.2->layers.1 │ 1     │ 1    │ 1        │ 19                    │ diverged │
 │ drop-only │ drop-only:bwd:layers.2->layers.1 │ 3     │ 5    │ 0        │ -                     │ clean    │
+│ check-off │ all-off                          │ 0     │ 2    │ 0        │ -                     │ clean    │
 └───────────┴──────────────────────────────────┴───────┴──────┴──────────┴───────────────────────┴──────────┘
 per-run chance 0.75 (95% interval 0.194-0.994), per-step hazard 0.0476, from 4 runs that enabled the set
 reproduce: bisect-prefetch aa TMP/exp.yaml --runs=4 '--mask=keep-only:bwd:layers.2->layers.1'
-runs launched 13, reused from the journal 0; report: TMP/state/sim/report.html
+runs launched 15, reused from the journal 0; report: TMP/state/sim/report.html
 wrote TMP/out.json
 """
 
@@ -351,14 +356,18 @@ double checking the answer: drop-only:bwd:layers.2->layers.1 should be consisten
     run 11 (3 edges on): clean over 20 steps [0.2s]
     run 12 (3 edges on): clean over 20 steps [0.2s]
   -> clean (5 runs)
+ruling out drift without prefetch as strong as the answer's: checking that all-off is consistent...
+    run 13 (0 edges on): clean over 20 steps [0.2s]
+    run 14 (0 edges on): clean over 20 steps [0.2s]
+  -> clean (2 runs)
 
 verdict: culprit-found
 minimal set: bwd:layers.2->layers.1
-confidence: 0.987   runs: 12   steps: 206
+confidence: 0.990   runs: 14   steps: 246
   - keep-only:bwd:layers.2->layers.1 diverged (run 7, step 2): the set is enough for drift
   - drop-only:bwd:layers.2->layers.1: 7 runs, all consistent: removing the set removes drift
-  - all-off and drop-only:bwd:layers.2->layers.1 after the search: 6 runs, all consistent: drift without prefetch at a per-run chance of 0.393 or more is ruled
-out at 95% (the answer's: 0.4; search.all_off_runs: auto rules out drift as strong as the answer's)
+  - all-off and drop-only:bwd:layers.2->layers.1 after the search: 8 runs, all consistent: drift without prefetch at a per-run chance of 0.312 or more is ruled
+out at 95%; as strong as the answer's (0.4), it would have shown at 98.3%
 evidence
 ┏━━━━━━━━━━━┳━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━┳━━━━━━━┳━━━━━━┳━━━━━━━━━━┳━━━━━━━━━━━━━━━━━━━━━━━┳━━━━━━━━━━┓
 ┃ step      ┃ mask                             ┃ edges ┃ runs ┃ diverged ┃ first differing steps ┃ verdict  ┃
@@ -370,10 +379,11 @@ evidence
 │ keep-only │ keep-only:bwd:layers.2->layers.1 │ 1     │ 1    │ 0        │ -                     │ clean    │
 │ search    │ keep-only:bwd:layers.2->layers.1 │ 1     │ 1    │ 1        │ 2                     │ diverged │
 │ drop-only │ drop-only:bwd:layers.2->layers.1 │ 3     │ 5    │ 0        │ -                     │ clean    │
+│ check-off │ all-off                          │ 0     │ 2    │ 0        │ -                     │ clean    │
 └───────────┴──────────────────────────────────┴───────┴──────┴──────────┴───────────────────────┴──────────┘
 per-run chance 0.75 (95% interval 0.194-0.994), per-step hazard 0.0652, from 4 runs that enabled the set
 reproduce: bisect-prefetch aa TMP/exp.yaml --runs=4 '--mask=keep-only:bwd:layers.2->layers.1'
-runs launched 9, reused from the journal 4; report: TMP/state/sim/report.html
+runs launched 11, reused from the journal 4; report: TMP/state/sim/report.html
 wrote TMP/out.json
 """
 
@@ -388,7 +398,7 @@ def test_culprit_found(tmp_path):
     assert lines(text) == lines(CULPRIT_FOUND)
     assert code == 1
     data = json.loads((tmp_path / "out.json").read_text())
-    assert (data["verdict"], data["minimal_set"], data["runs_used"]) == ("culprit-found", [CULPRIT], 12)
+    assert (data["verdict"], data["minimal_set"], data["runs_used"]) == ("culprit-found", [CULPRIT], 14)
     assert data["facts"][0].startswith(f"keep-only:{CULPRIT} diverged (run 7, step 19)")
     assert data == json.loads((tmp_path / "state" / "sim" / "bisect.json").read_text())
 
@@ -458,7 +468,7 @@ def test_interrupted_then_resumed(tmp_path):
     assert lines(text) == lines(RESUMED)
     assert code == 1
     data = json.loads((tmp_path / "out.json").read_text())
-    assert (data["runs_launched"], data["runs_reused"]) == (9, 4)
+    assert (data["runs_launched"], data["runs_reused"]) == (11, 4)
 
 
 def test_a_second_bisection_without_resume_is_refused(tmp_path):
@@ -491,7 +501,11 @@ A, B, C = "fwd:layers.0->layers.1", "bwd:layers.2->layers.1", "fwd:layers.3->lay
     (Fact(p.BACKGROUND_RULED_OUT, edges=(B,), runs=5, chance=1 - 0.05 ** (1 / 5), strength=0.3),
      f"all-off and drop-only:{B} after the search: 5 runs, all consistent: drift without prefetch "
      "at a per-run chance of 0.451 or more is ruled out at 95% (the answer's: 0.3; "
-     "search.all_off_runs: auto rules out drift as strong as the answer's)"),
+     "search.all_off_runs: auto would rule out drift as strong as the answer's)"),
+    (Fact(p.BACKGROUND_RULED_OUT, edges=(B,), runs=11, chance=1 - 0.05 ** (1 / 11), strength=0.3),
+     f"all-off and drop-only:{B} after the search: 11 runs, all consistent: drift without prefetch "
+     "at a per-run chance of 0.238 or more is ruled out at 95%; as strong as the answer's (0.3), "
+     "it would have shown at 98.0%"),
     (Fact(p.STOPPED, edges=(B,), reason="keep-only-never-completed", chance=0.96),
      "stopped: keep-only of the answer never completed a run; best guess {" + B + "} at "
      "probability 0.960"),

@@ -61,11 +61,11 @@ def test_full_example_loads(tmp_path):
     assert exp.base_dir == tmp_path.resolve()
 
 
-def test_search_defaults_to_a_scaled_budget_and_takes_auto_all_off_runs(tmp_path):
+def test_search_defaults_to_a_scaled_budget_and_auto_all_off_runs(tmp_path):
     plain = load_experiment(_write(tmp_path, "name: x\ncommand: [a]\n"))
-    assert (plain.search.max_runs, plain.search.all_off_runs) == (None, 1)
-    auto = load_experiment(_write(tmp_path, "name: x\ncommand: [a]\nsearch: {all_off_runs: auto}\n"))
-    assert auto.search.all_off_runs == "auto"
+    assert (plain.search.max_runs, plain.search.all_off_runs) == (None, "auto")
+    counted = load_experiment(_write(tmp_path, "name: x\ncommand: [a]\nsearch: {all_off_runs: 1}\n"))
+    assert counted.search.all_off_runs == 1
 
 
 def test_command_experiment_resolves_config_next_to_the_file(tmp_path):

@@ -239,9 +239,10 @@ def test_mask_names():
 
 
 def test_auto_all_off_runs_rule_out_background_as_strong_as_the_answer():
+    # auto is the default; a count of 1 is the cheaper search that trusts background drift to be rare.
     culprit = "bwd:layers.2->layers.1"
-    _, plain = search_with([culprit], q=0.3, trial=4)
-    search, strict = search_with([culprit], q=0.3, trial=4, all_off_runs="auto")
+    _, plain = search_with([culprit], q=0.3, trial=1, all_off_runs=1)
+    search, strict = search_with([culprit], q=0.3, trial=1)
     assert strict.verdict == plain.verdict == "culprit-found"
     background = strict.facts[-1]
     assert background.kind == p.BACKGROUND_RULED_OUT
@@ -254,8 +255,7 @@ def test_auto_all_off_runs_rule_out_background_as_strong_as_the_answer():
 
 def test_auto_all_off_runs_turn_background_drift_into_not_prefetch():
     # Background drift as strong as a culprit, no culprit: the controls catch it.
-    verdicts = [search_with([], q=0.3, background=0.3, trial=t, all_off_runs="auto")[1].verdict
-                for t in range(10)]
+    verdicts = [search_with([], q=0.3, background=0.3, trial=t)[1].verdict for t in range(10)]
     assert verdicts.count("not-prefetch") >= 9
 
 
@@ -301,7 +301,8 @@ def test_a_budget_that_runs_out_in_the_reduce_step_names_the_core_or_the_reduced
     def search(max_runs=None):
         oracle = SimulatedOracle(culprits, together=True, hazard=hazard(0.5), steps=STEPS, seed=SEED,
                                  trial=4)  # the reduce step starts from all 19 edges
-        return run(Bisection(edges, steps_per_run=STEPS, max_runs=max_runs), oracle)
+        # One all-off run: the drop-only check is then the last step.
+        return run(Bisection(edges, steps_per_run=STEPS, max_runs=max_runs, all_off_runs=1), oracle)
 
     full = search()
     reduce_rows = [row for row in full.evidence if row["step"] == "reduce"]
@@ -312,9 +313,11 @@ def test_a_budget_that_runs_out_in_the_reduce_step_names_the_core_or_the_reduced
     assert (cut.verdict, stopped.kind, stopped.reason) == ("inconclusive", p.STOPPED, "max-runs")
     assert set(culprits) < set(stopped.edges)
     # Cut short in the double check after the set was reduced: found, drop-only cut short.
+    # (Compared with the full search, not the truth: which set a trial reduces to is the
+    # business of the three-together tests.)
     drop_started = full.runs_used - full.facts[2].runs
     late = search(max_runs=drop_started + 1)
-    assert (late.verdict, sorted(late.minimal_set)) == ("culprit-found", sorted(culprits))
+    assert (late.verdict, late.minimal_set) == ("culprit-found", full.minimal_set)
     assert late.facts[2].kind == p.DROP_ONLY_CONSISTENT and late.facts[2].runs == 1
 
 

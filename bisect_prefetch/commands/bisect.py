@@ -428,10 +428,14 @@ def fact_line(fact: Fact, *, confidence: float) -> str:
                 f"{confidence:.0%} (fewer than 3/{fact.runs})")
     if fact.kind == p.BACKGROUND_RULED_OUT:
         level = 1 - (1 - fact.chance) ** fact.runs  # the search's confidence (stats.upper_bound_none_seen)
-        return (f"all-off and drop-only:{names} after the search: {fact.runs} runs, all consistent: "
-                f"drift without prefetch at a per-run chance of {fact.chance:.3g} or more is ruled out "
-                f"at {level:.0%} (the answer's: {fact.strength:.3g}; search.all_off_runs: auto "
-                "rules out drift as strong as the answer's)")
+        shown = 1 - (1 - fact.strength) ** fact.runs  # drift as strong as the answer's would have shown
+        ruled_out = (f"all-off and drop-only:{names} after the search: {fact.runs} runs, all consistent: "
+                     f"drift without prefetch at a per-run chance of {fact.chance:.3g} or more is ruled out "
+                     f"at {level:.0%}")
+        if shown >= 1 - (1 - level) / 2:  # what search.all_off_runs: auto asks for
+            return f"{ruled_out}; as strong as the answer's ({fact.strength:.3g}), it would have shown at {shown:.1%}"
+        return (f"{ruled_out} (the answer's: {fact.strength:.3g}; search.all_off_runs: auto "
+                "would rule out drift as strong as the answer's)")
     if fact.kind == p.ALL_OFF_DIVERGED:
         return (f"all-off diverged ({fact.divergences} of {fact.runs} runs): "
                 "drift happens with every prefetch edge off, so it has another cause")

@@ -37,10 +37,10 @@ Steps, each a block of runs in `events` (structured: the command words them):
    search's own clean runs count). A divergence there means another set causes
    drift too, or background drift, or that the set's one keep-only divergence
    was background drift: keep-only must diverge again, then all-off runs until
-   the posterior tells them apart. With all_off_runs="auto", all-off runs last
-   until background drift as strong as the answer's would have shown (see
-   _background_controls_needed). not-prefetch: drift without prefetch (none)
-   reaches the confidence and all-off has diverged.
+   the posterior tells them apart. With all_off_runs="auto" (the default),
+   all-off runs last until background drift as strong as the answer's would
+   have shown (see _background_controls_needed). not-prefetch: drift without
+   prefetch (none) reaches the confidence and all-off has diverged.
 5. reduce, for three or more edges needed together (outside the posterior's
    model): once "a set of three or more inside the core" (the edges every diverged
    run enabled) explains the runs better than the model does, and while all-off
@@ -283,7 +283,7 @@ class Bisection:
         confidence: float = 0.95,
         max_runs: int | None = None,
         calibration_runs: int | None = None,
-        all_off_runs: int | str = 1,
+        all_off_runs: int | str = "auto",
         steps_per_run: int | None = None,
         max_errors: int = 3,
         suspects: Sequence[str] = (),
@@ -305,9 +305,12 @@ class Bisection:
         self.calibration_runs = calibration_runs or (min(max_runs, max(10, max_runs // 4)) if max_runs else 50)
         if all_off_runs != "auto" and not (isinstance(all_off_runs, int) and all_off_runs >= 1):
             raise BisectPrefetchError(f"all_off_runs must be a count >= 1 or auto, got {all_off_runs!r}")
-        # auto: one all-off run after the first divergence, and before a culprit-found
-        # verdict enough all-off and drop-only runs to rule out background drift as
-        # strong as the answer's (see _background_controls_needed).
+        # auto (the default): one all-off run after the first divergence, and before a
+        # culprit-found verdict enough all-off and drop-only runs to rule out background
+        # drift as strong as the answer's (see _background_controls_needed). A count: that
+        # many all-off runs only, and a verdict that trusts drift without prefetch to be
+        # rare (background drift as strong as a culprit then passes for one in about
+        # one search in ten).
         self.background_controls = all_off_runs == "auto"
         self.all_off_runs = 1 if all_off_runs == "auto" else all_off_runs
         self.steps_per_run = steps_per_run
@@ -497,7 +500,8 @@ class Bisection:
 
         An ideal search gains at most the capacity of the one-sided channel per run
         (a Z-channel at the estimated q) and needs about log2(sets) + log2(1/alpha)
-        bits; the calibration comes on top. q is the leading set's posterior mean,
+        bits; the calibration comes on top, and the background controls at that q
+        (all_off_runs="auto"). q is the leading set's posterior mean,
         so the budget follows what the runs show, but never below all-on's rate
         (Beta(1, 3) prior): drift that no single set or pair explains (three edges
         needed together) leaves every set's q low, and the budget must not grow
@@ -516,18 +520,27 @@ class Bisection:
         q = min(max(self.model.culprit_chance(self.model.top().edges), self._all_on_rate(), 0.02), 0.99)
         capacity = math.log2(1 + q * (1 - q) ** ((1 - q) / q))
         bits = math.log2(n + n * (n - 1) / 2) + math.log2(1 / self.alpha)
-        return self.calibration_runs + math.ceil(BUDGET_FACTOR * bits / capacity)
+        controls = self._controls_at(q) if self.background_controls else 0
+        return self.calibration_runs + math.ceil(BUDGET_FACTOR * bits / capacity) + controls
 
     def _reduce_budget(self) -> int:
         """The runs before the reduce step began, and BUDGET_FACTOR times what ddmin needs
-        at all-on's rate: every coarse level twice, and a set of three at the last."""
+        at the core's rate: every coarse level twice, and a set of three at the last.
+
+        The core's rate is the lower of all-on's and that of the runs that enabled the
+        whole core (Beta(1, 3) prior each): one diverged all-on run says 0.4 whatever q is,
+        and a budget cut to that runs out in the middle of a reduction at q = 0.1.
+        """
         runs, core = self._reduce_from
-        q = min(max(self._all_on_rate(), 0.02), 0.99)
+        divergences, clean = self._counts(self._core_edges())
+        core_rate = (1 + divergences) / (4 + divergences + clean)
+        q = min(max(min(self._all_on_rate(), core_rate), 0.02), 0.99)
         per_run = -math.log(1 - q)
         coarse = math.log(1 / COARSE_MISS) / per_run
         final = math.log(1 / (self.alpha * MEMBER_SHARE / 3 / subset_odds(len(self.edge_ids), 3))) / per_run
         needed = 2 * (len(levels(core)) - 1) * coarse + 3 * final
-        return runs + math.ceil(BUDGET_FACTOR * needed)
+        controls = self._controls_at(q) if self.background_controls else 0
+        return runs + math.ceil(BUDGET_FACTOR * needed) + controls
 
     # -- deciding ----------------------------------------------------------------------
     def _decide(self) -> None:
@@ -864,7 +877,11 @@ class Bisection:
     def _controls_for(self, edges: tuple[int, ...]) -> int:
         """Clean control runs that show background drift as strong as the answer's
         with chance 1 - alpha/2."""
-        return math.ceil(math.log(self.alpha / 2) / math.log(1 - self._strength(edges)))
+        return self._controls_at(self._strength(edges))
+
+    def _controls_at(self, chance: float) -> int:
+        """Clean control runs that show drift of this per-run chance with chance 1 - alpha/2."""
+        return math.ceil(math.log(self.alpha / 2) / math.log(1 - chance))
 
     def _strength(self, edges: tuple[int, ...]) -> float:
         """The answer's per-run chance for the background check: the lower of its

@@ -192,7 +192,7 @@ def simulate(
     max_runs: int | None = None,
     slots: int = 1,
     hint_accuracy: float | None = None,
-    all_off_runs: int | str = 1,
+    all_off_runs: int | str = "auto",
     method: str | Callable[..., Outcome] = "search",
 ) -> dict:
     """Run `trials` simulated searches on one graph and score them (DESIGN.md's simulate JSON).
