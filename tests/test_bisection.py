@@ -168,7 +168,7 @@ ruling out drift without prefetch as strong as the answer's: checking that all-o
 
 verdict: culprit-found
 minimal set: bwd:layers.2->layers.1
-confidence: 0.990   runs: 14   steps: 263
+confidence: 0.973   runs: 14   steps: 263
   - keep-only:bwd:layers.2->layers.1 diverged (run 7, step 19): the set is enough for drift
   - drop-only:bwd:layers.2->layers.1: 7 runs, all consistent: removing the set removes drift
   - all-off and drop-only:bwd:layers.2->layers.1 after the search: 8 runs, all consistent: drift without prefetch at a per-run chance of 0.312 or more is ruled
@@ -363,7 +363,7 @@ ruling out drift without prefetch as strong as the answer's: checking that all-o
 
 verdict: culprit-found
 minimal set: bwd:layers.2->layers.1
-confidence: 0.990   runs: 14   steps: 246
+confidence: 0.973   runs: 14   steps: 246
   - keep-only:bwd:layers.2->layers.1 diverged (run 7, step 2): the set is enough for drift
   - drop-only:bwd:layers.2->layers.1: 7 runs, all consistent: removing the set removes drift
   - all-off and drop-only:bwd:layers.2->layers.1 after the search: 8 runs, all consistent: drift without prefetch at a per-run chance of 0.312 or more is ruled

@@ -308,9 +308,9 @@ class Bisection:
         # auto (the default): one all-off run after the first divergence, and before a
         # culprit-found verdict enough all-off and drop-only runs to rule out background
         # drift as strong as the answer's (see _background_controls_needed). A count: that
-        # many all-off runs only, and a verdict that trusts drift without prefetch to be
-        # rare (background drift as strong as a culprit then passes for one in about
-        # one search in ten).
+        # many all-off runs only: cheaper, but background drift as strong as a culprit
+        # then passes for one in about one search in seven, and the verdict's
+        # confidence, which counts the chance that it hid from the controls, is low.
         self.background_controls = all_off_runs == "auto"
         self.all_off_runs = 1 if all_off_runs == "auto" else all_off_runs
         self.steps_per_run = steps_per_run
@@ -876,12 +876,15 @@ class Bisection:
 
     def _controls_for(self, edges: tuple[int, ...]) -> int:
         """Clean control runs that show background drift as strong as the answer's
-        with chance 1 - alpha/2."""
-        return self._controls_at(self._strength(edges))
+        with chance 1 - alpha/2, or more where the answer's other errors leave less of
+        the error budget (the verdict's confidence counts all three, see _finish_found)."""
+        spare = self.alpha - self._answer_error(edges) - self._second_cause_error(edges)
+        return self._controls_at(self._strength(edges), min(self.alpha / 2, max(spare, self.alpha / 100)))
 
-    def _controls_at(self, chance: float) -> int:
-        """Clean control runs that show drift of this per-run chance with chance 1 - alpha/2."""
-        return math.ceil(math.log(self.alpha / 2) / math.log(1 - chance))
+    def _controls_at(self, chance: float, miss: float | None = None) -> int:
+        """Clean control runs that show drift of this per-run chance with chance 1 - miss
+        (default alpha/2)."""
+        return math.ceil(math.log(miss or self.alpha / 2) / math.log(1 - chance))
 
     def _strength(self, edges: tuple[int, ...]) -> float:
         """The answer's per-run chance for the background check: the lower of its
@@ -1050,11 +1053,12 @@ class Bisection:
                               chance=self.model.background()))
         elif not drop_diverges:
             # What the control runs rule out (all_off_runs="auto": enough for drift
-            # without prefetch as strong as the answer's; otherwise as many as ran).
-            runs = self._controls(edges)
+            # without prefetch as strong as the answer's; otherwise as many as ran). The
+            # chance that such drift hid from every control is part of the verdict's error.
+            runs, strength = self._controls(edges), self._strength(edges)
+            confidence -= (1 - strength) ** runs
             facts.append(Fact(BACKGROUND_RULED_OUT, edges=ids, runs=runs,
-                              chance=upper_bound_none_seen(runs, self.confidence),
-                              strength=self._strength(edges)))
+                              chance=upper_bound_none_seen(runs, self.confidence), strength=strength))
         self._result = self._result_of(
             "culprit-found", edges, max(confidence, 0.0), facts, drop=drop_diverges if ran_drop else None
         )
