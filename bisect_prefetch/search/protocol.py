@@ -135,6 +135,12 @@ SEARCH_BEFORE_DRIFT = 0.5
 MEMBER_SHARE = 0.8
 
 
+
+def _rate(divergences: float, clean: float) -> float:
+    """Posterior mean per-run chance of drift from these runs, under a Beta(1, 3) prior."""
+    return (1 + divergences) / (4 + divergences + clean)
+
+
 STEPS = ("calibrate", "check-off", "search", "reduce", "keep-only", "drop-only", "extra")
 # Why a check-off step runs again late in the search (Ask.context, Block.context).
 AFTER_DROP_ONLY_DIVERGED = "drop-only-diverged"
@@ -532,8 +538,7 @@ class Bisection:
         and a budget cut to that runs out in the middle of a reduction at q = 0.1.
         """
         runs, core = self._reduce_from
-        divergences, clean = self._counts(self._core_edges())
-        core_rate = (1 + divergences) / (4 + divergences + clean)
+        core_rate = _rate(*self._counts(self._core_edges()))
         q = min(max(min(self._all_on_rate(), core_rate), 0.02), 0.99)
         per_run = -math.log(1 - q)
         coarse = math.log(1 / COARSE_MISS) / per_run
@@ -891,8 +896,7 @@ class Bisection:
         posterior mean (which the runs that singled it out make lean high) and
         all-on's rate (Beta(1, 3) prior), which no choice of the search biases."""
         if len(edges) > 2:
-            divergences, clean = self._counts(edges)
-            rate = (1 + divergences) / (4 + divergences + clean)  # Beta(1, 3) prior
+            rate = _rate(*self._counts(edges))
         else:
             rate = self.model.culprit_chance(edges)
         return min(rate, self._all_on_rate(), 0.999)
@@ -900,7 +904,7 @@ class Bisection:
     def _all_on_rate(self) -> float:
         """Posterior mean per-run chance of all-on runs (Beta(1, 3) prior)."""
         on = self._tally_of(self._all_on)
-        return (1 + on.divergences) / (4 + on.divergences + on.clean)
+        return _rate(on.divergences, on.clean)
 
     def _drop_needed(self, edges: tuple[int, ...]) -> int:
         """Clean drop-only runs still needed before the answer's error fits the budget,
