@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from bisect_prefetch.cli import main
 
 
@@ -22,11 +24,15 @@ def test_simulate_narrates_scores_and_writes_json(tmp_path, capsys):
         f"accuracy {data['accuracy']:.3f} (claimed confidence {data['claimed_confidence']:.3f})",
         f"runs: median {data['runs_median']:g}, p90 {data['runs_p90']:g}; "
         f"steps: median {data['steps_median']:g}",
+        "runs by step (mean): " + ", ".join(
+            f"{step} {runs:.1f}" for step, runs in data["runs_by_step_mean"].items() if runs),
         f"wall-clock on 1 slot: median {data['rounds_median']:.1f}, p90 {data['rounds_p90']:.1f} "
         "full runs",
         f"wrote {out}",
     ]
     assert data["trials"] == 3 and len(data["results"]) == 3
+    assert sum(data["runs_by_step_mean"].values()) == pytest.approx(
+        sum(r["runs"] for r in data["results"]) / 3)
 
 
 def test_usage_errors_of_graph_are_one_line_and_exit_2(capsys):

@@ -11,6 +11,7 @@ from benchmarks.baselines import (
     ddmin_repeats,
     each_edge_alone,
 )
+from benchmarks.bench_search import information_floor
 from bisect_prefetch.errors import BisectPrefetchError
 from bisect_prefetch.graph import from_policy
 from bisect_prefetch.search.simulate import SimulatedOracle, draw_culprits, simulate
@@ -136,6 +137,32 @@ def test_simulate_reports_slots_rounds_and_hints():
         assert r["rounds"] <= r["runs"]
     assert wide["rounds_median"] < serial["rounds_median"]
     assert wide["accuracy"] == serial["accuracy"] == 1.0
+
+
+def test_runs_by_step_add_up_to_the_runs_with_the_background_controls_apart():
+    common = dict(hazard=hazard_for_chance(0.5, STEPS), steps=STEPS, trials=6, seed=5)
+    auto = simulate("fsdp2-chain", 4, [CULPRIT], **common)
+    counted = simulate("fsdp2-chain", 4, [CULPRIT], all_off_runs=1, **common)
+    wide = simulate("fsdp2-chain", 4, [CULPRIT], slots=4, **common)
+    for report in (auto, counted, wide):
+        for r in report["results"]:
+            assert sum(r["runs_by_step"].values()) == r["runs"]
+        assert report["runs_by_step_mean"]["search"] > 0
+    found = [r for r in auto["results"] if r["verdict"] == "culprit-found"]
+    assert found and all(r["runs_by_step"]["background-control"] > 0 for r in found)
+    assert all(r["runs_by_step"]["background-control"] == 0 for r in counted["results"])
+    assert any(r["runs_by_step"]["cancelled"] > 0 for r in wide["results"])
+    baseline = simulate("fsdp2-chain", 4, [CULPRIT], method=binary_search_repeats, **common)
+    assert baseline["runs_by_step_mean"] == {}
+
+
+def test_information_floor_matches_the_stated_limits_and_falls_with_a_right_hint():
+    # One culprit among 67 edges at 95%: about 31 runs at q = 0.3 and 100 at q = 0.1.
+    assert information_floor(0.3) == pytest.approx(30.9, abs=0.1)
+    assert information_floor(0.1) == pytest.approx(99.9, abs=0.1)
+    # A hint that is always wrong names a unit at random: it tells nothing.
+    assert information_floor(0.3, hint_accuracy=0.0) == pytest.approx(information_floor(0.3))
+    assert information_floor(0.3, hint_accuracy=1.0) < information_floor(0.3, hint_accuracy=0.8) < 15
 
 
 def test_background_without_a_culprit_is_scored_as_not_prefetch():

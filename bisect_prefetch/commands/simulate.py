@@ -33,6 +33,10 @@ def simulate(policy: str, layers: int, culprits: Sequence[str], *, console: Cons
                   markup=False)
     console.print(f"runs: median {result['runs_median']:g}, p90 {result['runs_p90']:g}; "
                   f"steps: median {result['steps_median']:g}", markup=False)
+    spent = {step: runs for step, runs in result["runs_by_step_mean"].items() if runs}
+    if spent:
+        console.print("runs by step (mean): " + ", ".join(f"{step} {runs:.1f}" for step, runs in spent.items()),
+                      markup=False)
     console.print(f"wall-clock on {result['slots']} slot{'s' * (result['slots'] != 1)}: median "
                   f"{result['rounds_median']:.1f}, p90 {result['rounds_p90']:.1f} full runs", markup=False)
     if json_out is not None:

@@ -22,6 +22,10 @@ Hints: with `hint_accuracy` C, the first diverged run carries a localized unit:
 the target of a culprit edge with chance C, else a unit drawn evenly from the
 graph's (its own stream).
 
+Where the runs go: each trial's `runs_by_step` (and `runs_by_step_mean` over the
+trials) counts the search's runs per protocol step, the background controls of
+all_off_runs="auto" apart from the other all-off runs.
+
 The baselines the benchmark compares with live in benchmarks/baselines.py; any
 callable (edge_ids, oracle, *, q, alpha) -> Outcome can be passed as `method`.
 """
@@ -31,7 +35,7 @@ from __future__ import annotations
 import heapq
 import zlib
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -39,7 +43,7 @@ from bisect_prefetch.errors import BisectPrefetchError
 from bisect_prefetch.graph import from_policy
 from bisect_prefetch.search.hints import HintPrior, edge_ends
 from bisect_prefetch.search.oracle import RunResult
-from bisect_prefetch.search.protocol import Bisection
+from bisect_prefetch.search.protocol import BACKGROUND_CONTROL, STEPS, Bisection
 from bisect_prefetch.search.stats import hazard_for_chance, per_run_chance
 from bisect_prefetch.select import select
 from bisect_prefetch.vocab import ERROR, OK, STOPPED_EARLY, Mask
@@ -111,6 +115,10 @@ class Outcome:
     runs: int  # runs started (those cancelled at the verdict included)
     steps: int
     rounds: float  # wall-clock to the verdict, in full runs
+    # The search's runs per protocol step (STEPS), its background controls apart
+    # ("background-control", out of check-off), runs cancelled at the verdict as
+    # "cancelled"; empty for a baseline.
+    runs_by_step: dict[str, int] = field(default_factory=dict)
 
 
 def run_search(edge_ids, oracle: SimulatedOracle, *, slots: int = 1, hint: Callable[[], str] | None = None,
@@ -144,7 +152,16 @@ def run_search(edge_ids, oracle: SimulatedOracle, *, slots: int = 1, hint: Calla
     for _, _, started, _, _ in running:  # cancelled at the verdict: the steps they ran count
         steps += round((clock - started) * oracle.steps)
     result = search.result()
-    return Outcome(result.verdict, result.minimal_set, result.confidence, runs, steps, clock)
+    return Outcome(result.verdict, result.minimal_set, result.confidence, runs, steps, clock,
+                   _runs_by_step(search, runs))
+
+
+def _runs_by_step(search: Bisection, runs: int) -> dict[str, int]:
+    out = dict.fromkeys((*STEPS, BACKGROUND_CONTROL, "cancelled"), 0)
+    for block in search.events:
+        out[BACKGROUND_CONTROL if block.context == BACKGROUND_CONTROL else block.step] += block.runs
+    out["cancelled"] = runs - search.runs_used
+    return out
 
 
 # -- simulate --------------------------------------------------------------------------
@@ -244,6 +261,7 @@ def simulate(
             "steps": outcome.steps,
             "rounds": outcome.rounds,
             "cost": outcome.steps + startup_cost * outcome.runs,
+            "runs_by_step": outcome.runs_by_step,
         })
     runs = [r["runs"] for r in results]
     claims = [r["confidence"] for r in results if r["confidence"] is not None]
@@ -262,6 +280,7 @@ def simulate(
         "all_off_runs": all_off_runs,
         "background": background,
         "cost_median": _percentile([r["cost"] for r in results], 50),
+        "runs_by_step_mean": runs_by_step_mean(results),
         "method": method if isinstance(method, str) else method.__name__,
         "policy": policy,
         "layers": layers,
@@ -270,6 +289,12 @@ def simulate(
         "seed": seed,
         "results": results,
     }
+
+
+def runs_by_step_mean(results: Sequence[dict]) -> dict[str, float]:
+    """Mean runs per protocol step over the trials (where the runs go); {} for a baseline."""
+    steps = [r["runs_by_step"] for r in results if r["runs_by_step"]]
+    return {k: float(np.mean([s[k] for s in steps])) for k in steps[0]} if steps else {}
 
 
 def _hint_drawer(truth: Sequence[str], units: Sequence[str], accuracy: float | None,
