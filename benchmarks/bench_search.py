@@ -31,7 +31,7 @@ from benchmarks.baselines import BASELINES
 from bisect_prefetch.graph import from_policy
 from bisect_prefetch.search.hints import HintPrior, edge_ends
 from bisect_prefetch.search.simulate import runs_by_step_mean, simulate
-from bisect_prefetch.search.stats import hazard_for_chance
+from bisect_prefetch.search.stats import binary_entropy, hazard_for_chance, z_channel_capacity
 
 POLICY, LAYERS, STEPS, SEED = "mindformers", 32, 100, 20260601
 WORKERS = 2
@@ -146,9 +146,8 @@ def information_floor(q: float, alpha: float = 0.05, hint_accuracy: float | None
         joint[np.arange(n), [units.index(edge_ends(e)[1]) for e in edge_ids]] += hint_accuracy / n
         given = joint / joint.sum(axis=0)
         entropy = float(-(joint * np.log2(given, where=given > 0, out=np.zeros_like(given))).sum())
-    unresolved = -(alpha * math.log2(alpha) + (1 - alpha) * math.log2(1 - alpha)) + alpha * math.log2(n - 1)
-    capacity = math.log2(1 + q * (1 - q) ** ((1 - q) / q))
-    return (entropy - unresolved) / capacity
+    unresolved = float(binary_entropy(alpha)) + alpha * math.log2(n - 1)
+    return (entropy - unresolved) / z_channel_capacity(q)
 
 
 def main() -> None:

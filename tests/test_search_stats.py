@@ -18,6 +18,7 @@ from bisect_prefetch.search.stats import (
     per_run_chance,
     runs_for_clean_verdict,
     upper_bound_none_seen,
+    z_channel_capacity,
 )
 
 
@@ -122,3 +123,13 @@ def test_binary_entropy():
     assert binary_entropy(0.0) == pytest.approx(0.0, abs=1e-12)
     assert binary_entropy(1.0) == pytest.approx(0.0, abs=1e-12)
     assert binary_entropy(0.11) == pytest.approx(binary_entropy(0.89))
+
+
+def test_z_channel_capacity_is_the_best_mutual_information_over_mask_shares():
+    # A run enabling share m of the posterior: I = H(q m) - m H(q); its best over m.
+    for q in (0.1, 0.3, 0.9):
+        m = np.linspace(0.001, 1, 20000)
+        best = float((binary_entropy(q * m) - m * binary_entropy(q)).max())
+        assert z_channel_capacity(q) == pytest.approx(best, abs=1e-6)
+    assert z_channel_capacity(0.3) == pytest.approx(0.177, abs=5e-4)
+    assert z_channel_capacity(0.1) == pytest.approx(0.0548, abs=5e-4)

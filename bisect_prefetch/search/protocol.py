@@ -102,6 +102,7 @@ from bisect_prefetch.search.stats import (
     clopper_pearson,
     hazard_estimate,
     upper_bound_none_seen,
+    z_channel_capacity,
 )
 from bisect_prefetch.select import describe
 from bisect_prefetch.vocab import Mask
@@ -133,7 +134,6 @@ SEARCH_BEFORE_DRIFT = 0.5
 # A set of three or more (reduce step): its members' removals share this part of the
 # error budget; the second-cause check (drop-only) the rest.
 MEMBER_SHARE = 0.8
-
 
 
 def _rate(divergences: float, clean: float) -> float:
@@ -524,7 +524,7 @@ class Bisection:
             return math.ceil((1 + SEARCH_BEFORE_DRIFT) * self.calibration_runs) + 1
         n = len(self.edge_ids)
         q = min(max(self.model.culprit_chance(self.model.top().edges), self._all_on_rate(), 0.02), 0.99)
-        capacity = math.log2(1 + q * (1 - q) ** ((1 - q) / q))
+        capacity = z_channel_capacity(q)
         bits = math.log2(n + n * (n - 1) / 2) + math.log2(1 / self.alpha)
         controls = self._controls_at(q) if self.background_controls else 0
         return self.calibration_runs + math.ceil(BUDGET_FACTOR * bits / capacity) + controls

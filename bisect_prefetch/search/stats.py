@@ -159,3 +159,9 @@ def binary_entropy(p: np.ndarray | float) -> np.ndarray:
     p = np.clip(np.asarray(p, dtype=float), 1e-300, 1.0)
     q = np.clip(1.0 - p, 1e-300, 1.0)
     return -(p * np.log2(p) + q * np.log2(q))
+
+
+def z_channel_capacity(q: float) -> float:
+    """Bits one run can tell at most when a run enabling the culprit diverges with chance q
+    and any other run never does (a Z-channel)."""
+    return math.log2(1 + q * (1 - q) ** ((1 - q) / q))
