@@ -20,7 +20,6 @@ from bisect_prefetch.vocab import BWD, FWD, PHASES, Mask, edge_phase
 
 __all__ = ["Mask", "describe", "is_preset", "preset_mask", "resolve_mask", "select", "select_many"]
 
-WORDS = ("all", "none", *PHASES)
 PRESETS = ("all-on", "all-off", "backward-off", "forward-off", "keep-only:SEL", "drop-only:SEL")
 _GLOB_CHARS = set("*?[")
 

@@ -19,9 +19,9 @@ import pytest
 from bisect_prefetch.commands import bisect as command
 from bisect_prefetch.errors import BisectPrefetchError
 from bisect_prefetch.runs.execute import RunOutcome
-from bisect_prefetch.search import protocol as p
+from bisect_prefetch.search import verdict as v
 from bisect_prefetch.search.oracle import RunResult
-from bisect_prefetch.search.protocol import Fact
+from bisect_prefetch.search.runlog import AFTER_DROP_ONLY_DIVERGED
 from bisect_prefetch.search.simulate import SimulatedOracle
 from bisect_prefetch.search.stats import hazard_for_chance
 from tests.conftest import console
@@ -483,30 +483,33 @@ A, B, C = "fwd:layers.0->layers.1", "bwd:layers.2->layers.1", "fwd:layers.3->lay
 
 
 @pytest.mark.parametrize("fact, words", [
-    (Fact(p.EACH_NEEDED, edges=(A, B), clean=(1, 3)),  # clean: runs without A, without B
+    (v.EachNeeded((A, B), clean_without=(1, 3)),  # runs without A, without B
      f"each edge of the set is needed: 3 runs enabling {A} without {B} and 1 run enabling {B} "
      f"without {A} stayed consistent"),
-    (Fact(p.EACH_NEEDED, edges=(A, B, C), clean=(20, 18, 25), chance=0.012),
+    (v.EachNeeded((A, B, C), clean_without=(20, 18, 25), chance=0.012),
      f"each edge of the set is needed: runs with the rest of the set but not the edge stayed "
      f"consistent ({A}: 20, {B}: 18, {C}: 25); the chance that one of them was not needed after "
      "all is 0.012"),
-    (Fact(p.DROP_ONLY_DIVERGES, edges=(A,), runs=4),
+    (v.DropOnlyDiverges((A,), all_off_clean=4),
      f"drop-only:{A} still diverges while all-off stayed consistent (4 runs): another set of "
      "edges causes drift too"),
-    (Fact(p.DROP_ONLY_FAILED, edges=(A, B), errors=3), f"drop-only:{A},{B} could not be run (3 failed)"),
-    (Fact(p.DROP_ONLY_NOT_RUN, edges=(A,)), f"drop-only:{A} was not run: the run budget ran out"),
-    (Fact(p.STOPPED, reason="all-unresolved", chance=0.5),
+    (v.DropOnlyFailed((A, B), errors=3), f"drop-only:{A},{B} could not be run (3 failed)"),
+    (v.DropOnlyNotRun((A,)), f"drop-only:{A} was not run: the run budget ran out"),
+    (v.Stopped("all-unresolved", edges=(), chance=0.5),
      "stopped: every informative mask is unresolved; best guess no edge (drift without prefetch) "
      "at probability 0.500"),
-    (Fact(p.BACKGROUND_RULED_OUT, edges=(B,), runs=5, chance=1 - 0.05 ** (1 / 5), strength=0.3),
+    (v.BackgroundRuledOut((B,), runs=5, chance=1 - 0.05 ** (1 / 5), strength=0.3),
      f"all-off and drop-only:{B} after the search: 5 runs, all consistent: drift without prefetch "
      "at a per-run chance of 0.451 or more is ruled out at 95% (the answer's: 0.3; "
      "search.all_off_runs: auto would rule out drift as strong as the answer's)"),
-    (Fact(p.BACKGROUND_RULED_OUT, edges=(B,), runs=11, chance=1 - 0.05 ** (1 / 11), strength=0.3),
+    (v.BackgroundRuledOut((B,), runs=11, chance=1 - 0.05 ** (1 / 11), strength=0.3),
      f"all-off and drop-only:{B} after the search: 11 runs, all consistent: drift without prefetch "
      "at a per-run chance of 0.238 or more is ruled out at 95%; as strong as the answer's (0.3), "
      "it would have shown at 98.0%"),
-    (Fact(p.STOPPED, edges=(B,), reason="keep-only-never-completed", chance=0.96),
+    (v.Background(runs=13, divergences=1, chance=0.0282),
+     "all-off diverged too (1 of 13 runs): drift without prefetch at a per-run chance of about 0.0282, "
+     "and the set's stands clearly above it"),
+    (v.Stopped("keep-only-never-completed", edges=(B,), chance=0.96),
      "stopped: keep-only of the answer never completed a run; best guess {" + B + "} at "
      "probability 0.960"),
 ])
@@ -515,7 +518,7 @@ def test_fact_wording(fact, words):
 
 
 def test_step_titles():
-    assert command.step_title("check-off", "all-off", (A,), p.AFTER_DROP_ONLY_DIVERGED) == (
+    assert command.step_title("check-off", "all-off", (A,), AFTER_DROP_ONLY_DIVERGED) == (
         "drop-only still diverges: checking that all-off is consistent")
     assert command.step_title("keep-only", "x", (A, B), None) == (
         f"double checking the answer: keep-only:{A},{B} should diverge")

@@ -4,9 +4,11 @@ import pytest
 
 from bisect_prefetch.errors import BisectPrefetchError
 from bisect_prefetch.graph import from_policy
-from bisect_prefetch.search import protocol as p
+from bisect_prefetch.search import verdict as v
+from bisect_prefetch.search.checks import MIN_DROP_ONLY
 from bisect_prefetch.search.oracle import RunResult
 from bisect_prefetch.search.protocol import Bisection, mask_name
+from bisect_prefetch.search.runlog import BACKGROUND_CONTROL
 from bisect_prefetch.search.simulate import SimulatedOracle
 from bisect_prefetch.search.stats import hazard_for_chance
 
@@ -43,12 +45,12 @@ def test_culprit_found_names_the_edge_and_both_checks(trial):
     assert result.minimal_set == [culprit]
     assert result.confidence >= 0.95
     keep, drop, background = result.facts
-    assert (keep.kind, keep.edges) == (p.KEEP_ONLY_DIVERGED, (culprit,))
+    assert (keep.kind, keep.edges) == (v.KeepOnlyDiverged.kind, (culprit,))
     assert search.history[keep.run - 1][1].first_diff_step == keep.step
-    assert (drop.kind, drop.edges) == (p.DROP_ONLY_CONSISTENT, (culprit,)) and drop.runs >= 1
+    assert (drop.kind, drop.edges) == (v.DropOnlyConsistent.kind, (culprit,)) and drop.runs >= 1
     assert result.drop_only_diverges is False
     # The controls: the all-off check and the double check's drop-only runs (at least 3).
-    assert background.kind == p.BACKGROUND_RULED_OUT and background.runs >= 1 + p.MIN_DROP_ONLY
+    assert background.kind == v.BackgroundRuledOut.kind and background.runs >= 1 + MIN_DROP_ONLY
     assert background.chance == pytest.approx(1 - 0.05 ** (1 / background.runs))
     # One all-on run first; the all-off check right after the first divergence.
     steps = [row["step"] for row in result.evidence]
@@ -70,14 +72,14 @@ def test_no_drift_reproduced_states_the_bound_ruled_out():
     assert result.minimal_set == []
     assert result.confidence == 0.95
     all_on = sum(mask == frozenset(EDGES) for mask, _ in search.history)
-    assert (result.facts[0].kind, result.facts[0].runs, result.facts[0].clean) == (p.NO_DRIFT, 20, (all_on,))
+    assert (result.facts[0].kind, result.facts[0].runs, result.facts[0].all_on) == (v.NoDrift.kind, 20, all_on)
     assert result.facts[0].chance == pytest.approx(1 - 0.05 ** (1 / 20))
 
 
 def test_drift_with_every_edge_off_is_not_prefetch():
     search, result = search_with([], background=0.9)
     assert result.verdict == "not-prefetch"
-    assert result.facts[0].kind == p.ALL_OFF_DIVERGED and result.facts[0].divergences >= 1
+    assert result.facts[0].kind == v.AllOffDiverged.kind and result.facts[0].divergences >= 1
     assert result.confidence >= 0.95 and result.facts[0].chance > 0.5  # the background estimate
     assert result.evidence[-1]["mask"] == "all-off"
     assert result.evidence[-1]["verdict"] == "diverged"
@@ -88,7 +90,7 @@ def test_out_of_runs_is_inconclusive_with_the_best_guess():
     assert result.verdict == "inconclusive"
     assert result.runs_used == 5
     stopped = result.facts[0]
-    assert (stopped.kind, stopped.reason, stopped.limit) == (p.STOPPED, "max-runs", 5)
+    assert (stopped.kind, stopped.reason, stopped.limit) == (v.Stopped.kind, "max-runs", 5)
     assert list(stopped.edges) == result.top_hypotheses[0]["edges"]
     assert result.top_hypotheses and result.minimal_set == []
 
@@ -99,7 +101,7 @@ def test_pair_needed_together_is_found_one_minimal(trial):
     search, result = search_with(pair, together=True, trial=trial, max_runs=400)
     assert result.verdict == "culprit-found"
     assert sorted(result.minimal_set) == sorted(pair)
-    needed = [f for f in result.facts if f.kind == p.EACH_NEEDED]
+    needed = [f for f in result.facts if f.kind == v.EachNeeded.kind]
     assert len(needed) == 1 and sorted(needed[0].edges) == sorted(pair)
     # 1-minimal: no run that enabled only one of the two ever diverged.
     for mask, r in search.history:
@@ -133,7 +135,7 @@ def test_several_disjoint_causes_are_reported():
     assert result.verdict == "culprit-found"
     assert len(result.minimal_set) == 1 and result.minimal_set[0] in culprits
     assert result.drop_only_diverges is True
-    assert [f.kind for f in result.facts] == [p.KEEP_ONLY_DIVERGED, p.DROP_ONLY_DIVERGES]
+    assert [f.kind for f in result.facts] == [v.KeepOnlyDiverged.kind, v.DropOnlyDiverges.kind]
     # One keep-only divergence could be background drift: a second one stands for it.
     keep = frozenset(result.minimal_set)
     assert sum(r.diverged for mask, r in search.history if mask == keep) >= 2
@@ -151,7 +153,7 @@ def test_replaying_the_runs_rebuilds_the_same_search():
         assert again.next_mask() == history[cut][0]
         # The step the first search took its next run for, found by run number.
         asked = next(b for b in search.events if b.first_run <= cut + 1 < b.first_run + b.runs)
-        assert again.state == asked.step
+        assert again.state == asked.stage
     again = Bisection(EDGES, steps_per_run=STEPS)
     for mask, r in history:
         again.record(mask, r)
@@ -184,7 +186,7 @@ def test_failed_runs_never_count_as_clean_and_make_a_mask_unresolved():
     result = run(search, FailingOracle())
     assert result.verdict == "inconclusive"
     assert result.runs_used == 3
-    assert (result.facts[0].kind, result.facts[0].reason) == (p.STOPPED, "all-on-never-completed")
+    assert (result.facts[0].kind, result.facts[0].reason) == (v.Stopped.kind, "all-on-never-completed")
     assert result.evidence[0]["errors"] == 3 and result.evidence[0]["verdict"] == "unresolved"
 
 
@@ -245,12 +247,12 @@ def test_auto_all_off_runs_rule_out_background_as_strong_as_the_answer():
     search, strict = search_with([culprit], q=0.3, trial=1)
     assert strict.verdict == plain.verdict == "culprit-found"
     background = strict.facts[-1]
-    assert background.kind == p.BACKGROUND_RULED_OUT
+    assert background.kind == v.BackgroundRuledOut.kind
     # Enough controls that drift without prefetch as strong as the answer's would have
     # shown with chance 1 - alpha/2; the plain search stops with fewer.
     assert (1 - background.strength) ** background.runs <= 0.025
     assert plain.facts[-1].runs < background.runs
-    assert [b.context for b in search.events if b.step == "check-off"][-1] == p.BACKGROUND_CONTROL
+    assert [b.context for b in search.events if b.stage == "check-off"][-1] == BACKGROUND_CONTROL
 
 
 def test_auto_all_off_runs_turn_background_drift_into_not_prefetch():
@@ -278,14 +280,14 @@ def test_three_edges_needed_together_are_reduced_to_a_one_minimal_set(trial):
     assert result.confidence >= 0.95
     assert "reduce" in [row["step"] for row in result.evidence]
     keep, needed = result.facts[:2]
-    assert (keep.kind, keep.edges) == (p.KEEP_ONLY_DIVERGED, tuple(culprits))
-    assert (needed.kind, needed.edges) == (p.EACH_NEEDED, tuple(culprits))
-    assert needed.chance <= 0.05 and min(needed.clean) >= 1
+    assert (keep.kind, keep.edges) == (v.KeepOnlyDiverged.kind, tuple(culprits))
+    assert (needed.kind, needed.edges) == (v.EachNeeded.kind, tuple(culprits))
+    assert needed.chance <= 0.05 and min(needed.clean_without) >= 1
     # 1-minimal, shown by the runs: each member's removal only ever ran clean.
     for i, edge in enumerate(culprits):
         rest = set(culprits) - {edge}
         without = [r for mask, r in search.history if rest <= mask and edge not in mask and r.completed]
-        assert len(without) == needed.clean[i] and not any(r.diverged for r in without)
+        assert len(without) == needed.clean_without[i] and not any(r.diverged for r in without)
     # Replaying the journal passes through the same reduce states.
     again = Bisection(edges, steps_per_run=STEPS)
     for mask, r in search.history:
@@ -310,7 +312,7 @@ def test_a_budget_that_runs_out_in_the_reduce_step_names_the_core_or_the_reduced
     # Cut short while reducing: inconclusive, the best guess is the core (it holds the set).
     cut = search(max_runs=started + 1)
     stopped = cut.facts[0]
-    assert (cut.verdict, stopped.kind, stopped.reason) == ("inconclusive", p.STOPPED, "max-runs")
+    assert (cut.verdict, stopped.kind, stopped.reason) == ("inconclusive", v.Stopped.kind, "max-runs")
     assert set(culprits) < set(stopped.edges)
     # Cut short in the double check after the set was reduced: found, drop-only cut short.
     # (Compared with the full search, not the truth: which set a trial reduces to is the
@@ -318,7 +320,7 @@ def test_a_budget_that_runs_out_in_the_reduce_step_names_the_core_or_the_reduced
     drop_started = full.runs_used - full.facts[2].runs
     late = search(max_runs=drop_started + 1)
     assert (late.verdict, late.minimal_set) == ("culprit-found", full.minimal_set)
-    assert late.facts[2].kind == p.DROP_ONLY_CONSISTENT and late.facts[2].runs == 1
+    assert late.facts[2].kind == v.DropOnlyConsistent.kind and late.facts[2].runs == 1
 
 
 def test_no_drift_fits_a_tight_budget():

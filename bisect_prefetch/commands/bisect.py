@@ -51,9 +51,17 @@ from bisect_prefetch.runs.state import OpenState, open_state
 from bisect_prefetch.runs.step_time import fix_cost_line, fix_costs
 from bisect_prefetch.runs.store import StateDir
 from bisect_prefetch.runs.workloads import require_prefetch_graph
-from bisect_prefetch.search import protocol as p
+from bisect_prefetch.search import verdict as v
 from bisect_prefetch.search.oracle import Oracle
-from bisect_prefetch.search.protocol import Ask, Bisection, Block, Fact, SearchResult, mask_name
+from bisect_prefetch.search.protocol import Bisection
+from bisect_prefetch.search.runlog import (
+    AFTER_DROP_ONLY_DIVERGED,
+    BACKGROUND_CONTROL,
+    Ask,
+    Block,
+    mask_name,
+)
+from bisect_prefetch.search.verdict import SearchResult
 from bisect_prefetch.vocab import Mask
 
 PURPOSE = "search"
@@ -152,8 +160,7 @@ def _bisect(experiment: Experiment, experiment_path: Path, *, hint: str, resume:
         try:
             console.print("running the golden reference (all-off, full length)...", markup=False)
             _ = oracle.golden
-            if (isinstance(oracle, RealOracle) and oracle.runner.executor.slots > 1
-                    and hasattr(search, "propose")):
+            if isinstance(oracle, RealOracle) and oracle.runner.executor.slots > 1:
                 result = run_bisection_in_slots(search, oracle, console=console)
             else:
                 result = run_bisection(search, oracle, console=console)
@@ -287,11 +294,11 @@ class _Narrator:
         """Before a run of the mask the search asks for (`search.pending`)."""
         events = self.search.events
         last = events[-1] if events else None
-        if last is not None and last.enabled == ask.mask and last.step == ask.step:
+        if last is not None and last.enabled == ask.mask and last.stage == ask.stage:
             return  # the same step goes on
         self.close()
         name = mask_name(ask.mask, self.search.edge_ids)
-        self.console.print(f"{step_title(ask.step, name, ask.target, ask.context)}...",
+        self.console.print(f"{step_title(ask.stage, name, ask.target, ask.context)}...",
                            markup=False)
         self.open, self.runs_before = True, self.search.runs_used
 
@@ -338,11 +345,11 @@ def run_bisection_in_slots(search: Bisection, oracle: RealOracle, *,
         ask = None if search.done else search.propose()
         if ask is None:
             return None
-        if titled[-1:] != [(ask.step, ask.mask)]:
+        if titled[-1:] != [(ask.stage, ask.mask)]:
             name = mask_name(ask.mask, search.edge_ids)
-            console.print(f"{step_title(ask.step, name, ask.target, ask.context)}...",
+            console.print(f"{step_title(ask.stage, name, ask.target, ask.context)}...",
                           markup=False)
-            titled.append((ask.step, ask.mask))
+            titled.append((ask.stage, ask.mask))
         return oracle.request(ask.mask)
 
     def arrived(request: RunRequest, out: RunOutcome) -> None:
@@ -362,24 +369,30 @@ def _runs(n: int) -> str:
     return f"{n} run{'s' * (n != 1)}"
 
 
-def step_title(step: str, mask: str, target: Sequence[str], context: str | None) -> str:
-    """What a protocol step checks, e.g. "checking that all-on diverges"."""
+def step_title(stage: str, mask: str, target: Sequence[str], context: str | None) -> str:
+    """What a protocol step checks, e.g. "checking that all-on diverges" (the numbered
+    steps of search/protocol.py, one stage each)."""
     names = ",".join(target)
-    if step == "calibrate":
+    # step 1: calibrate
+    if stage == "calibrate":
         return "checking that all-on diverges"
-    if step == "check-off":
-        if context == p.AFTER_DROP_ONLY_DIVERGED:
+    # step 2: check-off (and the all-off runs of step 4's double check)
+    if stage == "check-off":
+        if context == AFTER_DROP_ONLY_DIVERGED:
             return "drop-only still diverges: checking that all-off is consistent"
-        if context == p.BACKGROUND_CONTROL:
+        if context == BACKGROUND_CONTROL:
             return "ruling out drift without prefetch as strong as the answer's: checking that all-off is consistent"
         return "checking that all-off is consistent"
-    if step == "search":
+    # step 5: search
+    if stage == "search":
         return f"testing {mask}"
-    if step == "reduce":
+    # step 3: reduce
+    if stage == "reduce":
         return f"reducing the {len(target)} edges every diverged run enabled: testing {mask}"
-    if step == "keep-only":
+    # step 4: double check (keep-only also ends step 5 once a set leads)
+    if stage == "keep-only":
         return f"double checking the answer: {f'keep-only:{names}' if target else 'all-off'} should diverge"
-    if step == "drop-only":
+    if stage == "drop-only":
         return f"double checking the answer: drop-only:{names} should be consistent"
     return f"recorded run of {mask}"  # "extra": a run the search did not ask for
 
@@ -418,58 +431,62 @@ STOP_REASONS = {
 }
 
 
-def fact_line(fact: Fact, *, confidence: float) -> str:
+def fact_line(fact: v.Fact, *, confidence: float) -> str:
     """One checked statement behind a verdict, in words."""
-    names = ",".join(fact.edges)
-    if fact.kind == p.NO_DRIFT:
-        all_on = fact.clean[0] if fact.clean else fact.runs
-        return (f"every edge enabled in {fact.runs} clean runs ({all_on} of them all-on), none "
-                f"diverged: a per-run chance of {fact.chance:.3g} or more is ruled out at "
-                f"{confidence:.0%} (fewer than 3/{fact.runs})")
-    if fact.kind == p.BACKGROUND_RULED_OUT:
-        level = 1 - (1 - fact.chance) ** fact.runs  # the search's confidence (stats.upper_bound_none_seen)
-        shown = 1 - (1 - fact.strength) ** fact.runs  # drift as strong as the answer's would have shown
-        ruled_out = (f"all-off and drop-only:{names} after the search: {fact.runs} runs, all consistent: "
-                     f"drift without prefetch at a per-run chance of {fact.chance:.3g} or more is ruled out "
-                     f"at {level:.0%}")
-        if shown >= 1 - (1 - level) / 2:  # what search.all_off_runs: auto asks for
-            return f"{ruled_out}; as strong as the answer's ({fact.strength:.3g}), it would have shown at {shown:.1%}"
-        return (f"{ruled_out} (the answer's: {fact.strength:.3g}; search.all_off_runs: auto "
-                "would rule out drift as strong as the answer's)")
-    if fact.kind == p.ALL_OFF_DIVERGED:
-        return (f"all-off diverged ({fact.divergences} of {fact.runs} runs): "
-                "drift happens with every prefetch edge off, so it has another cause")
-    if fact.kind == p.STOPPED:
-        if fact.reason == "not-finished":
-            why = "not finished"
-        elif fact.reason == "max-runs":
-            why = f"stopped: the run budget (--max-runs {fact.limit}) ran out"
-        else:
-            why = f"stopped: {STOP_REASONS[fact.reason]}"
-        guess = "{" + names + "}" if fact.edges else "no edge (drift without prefetch)"
-        return f"{why}; best guess {guess} at probability {fact.chance:.3f}"
-    if fact.kind == p.KEEP_ONLY_DIVERGED:
-        return (f"keep-only:{names} diverged (run {fact.run}, step {fact.step}): "
-                "the set is enough for drift")
-    if fact.kind == p.EACH_NEEDED:
-        if len(fact.edges) == 2:
-            (a, b), (without_a, without_b) = fact.edges, fact.clean
+    names = ",".join(getattr(fact, "edges", ()))
+    match fact:
+        case v.NoDrift():
+            return (f"every edge enabled in {fact.runs} clean runs ({fact.all_on} of them all-on), none "
+                    f"diverged: a per-run chance of {fact.chance:.3g} or more is ruled out at "
+                    f"{confidence:.0%} (fewer than 3/{fact.runs})")
+        case v.BackgroundRuledOut():
+            level = 1 - (1 - fact.chance) ** fact.runs  # the search's confidence (stats.upper_bound_none_seen)
+            shown = 1 - (1 - fact.strength) ** fact.runs  # drift as strong as the answer's would have shown
+            ruled_out = (f"all-off and drop-only:{names} after the search: {fact.runs} runs, all consistent: "
+                         f"drift without prefetch at a per-run chance of {fact.chance:.3g} or more is ruled "
+                         f"out at {level:.0%}")
+            if shown >= 1 - (1 - level) / 2:  # what search.all_off_runs: auto asks for
+                return f"{ruled_out}; as strong as the answer's ({fact.strength:.3g}), it would have shown at {shown:.1%}"
+            return (f"{ruled_out} (the answer's: {fact.strength:.3g}; search.all_off_runs: auto "
+                    "would rule out drift as strong as the answer's)")
+        case v.AllOffDiverged():
+            return (f"all-off diverged ({fact.divergences} of {fact.runs} runs): "
+                    "drift happens with every prefetch edge off, so it has another cause")
+        case v.Background():
+            return (f"all-off diverged too ({fact.divergences} of {fact.runs} runs): drift without "
+                    f"prefetch at a per-run chance of about {fact.chance:.3g}, and the set's stands "
+                    "clearly above it")
+        case v.Stopped():
+            if fact.reason == "not-finished":
+                why = "not finished"
+            elif fact.reason == "max-runs":
+                why = f"stopped: the run budget (--max-runs {fact.limit}) ran out"
+            else:
+                why = f"stopped: {STOP_REASONS[fact.reason]}"
+            guess = "{" + names + "}" if fact.edges else "no edge (drift without prefetch)"
+            return f"{why}; best guess {guess} at probability {fact.chance:.3f}"
+        case v.KeepOnlyDiverged():
+            return (f"keep-only:{names} diverged (run {fact.run}, step {fact.step}): "
+                    "the set is enough for drift")
+        case v.EachNeeded() if len(fact.edges) == 2:
+            (a, b), (without_a, without_b) = fact.edges, fact.clean_without
             return (f"each edge of the set is needed: {_runs(without_b)} enabling {a} without {b} "
                     f"and {_runs(without_a)} enabling {b} without {a} stayed consistent")
-        each = ", ".join(f"{edge}: {n}" for edge, n in zip(fact.edges, fact.clean, strict=True))
-        return (f"each edge of the set is needed: runs with the rest of the set but not the edge "
-                f"stayed consistent ({each}); the chance that one of them was not needed after "
-                f"all is {fact.chance:.2g}")
-    if fact.kind == p.DROP_ONLY_DIVERGES:
-        return (f"drop-only:{names} still diverges while all-off stayed consistent "
-                f"({_runs(fact.runs)}): another set of edges causes drift too")
-    if fact.kind == p.DROP_ONLY_CONSISTENT:
-        return f"drop-only:{names}: {_runs(fact.runs)}, all consistent: removing the set removes drift"
-    if fact.kind == p.DROP_ONLY_FAILED:
-        return f"drop-only:{names} could not be run ({fact.errors} failed)"
-    if fact.kind == p.DROP_ONLY_NOT_RUN:
-        return f"drop-only:{names} was not run: the run budget ran out"
-    raise ValueError(f"unknown fact kind {fact.kind!r}")
+        case v.EachNeeded():
+            each = ", ".join(f"{edge}: {n}" for edge, n in zip(fact.edges, fact.clean_without, strict=True))
+            return (f"each edge of the set is needed: runs with the rest of the set but not the edge "
+                    f"stayed consistent ({each}); the chance that one of them was not needed after "
+                    f"all is {fact.chance:.2g}")
+        case v.DropOnlyDiverges():
+            return (f"drop-only:{names} still diverges while all-off stayed consistent "
+                    f"({_runs(fact.all_off_clean)}): another set of edges causes drift too")
+        case v.DropOnlyConsistent():
+            return f"drop-only:{names}: {_runs(fact.runs)}, all consistent: removing the set removes drift"
+        case v.DropOnlyFailed():
+            return f"drop-only:{names} could not be run ({fact.errors} failed)"
+        case v.DropOnlyNotRun():
+            return f"drop-only:{names} was not run: the run budget ran out"
+    raise ValueError(f"unknown fact {fact!r}")
 
 
 def fact_lines(result: SearchResult) -> list[str]:
@@ -519,7 +536,7 @@ def evidence_table(result: SearchResult) -> Table:
 
 
 def result_to_json(result: SearchResult, reproduce: str) -> dict:
-    """DESIGN.md's bisect JSON: verdict, minimal_set, confidence, runs_used, steps_used,
+    """The bisect JSON of docs/contract.md: verdict, minimal_set, confidence, runs_used, steps_used,
     evidence, reproduce; plus the facts (in words), calibration and best hypotheses."""
     return {
         "verdict": result.verdict,

@@ -36,7 +36,6 @@ SIGNATURES: dict[str, str] = {
               r"<Signals\.SIG[A-Z]+|exitcode\s*:\s*-\d+|Segmentation fault|Bus error",
 }
 _COMPILED = {kind: re.compile(pattern, re.IGNORECASE) for kind, pattern in SIGNATURES.items()}
-FAULT_KINDS = tuple(SIGNATURES)
 
 LOG_SUFFIXES = (".log", ".out", ".err", ".txt")
 RANK_LOG_DIR = "rank_logs"  # {rank_log_dir} of a run's command

@@ -411,14 +411,6 @@ class EdgePosterior:
             plan.observe(enabled, False, 1.0 - self.divergence_chance(enabled))
         return plan
 
-    def informations(self, masks: np.ndarray, *, pairs: bool = True) -> np.ndarray:
-        """information() for many masks at once (rows of a bool matrix)."""
-        masks = np.asarray(masks, dtype=float)
-        base_c, base_h, (sc, sh), (pc, ph) = self._terms(pairs=pairs)
-        chance = base_c + masks @ sc + np.einsum("ma,ab,mb->m", masks, pc, masks)
-        spread = base_h + masks @ sh + np.einsum("ma,ab,mb->m", masks, ph, masks)
-        return binary_entropy(np.clip(chance, 0.0, 1.0)) - spread
-
     def ranked_tests(self, limit: int = 8, *, pairs: bool = True) -> list[tuple[float, np.ndarray]]:
         """The most informative masks of a family, best first, as (bits, enabled).
 

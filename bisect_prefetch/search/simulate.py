@@ -23,7 +23,7 @@ the target of a culprit edge with chance C, else a unit drawn evenly from the
 graph's (its own stream).
 
 Where the runs go: each trial's `runs_by_step` (and `runs_by_step_mean` over the
-trials) counts the search's runs per protocol step, the background controls of
+trials) counts the search's runs per protocol stage, the background controls of
 all_off_runs="auto" apart from the other all-off runs.
 
 The baselines the benchmark compares with live in benchmarks/baselines.py; any
@@ -43,7 +43,8 @@ from bisect_prefetch.errors import BisectPrefetchError
 from bisect_prefetch.graph import from_policy
 from bisect_prefetch.search.hints import HintPrior, edge_ends
 from bisect_prefetch.search.oracle import RunResult
-from bisect_prefetch.search.protocol import BACKGROUND_CONTROL, STEPS, Bisection
+from bisect_prefetch.search.protocol import Bisection
+from bisect_prefetch.search.runlog import BACKGROUND_CONTROL, STAGES
 from bisect_prefetch.search.stats import hazard_for_chance, per_run_chance
 from bisect_prefetch.select import select
 from bisect_prefetch.vocab import ERROR, OK, STOPPED_EARLY, Mask
@@ -115,7 +116,7 @@ class Outcome:
     runs: int  # runs started (those cancelled at the verdict included)
     steps: int
     rounds: float  # wall-clock to the verdict, in full runs
-    # The search's runs per protocol step (STEPS), its background controls apart
+    # The search's runs per protocol stage (STAGES), its background controls apart
     # ("background-control", out of check-off), runs cancelled at the verdict as
     # "cancelled"; empty for a baseline.
     runs_by_step: dict[str, int] = field(default_factory=dict)
@@ -157,9 +158,9 @@ def run_search(edge_ids, oracle: SimulatedOracle, *, slots: int = 1, hint: Calla
 
 
 def _runs_by_step(search: Bisection, runs: int) -> dict[str, int]:
-    out = dict.fromkeys((*STEPS, BACKGROUND_CONTROL, "cancelled"), 0)
+    out = dict.fromkeys((*STAGES, BACKGROUND_CONTROL, "cancelled"), 0)
     for block in search.events:
-        out[BACKGROUND_CONTROL if block.context == BACKGROUND_CONTROL else block.step] += block.runs
+        out[BACKGROUND_CONTROL if block.context == BACKGROUND_CONTROL else block.stage] += block.runs
     out["cancelled"] = runs - search.runs_used
     return out
 
@@ -212,7 +213,7 @@ def simulate(
     all_off_runs: int | str = "auto",
     method: str | Callable[..., Outcome] = "search",
 ) -> dict:
-    """Run `trials` simulated searches on one graph and score them (DESIGN.md's simulate JSON).
+    """Run `trials` simulated searches on one graph and score them (the simulate JSON of docs/contract.md).
 
     A culprit selector that matches several edges draws one of them per trial
     (`all` draws any edge). `background` is the per-run chance of drift with every
@@ -292,7 +293,7 @@ def simulate(
 
 
 def runs_by_step_mean(results: Sequence[dict]) -> dict[str, float]:
-    """Mean runs per protocol step over the trials (where the runs go); {} for a baseline."""
+    """Mean runs per protocol stage over the trials (where the runs go); {} for a baseline."""
     steps = [r["runs_by_step"] for r in results if r["runs_by_step"]]
     return {k: float(np.mean([s[k] for s in steps])) for k in steps[0]} if steps else {}
 

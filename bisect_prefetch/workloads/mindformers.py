@@ -40,9 +40,6 @@ VENV_ENV = "BISECT_PREFETCH_MINDFORMERS_VENV"
 DEFAULT_VENV = Path(__file__).resolve().parents[2] / ".venv-mindformers"
 VENV_STAMP = ".installed"  # the Makefile touches it once the install finished
 
-# The per-step lines are MindFormers' own, in its per-rank log files.
-METRIC_FILES = "output/log/rank_*/info.log"
-
 NO_PREFETCH_GRAPH = (
     "the mindformers workload has no prefetch graph to find: MindFormers 1.9 has no "
     "hyper-parallel (no FSDP prefetch); aa, matrix and compare work on it"

@@ -1,0 +1,243 @@
+"""The run log: the one place a proposed or finished run of the search is written.
+
+Every count the protocol reads is a query of it: a mask's tally, the runs in
+flight, the blocks of consecutive runs (one narrated line and one evidence row
+each), the clean and diverged runs as matrices over the edges, and the core
+(the edges every diverged run enabled, drop-only runs of the double check
+apart: their divergence shows a second cause, not where the answer lies).
+
+Words: a protocol *stage* (STAGES) is a block of the search's runs; a *step*
+is always a training step of a run.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from bisect_prefetch.search.oracle import RunResult
+from bisect_prefetch.select import describe
+from bisect_prefetch.vocab import Mask
+
+STAGES = ("calibrate", "check-off", "search", "reduce", "keep-only", "drop-only", "extra")
+# Why a check-off stage runs again late in the search (Ask.context, Block.context).
+AFTER_DROP_ONLY_DIVERGED = "drop-only-diverged"
+BACKGROUND_CONTROL = "background-control"  # all_off_runs="auto": ruling out background drift
+
+
+@dataclass(frozen=True)
+class Ask:
+    """The next run: its mask and the protocol stage it belongs to."""
+
+    mask: Mask
+    stage: str  # one of STAGES
+    target: tuple[str, ...] = ()  # keep-only, drop-only, reduce: the answer set being checked
+    context: str | None = None  # AFTER_DROP_ONLY_DIVERGED, BACKGROUND_CONTROL or None
+
+
+@dataclass
+class Block:
+    """Consecutive runs of one mask in one protocol stage: one narrated line, one evidence row."""
+
+    stage: str  # one of STAGES
+    mask: str  # short name of the mask
+    edges: int  # enabled edges
+    first_run: int  # 1-based number of the block's first run in the whole search
+    enabled: Mask = frozenset()
+    target: tuple[str, ...] = ()
+    context: str | None = None
+    runs: int = 0
+    divergences: int = 0
+    errors: int = 0
+    first_diff_steps: list[int] = field(default_factory=list)
+    diverged_at: int | None = None  # run (1-based, within the block) of the first divergence
+
+    @property
+    def verdict(self) -> str:
+        if self.divergences:
+            return "diverged"
+        return "clean" if self.runs > self.errors else "unresolved"
+
+    def to_dict(self) -> dict:
+        """An evidence row of the bisect JSON (docs/contract.md: "step" names the stage)."""
+        return {
+            "step": self.stage,
+            "mask": self.mask,
+            "edges": self.edges,
+            "runs": self.runs,
+            "divergences": self.divergences,
+            "errors": self.errors,
+            "first_diff_steps": list(self.first_diff_steps),
+            "verdict": self.verdict,
+        }
+
+
+@dataclass
+class Tally:
+    clean: int = 0
+    divergences: int = 0
+    errors: int = 0
+    failing: int = 0  # failed runs since the last completed one
+
+
+def mask_name(mask: Mask, edge_ids: Sequence[str]) -> str:
+    """A preset name where one fits, else the enabled (or disabled) run of edges."""
+    name = describe(mask, edge_ids)
+    if not name.endswith(" on"):
+        return name
+    on = [i for i, e in enumerate(edge_ids) if e in mask]
+    off = [i for i, e in enumerate(edge_ids) if e not in mask]
+    for word, idx in (("keep-only", on), ("drop-only", off)):
+        if idx[-1] - idx[0] + 1 == len(idx):
+            return f"{word} {edge_ids[idx[0]]} .. {edge_ids[idx[-1]]} ({len(idx)} edges)"
+    return name
+
+
+class RunLog:
+    """Proposed and finished runs of one search, and the queries over them."""
+
+    def __init__(self, edge_ids: Sequence[str], *, steps_per_run: int | None, max_errors: int) -> None:
+        self.edge_ids = list(edge_ids)
+        self._index = {e: i for i, e in enumerate(self.edge_ids)}
+        self.steps_per_run = steps_per_run
+        self.max_errors = max_errors
+        self.all_on: Mask = frozenset(self.edge_ids)
+        self.all_off: Mask = frozenset()
+        self.history: list[tuple[Mask, RunResult]] = []
+        self.events: list[Block] = []
+        self.in_flight: list[Ask] = []  # proposed runs not yet recorded, oldest first
+        self.runs_used = 0
+        self.steps_used = 0
+        self._tally: dict[Mask, Tally] = {}
+        self._clean: list[tuple[np.ndarray, float]] = []
+        self._diverged: list[np.ndarray] = []
+        self.core = np.ones(len(self.edge_ids), dtype=bool)
+
+    # -- writing ------------------------------------------------------------------------
+    def propose(self, ask: Ask) -> None:
+        self.in_flight.append(ask)
+
+    def take_in_flight(self, mask: Mask) -> Ask | None:
+        """The oldest proposed run of mask, no longer in flight (None: there was none)."""
+        for i, ask in enumerate(self.in_flight):
+            if ask.mask == mask:
+                return self.in_flight.pop(i)
+        return None
+
+    def record(self, mask: Mask, result: RunResult, ask: Ask | None) -> None:
+        """One finished run of mask, for the stage of `ask` (None: a run nobody asked for)."""
+        self.history.append((mask, result))
+        self.runs_used += 1
+        self.steps_used += result.steps
+        block = self._block_for(mask, ask)
+        block.runs += 1
+        tally = self._tally.setdefault(mask, Tally())
+        tally.failing = 0 if result.completed else tally.failing + 1
+        if not result.completed:
+            tally.errors += 1
+            block.errors += 1
+            return
+        enabled = self.enabled(mask)
+        if result.diverged:
+            tally.divergences += 1
+            block.divergences += 1
+            block.first_diff_steps.append(result.first_diff_step or result.steps)
+            if block.diverged_at is None:
+                block.diverged_at = block.runs
+            self._diverged.append(enabled)
+            if not (ask and ask.stage == "drop-only"):
+                self.core &= enabled
+        else:
+            tally.clean += 1
+            self._clean.append((enabled, self.fraction(result)))
+
+    def _block_for(self, mask: Mask, ask: Ask | None) -> Block:
+        stage = ask.stage if ask else "extra"
+        last = self.events[-1] if self.events else None
+        if last is not None and last.stage == stage and last.enabled == mask:
+            return last
+        block = Block(stage, mask_name(mask, self.edge_ids), len(mask), self.runs_used, enabled=mask,
+                      target=ask.target if ask else (), context=ask.context if ask else None)
+        self.events.append(block)
+        return block
+
+    # -- masks ------------------------------------------------------------------------
+    def enabled(self, mask: Mask) -> np.ndarray:
+        enabled = np.zeros(len(self.edge_ids), dtype=bool)
+        enabled[[self._index[e] for e in mask]] = True
+        return enabled
+
+    def keep_only(self, edges: Sequence[int]) -> Mask:
+        return frozenset(self.edge_ids[i] for i in edges)
+
+    def drop_only(self, edges: Sequence[int]) -> Mask:
+        return self.all_on - self.keep_only(edges)
+
+    def ids(self, edges: Sequence[int]) -> tuple[str, ...]:
+        return tuple(self.edge_ids[i] for i in sorted(edges))
+
+    def ask(self, mask: Mask, stage: str, target: Sequence[int] = (), context: str | None = None) -> Ask:
+        return Ask(mask, stage, self.ids(target), context)
+
+    def fraction(self, result: RunResult) -> float:
+        """How much of a full run a clean run covered (1 when the run length is unknown)."""
+        if result.diverged or not self.steps_per_run:
+            return 1.0
+        return min(1.0, result.steps / self.steps_per_run)
+
+    # -- queries ------------------------------------------------------------------------
+    def tally(self, mask: Mask) -> Tally:
+        return self._tally.get(mask, Tally())
+
+    def unresolved(self, mask: Mask) -> bool:
+        """The mask failed max_errors times in a row: it is not asked again."""
+        return self.tally(mask).failing >= self.max_errors
+
+    def in_flight_of(self, mask: Mask) -> int:
+        return sum(1 for ask in self.in_flight if ask.mask == mask)
+
+    @property
+    def started(self) -> int:
+        """Runs finished or in flight."""
+        return self.runs_used + len(self.in_flight)
+
+    def core_edges(self) -> tuple[int, ...]:
+        return tuple(int(i) for i in np.flatnonzero(self.core))
+
+    def clean_matrix(self) -> tuple[np.ndarray, np.ndarray]:
+        """Every clean run's enabled edges (a row each) and the share of a run it covered."""
+        if not self._clean:
+            return np.zeros((0, len(self.edge_ids)), dtype=bool), np.zeros(0)
+        return np.array([e for e, _ in self._clean]), np.array([f for _, f in self._clean])
+
+    def diverged_enabling(self, edges: Sequence[int]) -> int:
+        """Diverged runs that enabled every edge of the set."""
+        return sum(1 for enabled in self._diverged if enabled[list(edges)].all())
+
+    def covering(self, mask: Mask) -> list[RunResult]:
+        """Completed runs whose mask enabled every edge of `mask`."""
+        return [r for m, r in self.history if r.completed and mask <= m]
+
+    def first_divergence(self, mask: Mask) -> tuple[int, RunResult]:
+        """The first diverged run of exactly this mask: (1-based run number, result)."""
+        return next((i + 1, r) for i, (m, r) in enumerate(self.history) if m == mask and r.diverged)
+
+    def clean_with_without(self, rest: set[str], edge: str) -> int:
+        """Clean runs that enabled every edge of `rest` but not `edge`."""
+        return sum(1 for m, r in self.history
+                   if r.completed and not r.diverged and rest <= m and edge not in m)
+
+    def clean_runs_of(self, stage: str, mask: Mask) -> int:
+        """Clean runs of blocks of this stage and mask."""
+        return sum(b.runs - b.errors - b.divergences for b in self.events
+                   if b.stage == stage and b.enabled == mask)
+
+
+def clean_without(edges: Sequence[int], left_out: Sequence[int], matrix: np.ndarray,
+                  fractions: np.ndarray) -> float:
+    """Clean runs (as shares of a run) that enabled the set but none of `left_out`."""
+    rest = [i for i in edges if i not in left_out]
+    hits = matrix[:, rest].all(axis=1) & ~matrix[:, list(left_out)].any(axis=1)
+    return float(fractions[hits].sum())
