@@ -240,6 +240,29 @@ def _count(text: str) -> int | str:
 
 INTERRUPTED = 130  # 128 + SIGINT, as a shell reports Ctrl-C
 TERMINATED = 128 + signal.SIGTERM
+BUG = 3  # anything else that went wrong: never 0, 1 (a finding) or 2 (your input)
+MESSAGE_CHARS = 2000  # an error stays one readable line, whatever it quotes
+
+
+def _one_line(text: str) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= MESSAGE_CHARS else f"{text[:MESSAGE_CHARS]}... ({len(text)} characters)"
+
+
+def _report_bug(exc: BaseException) -> int:
+    """The last resort: one line saying it is a bug, the traceback in a file."""
+    import tempfile
+    import traceback
+
+    fd, path = tempfile.mkstemp(prefix="bisect-prefetch-crash-", suffix=".txt")
+    with open(fd, "w", encoding="utf-8", errors="replace") as f:
+        f.write(" ".join(sys.argv) + "\n")
+        traceback.print_exception(exc, file=f)
+    stderr_console().print(
+        _one_line(f"error: a bug in bisect-prefetch ({type(exc).__name__}: {exc}); "
+                  f"the traceback is in {path}; please report it"),
+        markup=False, soft_wrap=True)
+    return BUG
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -253,10 +276,15 @@ def main(argv: list[str] | None = None) -> int:
         except SystemExit as exc:  # typer exits in standalone mode; usage errors exit 2
             code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 2)
         except BisectPrefetchError as exc:
-            stderr_console().print(f"error: {exc}", markup=False, soft_wrap=True)
+            stderr_console().print(_one_line(f"error: {exc}"), markup=False, soft_wrap=True)
             return 2
         except KeyboardInterrupt:  # typer already makes Ctrl-C exit code 130; one outside it
             code = INTERRUPTED
+        except OSError as exc:  # the machine's refusal (a full disk, no permission): not a bug
+            stderr_console().print(_one_line(f"error: {exc}"), markup=False, soft_wrap=True)
+            return 2
+        except Exception as exc:  # noqa: BLE001 (the last resort)
+            return _report_bug(exc)
     if code == INTERRUPTED:
         Console(stderr=True).print("terminated" if sigterm else "interrupted")
         return TERMINATED if sigterm else INTERRUPTED

@@ -22,15 +22,38 @@ _umask_lock = threading.Lock()
 
 def new_file_mode() -> int:
     """0666 less the process umask: what open() would give a new file."""
-    # The umask can only be read by setting it; set it straight back, one thread at a time.
-    with _umask_lock:
+    return 0o666 & ~_umask()
+
+
+def _umask() -> int:
+    # Linux says it in /proc: setting the umask to read it would hand a job forked
+    # meanwhile the wrong umask for life.
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    with _umask_lock:  # elsewhere: set it straight back, one thread at a time
         umask = os.umask(0o022)
         os.umask(umask)
-    return 0o666 & ~umask
+    return umask
+
+
+# Files no output may land on (the state dir's journal and lock): `--json journal.jsonl`
+# would replace the journal.
+_protected: dict[Path, str] = {}
+
+
+def protect(path: str | Path, what: str) -> None:
+    """Refuse from now on every atomic write that resolves onto path."""
+    _protected[Path(path).resolve()] = what
 
 
 def write_bytes_atomic(path: str | Path, data: bytes) -> None:
     path = Path(path)
+    if (what := _protected.get(path.resolve())) is not None:
+        raise BisectPrefetchError(f"refusing to write {path}: it is {what}")
     try:
         _write_then_rename(path, data)
     except OSError as exc:

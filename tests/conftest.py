@@ -208,3 +208,31 @@ def read_jsonl(path: Path) -> list[dict]:
 
 def read_probe(run_dir: Path, rank: int = 0) -> dict:
     return json.loads((run_dir / f"probe.rank{rank}.json").read_text())
+
+
+# -- a green CI means the real engines ran (issue 26) ----------------------------------------
+# Under CI (CI=true) and in `make test` (BISECT_PREFETCH_NO_SKIPS=1) a skipped test fails with
+# its reason: a half-failed install (torch or MindSpore that does not import, no msrun, no
+# unshare) must not pass. By hand, `pytest` or `make test-fast` may skip.
+NO_SKIPS = os.environ.get("CI") == "true" or os.environ.get("BISECT_PREFETCH_NO_SKIPS") == "1"
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    report = outcome.get_result()
+    if NO_SKIPS and report.skipped and not hasattr(report, "wasxfail"):
+        reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
+        report.outcome = "failed"
+        report.longrepr = f"skipped where no skip is allowed (CI=true or make test): {reason}"
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_make_collect_report(collector):
+    # a module-level importorskip skips the whole file at collection
+    outcome = yield
+    report = outcome.get_result()
+    if NO_SKIPS and report.skipped:
+        reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
+        report.outcome = "failed"
+        report.longrepr = f"skipped where no skip is allowed (CI=true or make test): {reason}"

@@ -53,7 +53,7 @@ def test_runs_are_trials_against_one_golden_run(tmp_path):
     assert oracle.runs_launched == 4
     records = [json.loads(line) for line in (tmp_path / "state/fake/journal.jsonl").open()]
     assert [r["reference"] for r in records[1:]] == [golden] * 3
-    assert records[0]["mask"] == [] and records[0]["variant"].startswith("search-golden@")
+    assert records[0]["mask"] == [] and records[0]["variant"].startswith("search-golden+")
 
 
 def test_resume_replays_the_same_runs_in_order(tmp_path):

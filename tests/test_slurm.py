@@ -130,7 +130,7 @@ def test_sigterm_scancels_the_jobs_in_flight_and_prints_the_resume_command(slurm
     pending: list[dict] = []
     while time.monotonic() < deadline and proc.poll() is None and len(pending) < 2:
         if (state / "e2e" / "journal.jsonl").exists():
-            pending = [r for r in in_flight(journal(state)) if r["variant"].startswith("aa@")]
+            pending = [r for r in in_flight(journal(state)) if r["variant"].startswith("aa+")]
         time.sleep(0.1)
     assert len(pending) == 2, proc.communicate()[0]  # both runs in flight on the 2 slots
     proc.send_signal(signal.SIGTERM)
@@ -156,7 +156,7 @@ def test_a_job_cancelled_from_outside_is_retried_and_never_counted(slurm_cluster
         deadline = time.monotonic() + 120
         while cancelled is None and time.monotonic() < deadline:
             pending = [r for r in in_flight(journal(tmp_path / "state"))
-                       if r["variant"].startswith("search@") and r["attempt"] == 0]
+                       if r["variant"].startswith("search+") and r["attempt"] == 0]
             if pending and (Path(state.run_dir(pending[0]["run_id"])) / "metrics.jsonl").exists():
                 cancelled = pending[0]
                 subprocess.run(["scancel", cancelled["job_id"]], check=True)
@@ -164,7 +164,7 @@ def test_a_job_cancelled_from_outside_is_retried_and_never_counted(slurm_cluster
         worker.join(timeout=300)
     assert cancelled is not None
     runs = [r for r in journal(tmp_path / "state")
-            if "submitted" not in r and r["variant"].startswith("search@")]
+            if "submitted" not in r and r["variant"].startswith("search+")]
     assert [r["attempt"] for r in runs] == [0, 1]
     # Lost, not finished: an error (or truncated, when it had reported some steps).
     assert runs[0]["outcome"] in ("error", "truncated") and "CANCELLED" in runs[0]["reason"]
@@ -187,7 +187,7 @@ def test_an_aa_run_cancelled_from_outside_is_run_again(slurm_cluster, tmp_path):
     while cancelled is None and time.monotonic() < deadline and proc.poll() is None:
         if (state / "e2e" / "journal.jsonl").exists():
             for r in in_flight(journal(state)):
-                if r["variant"].startswith("aa@") and (state / "e2e" / "runs" / r["run_id"] /
+                if r["variant"].startswith("aa+") and (state / "e2e" / "runs" / r["run_id"] /
                                                        "metrics.jsonl").exists():
                     cancelled = r
                     subprocess.run(["scancel", r["job_id"]], check=True)
@@ -267,7 +267,8 @@ def test_multi_node_script_runs_the_command_once_per_node_under_srun(tmp_path):
     from bisect_prefetch.runs.launcher import JobSpec
 
     executor = SlurmExecutor(SlurmOptions(nodes=2, ntasks_per_node=1, gpus_per_node=8,
-                                          partition="gpu", time="01:00:00", account="proj"))
+                                          partition="gpu", time="01:00:00", account="proj",
+                                          expand_env=("MASTER_ADDR",)))
     argv = ["printf", "%s\\n", "--rdzv_endpoint=$MASTER_ADDR:29500", "two words", 'a "quote"']
     spec = JobSpec(argv=argv, run_dir=tmp_path, timeout_s=600,
                    env={**os.environ, "BISECT_PREFETCH_PLAN": "/x/plan.json"})
@@ -278,7 +279,45 @@ def test_multi_node_script_runs_the_command_once_per_node_under_srun(tmp_path):
         assert line in script
     srun = [shlex.split(line) for line in script if line.startswith("srun ")]
     assert len(srun) == 1 and srun[0][:4] == ["srun", "--kill-on-bad-exit=1", "bash", "-c"]
-    # On each node bash expands $MASTER_ADDR; every other word arrives as it was given.
+    # On each node bash expands $MASTER_ADDR (expand_env); every other word arrives as given.
     words = subprocess.run(["bash", "-c", srun[0][4]], capture_output=True, text=True, check=True,
                            env={"MASTER_ADDR": "node7", "PATH": os.environ["PATH"]})
     assert words.stdout.splitlines() == ["--rdzv_endpoint=node7:29500", "two words", 'a "quote"']
+
+
+HOSTILE_WORDS = ["$(touch pwned)", "pa$$word", "cost: $5", "${oc.env:X}", "\\$HOME", "`id`",
+                 "a 'single' \"double\"", "two  spaces", "new\nline", "", "$MASTER_ADDR"]
+
+
+@pytest.mark.parametrize("nodes", [1, 2])
+def test_the_batch_script_passes_every_word_exactly(tmp_path, nodes):
+    """Issue 26: a job under Slurm receives exactly the argv a local run receives; only the
+    names in expand_env expand on the node."""
+    from bisect_prefetch.runs.executors.base import Job
+    from bisect_prefetch.runs.launcher import JobSpec
+
+    out = tmp_path / "words"
+    argv = [sys.executable, "-c", "import sys, json; open(sys.argv[1], 'w').write(json.dumps(sys.argv[2:]))",
+            str(out), *HOSTILE_WORDS, "--addr=${SLURM_NODEID}:1"]
+    executor = SlurmExecutor(SlurmOptions(nodes=nodes, expand_env=("SLURM_NODEID",)))
+    spec = JobSpec(argv=argv, run_dir=tmp_path, timeout_s=60, env=dict(os.environ))
+    script = tmp_path / "job.sbatch"
+    script.write_text(executor.script(Job(spec=spec)))
+    # The script as a node runs it; srun here only runs its command once (scontrol is absent:
+    # MASTER_ADDR comes out empty, which these words do not use).
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "srun").write_text('#!/bin/sh\nshift\nexec "$@"\n')
+    (bin_dir / "srun").chmod(0o755)
+    subprocess.run(["bash", str(script)], cwd=tmp_path, check=True, capture_output=True,
+                   env={"PATH": f"{bin_dir}:{os.environ['PATH']}", "SLURM_NODEID": "3"})
+    assert json.loads(out.read_text()) == [*HOSTILE_WORDS, "--addr=3:1"]
+    assert not (tmp_path / "pwned").exists()
+
+
+@pytest.mark.parametrize("executor", ["{kind: slurm, partition: \"a\\nb\"}",
+                                      "{kind: slurm, expand_env: [\"A-B\"]}"])
+def test_executor_strings_that_would_break_the_script_are_refused(tmp_path, executor):
+    done = bad_input(tmp_path, executor)
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1

@@ -30,6 +30,8 @@ def compare(a: Path, b: Path, *, fmt: str | None, console: Console,
             console.print(f"note: {path} gives {repeated} value(s) for steps it gave before (a resumed run, "
                           "or several ranks in one log: compare per-rank logs then); the last one counts",
                           markup=False, soft_wrap=True)
+    if data["gaps"]:
+        console.print(f"-> not a clean comparison: {data['gaps']}", markup=False, soft_wrap=True)
     for line in truncation_lines(data["truncated"], allowed=allow_truncated):
         console.print(line, markup=False, soft_wrap=True)
     if json_out is not None:

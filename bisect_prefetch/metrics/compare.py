@@ -35,6 +35,7 @@ from pathlib import Path
 import numpy as np
 
 from bisect_prefetch.errors import BisectPrefetchError
+from bisect_prefetch.metrics.completeness import step_ranges, unlike_ranks
 from bisect_prefetch.metrics.digests import DigestResult, compare_digest_files
 from bisect_prefetch.metrics.lines import parse_jsonl_line
 from bisect_prefetch.metrics.loading import load_runs
@@ -311,6 +312,12 @@ class StreamingComparator:
         }
         self.first_diff_step: int | None = None
         self.first_diff: tuple[int, str] | None = None  # (rank, metric)
+        self.first_digest_diff_step: int | None = None
+        # A reference that logs a step more than once (several ranks into one log without
+        # ranks, a resumed run) is read with the last value per step: then a step is
+        # compared only once a later one arrives, so the live verdict is the final one's.
+        self._defer = reference.steps_repeated > 0
+        self._pending: dict[tuple[int, str], tuple[int, float]] = {}
         self.lines_fed = 0
         self.lines_unread = 0
         self.unmatched = 0
@@ -325,12 +332,24 @@ class StreamingComparator:
         if self.first_diff_step is None or step < self.first_diff_step:
             self.first_diff_step, self.first_diff = step, (rank, what)
 
+    def note_digest_diff(self, step: int, rank: int, param: str) -> None:
+        """A gradient digest that differs from the reference's."""
+        self.note_diff(step, rank, f"digest of {param}")
+        if self.first_digest_diff_step is None or step < self.first_digest_diff_step:
+            self.first_digest_diff_step = step
+
     def feed(self, rank: int, step: int, metrics: Mapping[str, float]) -> int | None:
         self.lines_fed += 1
         self.last_step = max(self.last_step, step)
         for name, value in metrics.items():
             if self._names is not None and name not in self._names:
                 continue
+            if self._defer:
+                pending = self._pending.get((rank, name))
+                self._pending[rank, name] = (step, value)
+                if pending is None or pending[0] == step:
+                    continue
+                step, value = pending
             ref = self._ref.get((rank, name))
             try:
                 expected = ref[step] if ref is not None else None
@@ -347,6 +366,16 @@ class StreamingComparator:
         if len(steps) == 0 or (self._names is not None and name not in self._names):
             return self.first_diff_step
         self.last_step = max(self.last_step, int(steps.max()))
+        if self._defer:
+            if (pending := self._pending.get((rank, name))) is not None:
+                steps, values = np.append(pending[0], steps), np.append(pending[1], values)
+            # the last value per step, in the order the steps came; the newest step waits
+            last = np.append(steps[1:] != steps[:-1], True)
+            steps, values = steps[last], values[last]
+            self._pending[rank, name] = (int(steps[-1]), float(values[-1]))
+            steps, values = steps[:-1], values[:-1]
+            if len(steps) == 0:
+                return self.first_diff_step
         ref = self._ref.get((rank, name))
         if ref is None:
             self.unmatched += len(steps)
@@ -429,13 +458,17 @@ class CompareResult:
     truncation: Truncation | None = None
     allow_truncated: bool = False  # compare the common prefix on purpose
     steps_repeated: tuple[int, int] = (0, 0)
+    # steps, ranks or metrics one run logs and the other lacks, other than where one stops
+    gaps: str | None = None
 
     @property
     def finding(self) -> bool:
-        """What makes `compare` exit 1: a difference, a run that stops before the other, or
-        digests that cannot vouch for the runs (never a false "identical")."""
+        """What makes `compare` exit 1: a difference, a run that stops before the other, a
+        step, rank or metric only one run logs, or digests that cannot vouch for the runs
+        (never a false "identical")."""
         unvouched = bool(self.digests and self.digests.problems)
-        return self.differs or unvouched or (self.truncation is not None and not self.allow_truncated)
+        return (self.differs or unvouched or self.gaps is not None
+                or (self.truncation is not None and not self.allow_truncated))
 
     @property
     def first_diff_step(self) -> int | None:
@@ -457,6 +490,7 @@ class CompareResult:
             "steps_repeated": {"a": self.steps_repeated[0], "b": self.steps_repeated[1]},
             "truncated": self.truncation.to_json() if self.truncation else None,
             "allow_truncated": self.allow_truncated,
+            "gaps": self.gaps,
         }
 
 
@@ -503,4 +537,28 @@ def compare_paths(
         truncation=find_truncation(ta, tb, list(metrics)),
         allow_truncated=allow_truncated,
         steps_repeated=(ta.steps_repeated, tb.steps_repeated),
+        gaps=_gaps(ta, tb, metrics),
     )
+
+
+def _gaps(a: Trajectory, b: Trajectory, metrics: Mapping[str, MetricDiff]) -> str | None:
+    """Steps inside both runs' range, ranks or metrics that only one run logs."""
+    problems = []
+    for name, diff in metrics.items():
+        for rank in diff.per_rank or [None]:  # every rank both log, else the metrics rank
+            where = name if rank is None else f"rank {rank} {name}"
+            sa = a.get(name) if rank is None else a.per_rank[rank][name]
+            sb = b.get(name) if rank is None else b.per_rank[rank][name]
+            for side, have, lack in (("B", sa, sb), ("A", sb, sa)):
+                if have is None or lack is None or not len(lack):
+                    continue
+                inside = have.steps[have.steps <= lack.steps[-1]]
+                missing = np.setdiff1d(inside, lack.steps)
+                if len(missing):
+                    problems.append(f"{side} lacks step(s) {step_ranges(missing.tolist())} of {where}")
+    if (ranks := unlike_ranks(a, b, list(metrics))) is not None:
+        problems.append(ranks.replace("the reference", "the other run"))
+    for name in metrics:
+        if (name in a) != (name in b):
+            problems.append(f"{name} only in {'A' if name in a else 'B'}")
+    return "; ".join(dict.fromkeys(problems)) if problems else None

@@ -27,6 +27,8 @@ ANSI_RE = re.compile(rb"\x1b\[[0-9;]*[A-Za-z]")
 
 # --------------------------------------------------------------------------- console formats
 
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+
 
 def float_or_none(token: bytes) -> float | None:
     try:
@@ -184,6 +186,12 @@ class ConsoleParser:
         self.line_number += lines
 
     def _fast(self, chunk: bytes, lines: int) -> bool:
+        try:
+            return self._fast_columns(chunk, lines)
+        except OverflowError:  # a step beyond int64: the line-by-line path counts it unread
+            return False
+
+    def _fast_columns(self, chunk: bytes, lines: int) -> bool:
         epoch_lines = self.fmt.epoch_line_re.findall(chunk) if self.fmt.epoch_line_re is not None else []
         if epoch_lines:
             # Each match holds one marker and runs to the end of its line: as many markers
@@ -259,6 +267,9 @@ class ConsoleParser:
                 self.counts.unread_line(number, line)
                 continue
             step, tail = self._step(line, m), m.group(2)
+            if not INT64_MIN <= step <= INT64_MAX:  # numpy's step column cannot hold it
+                self.counts.unread_line(number, line)
+                continue
             any_key = False
             for name, keys in zip(self.names, self.keys, strict=True):
                 km = next((km for km in (key.search(tail) for key in keys) if km is not None), None)

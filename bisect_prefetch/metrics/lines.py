@@ -8,10 +8,15 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from bisect_prefetch.errors import BisectPrefetchError
-from bisect_prefetch.metrics.console import float_or_none
+from bisect_prefetch.metrics.console import INT64_MAX, INT64_MIN, float_or_none
 from bisect_prefetch.metrics.trajectory import Columns, Counts, ParseResult, Record, build_result
 
 # --------------------------------------------------------------------------- jsonl and regex
+
+
+def fits_int64(value: object) -> bool:
+    """An int (not a bool) that numpy's int64 columns hold: a larger step is an unread line."""
+    return isinstance(value, int) and not isinstance(value, bool) and INT64_MIN <= value <= INT64_MAX
 
 
 def parse_jsonl_line(line: str | bytes, *, rank: int | None = None) -> Record | None:
@@ -36,10 +41,10 @@ def jsonl_fields(line: str | bytes, rank: int | None) -> tuple[int, int, dict[st
     if not isinstance(obj, dict):
         return None
     step = obj.get("step")
-    if not isinstance(step, int) or isinstance(step, bool):
+    if not fits_int64(step):
         return None
     line_rank = obj.get("rank", rank if rank is not None else 0)
-    if not isinstance(line_rank, int) or isinstance(line_rank, bool):
+    if not fits_int64(line_rank):
         return None
     metrics = {
         k: float(v) if isinstance(v, int | float) and not isinstance(v, bool) else None
@@ -120,6 +125,8 @@ def regex_reader(pattern: str, rank: int | None):
             step = int(m.group("step"))
             line_rank = int(m.group("rank")) if m.groupdict().get("rank") else rank or 0
         except ValueError:
+            return "unread"
+        if not (fits_int64(step) and fits_int64(line_rank)):
             return "unread"
         metrics: dict[str, float | None] = {}
         for g in metric_groups:

@@ -128,7 +128,7 @@ class DigestFollower:
         if expected is None:
             self.unmatched += 1
         elif expected != record.digest:
-            self.comparator.note_diff(record.step, record.rank, f"digest of {record.param}")
+            self.comparator.note_digest_diff(record.step, record.rank, record.param)
 
 
 class LiveMetrics:

@@ -12,16 +12,20 @@ by the kernel when the process dies, however it dies.
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import json
 import os
 import re
+import stat
+import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from bisect_prefetch.errors import BisectPrefetchError
+from bisect_prefetch.files import protect
 from bisect_prefetch.vocab import Mask
 
 JOURNAL_VERSION = 1
@@ -70,14 +74,36 @@ class Journal:
     torn_line: str | None  # the unparsable last line, if a kill tore it
 
 
+def open_regular(path: Path, flags: int) -> int:
+    """A descriptor of path, never through a symlink, and only of a regular file.
+
+    The state dir may sit on a shared filesystem where others can write: a `lock` or
+    `journal.jsonl` planted as a link must not make us truncate or append to its target.
+    """
+    try:
+        # O_NONBLOCK: a planted FIFO must not hang the open; cleared once it is a file
+        fd = os.open(path, flags | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK, 0o644)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise BisectPrefetchError(f"{path} is a symlink; refusing to follow it "
+                                      "(move it away)") from None
+        raise
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise BisectPrefetchError(f"{path} is not a regular file (move it away)")
+    fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) & ~os.O_NONBLOCK)
+    return fd
+
+
 def read_journal(path: Path) -> Journal:
     """All records; a torn last line is returned apart, a bad line elsewhere is an error."""
     try:
-        data = path.read_bytes()
+        with os.fdopen(open_regular(path, os.O_RDONLY), "rb") as f:
+            data = f.read()
     except FileNotFoundError:
         return Journal([], None)
     except OSError as exc:
-        raise BisectPrefetchError(f"cannot read journal {path}: {exc.strerror}") from None
+        raise BisectPrefetchError(f"cannot read journal {path}: {exc.strerror or exc}") from None
     lines = data.split(b"\n")
     # The file ends with "\n" when every write completed: the last piece is then empty.
     records, torn = [], None
@@ -130,6 +156,8 @@ class StateDir:
         self.path = Path(root).resolve() / name
         self.journal_path = self.path / JOURNAL
         self.runs_path = self.path / "runs"
+        protect(self.journal_path, f"the journal of {self.path}")
+        protect(self.path / LOCK, f"the lock of {self.path}")
         self.torn_line: str | None = None
         self._lock_fd: int | None = None
         self._index: dict[RunKey, dict[str, Any]] = {}
@@ -141,7 +169,7 @@ class StateDir:
         """Take the exclusive lock, then load the journal (repairing a torn tail)."""
         try:
             self.path.mkdir(parents=True, exist_ok=True)
-            fd = os.open(self.path / LOCK, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+            fd = open_regular(self.path / LOCK, os.O_RDWR | os.O_CREAT)
         except OSError as exc:
             raise BisectPrefetchError(
                 f"cannot use state dir {self.path}: {exc.strerror or exc}"
@@ -206,12 +234,13 @@ class StateDir:
         finished) or a whole record short of its newline (the newline is added).
         """
         try:
-            data = self.journal_path.read_bytes()
+            with os.fdopen(open_regular(self.journal_path, os.O_RDONLY), "rb") as f:
+                data = f.read()
         except FileNotFoundError:
             return
         if not data or data.endswith(b"\n"):
             return
-        with open(self.journal_path, "r+b") as f:
+        with os.fdopen(open_regular(self.journal_path, os.O_RDWR), "r+b") as f:
             if self.torn_line is not None:
                 f.truncate(data.rfind(b"\n") + 1)
             else:
@@ -245,7 +274,8 @@ class StateDir:
 
     def append(self, key: RunKey, record: dict[str, Any]) -> dict[str, Any]:
         """Journal one finished run: one line, flushed and fsynced before returning."""
-        full = self._write({"v": JOURNAL_VERSION, **record, **key.to_json()})
+        full = self._write({"v": JOURNAL_VERSION, "finished_at": round(time.time(), 3),
+                            **record, **key.to_json()})
         self._records.append(full)
         self._index[key] = full
         return full
@@ -254,10 +284,16 @@ class StateDir:
         self._require_lock()
         line = json.dumps(full, sort_keys=True, allow_nan=True) + "\n"
         new_file = not self.journal_path.exists()
-        with open(self.journal_path, "a", encoding="utf-8") as f:
-            f.write(line)
-            f.flush()
-            os.fsync(f.fileno())
+        try:
+            fd = open_regular(self.journal_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
+            with os.fdopen(fd, "a", encoding="utf-8") as f:
+                f.write(line)
+                f.flush()
+                os.fsync(f.fileno())
+        except OSError as exc:  # a full disk, a journal made read-only: one line, exit 2
+            raise BisectPrefetchError(
+                f"cannot append to journal {self.journal_path}: {exc.strerror or exc}; "
+                "the run's files are in its run dir, the same command runs it again") from None
         if new_file:
             _fsync_dir(self.path)
         return full

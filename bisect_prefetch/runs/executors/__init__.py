@@ -26,7 +26,7 @@ def make_executor(config: ExecutorConfig) -> Executor:
         slots=config.slots, partition=config.partition, nodes=config.nodes,
         ntasks_per_node=config.ntasks_per_node, gpus_per_node=config.gpus_per_node,
         gres=config.gres, time=config.time, account=config.account, qos=config.qos,
-        sbatch_args=tuple(config.sbatch_args),
+        sbatch_args=tuple(config.sbatch_args), expand_env=tuple(config.expand_env),
     ))
 
 

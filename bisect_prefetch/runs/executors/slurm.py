@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 import shlex
 import shutil
 import subprocess
@@ -60,6 +61,7 @@ class SlurmOptions:
     account: str | None = None
     qos: str | None = None
     sbatch_args: tuple[str, ...] = ()
+    expand_env: tuple[str, ...] = ()  # names whose $NAME / ${NAME} expand on the node
     poll_s: float = 0.5
 
 
@@ -90,9 +92,16 @@ def _one_line(text: str) -> str:
     return " ".join(text.split())
 
 
-def _shell_word(word: str) -> str:
-    """Double-quoted, so `$SLURM_NODEID` or `$MASTER_ADDR` in a command expands on its node."""
-    return '"' + word.replace("\\", "\\\\").replace('"', '\\"').replace("`", "\\`") + '"'
+def shell_word(word: str, expand: tuple[str, ...] = ()) -> str:
+    """word for bash, exactly as given, except `$NAME` and `${NAME}` for the names in
+    expand (executor.expand_env), which expand on the node. Nothing else ever runs or
+    expands: no `$(...)`, no other `$`, no backslash games."""
+    if not expand:
+        return shlex.quote(word)
+    names = "|".join(re.escape(name) for name in expand)
+    pieces = re.split(rf"(\$(?:{names})(?![A-Za-z0-9_])|\$\{{(?:{names})\}})", word)
+    return "".join(f'"${{{piece.strip("${}")}}}"' if i % 2 else shlex.quote(piece)
+                   for i, piece in enumerate(pieces) if piece) or "''"
 
 
 def _minutes(seconds: float) -> str:
@@ -126,7 +135,7 @@ class SlurmExecutor:
         # passes on anyway): the plan, the pins, the adapter on PYTHONPATH.
         exports = [f"export {k}={shlex.quote(v)}" for k, v in sorted(spec.env.items())
                    if os.environ.get(k) != v and k.isidentifier()]
-        command = " ".join(_shell_word(w) for w in spec.argv)
+        command = " ".join(shell_word(w, self.options.expand_env) for w in spec.argv)
         if self.options.nodes > 1 or self.options.ntasks_per_node:
             # One launcher per node (torchrun, msrun): srun starts it on each, where
             # $SLURM_NODEID says which node it is.
