@@ -7,8 +7,14 @@ STAMP := $(VENV)/.installed
 # (the main venv has 2.10). About 80-170 s and 3.4 GB.
 MF_VENV := .venv-mindformers
 MF_STAMP := $(MF_VENV)/.installed
+# Real torchtitan 0.3.0 as a client job, in a venv of its own (the tool's venv is never on its
+# path; `make torchtitan-venv`, not yet used by `make test`). torchtitan declares neither torch
+# nor triton but imports triton unconditionally;
+# torch goes first so pip keeps the CPU wheel. About 2.5 GB.
+TT_VENV := .venv-torchtitan
+TT_STAMP := $(TT_VENV)/.installed
 
-.PHONY: install slurm mindformers-venv test demo bench lint clean
+.PHONY: install slurm mindformers-venv torchtitan-venv test test-fast demo bench lint clean
 
 install: $(STAMP)
 
@@ -26,12 +32,26 @@ $(MF_STAMP):
 	$(MF_VENV)/bin/pip install --quiet "mindspore==2.9.0" "mindformers==1.9.0" "numpy<2"
 	touch $(MF_STAMP)
 
+torchtitan-venv: $(TT_STAMP)
+
+$(TT_STAMP):
+	$(PYTHON) -m venv $(TT_VENV)
+	$(TT_VENV)/bin/pip install --quiet "torch==2.13.0"
+	# tokenizers: the tests build torchtitan's tokenizer assets locally with it.
+	$(TT_VENV)/bin/pip install --quiet "torchtitan==0.3.0" "triton==3.9.0" tokenizers
+	touch $(TT_STAMP)
+
 # The tests start a real single-node Slurm: Debian's slurm-wlm and munge, installed when missing.
 slurm:
 	.ci/install-slurm
 
+# A skipped test fails here (tests/conftest.py): `make test` means the real engines ran.
 test: $(STAMP) slurm $(MF_STAMP)
-	$(BIN)/python -m pytest -q
+	BISECT_PREFETCH_NO_SKIPS=1 $(BIN)/python -m pytest -q
+
+# The fast tests alone (no real training runs), for iteration: about a minute.
+test-fast: $(STAMP)
+	$(BIN)/python -m pytest -q -m "not slow"
 
 # The main job on the reference workload: bisect the FSDP2 workload with a planted
 # fault. Exit code 1 means "culprit found", which is the demo's expected ending.
@@ -47,4 +67,4 @@ lint: $(STAMP)
 	$(BIN)/ruff check bisect_prefetch tests benchmarks
 
 clean:
-	rm -rf $(VENV) $(MF_VENV) .bisect-prefetch
+	rm -rf $(VENV) $(MF_VENV) $(TT_VENV) .bisect-prefetch

@@ -9,12 +9,13 @@ through all orders of three conditions:
 - ``off``: adapter paused (``fsdp2.paused()``: the patched FSDP2 methods pass
   straight through, no report_step), i.e. the workload without the adapter;
 - ``on``: mask + probe on every prefetch, report_step (metrics line, probe rewrite);
-- ``digests``: as ``on``, plus blake2b digests of every parameter's gradient.
+- ``digests``: as ``on``, plus the digests of every parameter's gradient and value
+  (adapters/digest.py), as the optimizer step pre-hook takes them in a zero-touch job.
 
 Overhead = median(on) / median(off) - 1; the digests' extra cost is reported
 on top of ``on``, both for wall time and for the CPU time of rank 0's step
 thread (which a loaded machine disturbs less). The digests are also timed
-directly: the CPU time of ``write_digests`` itself in each ``digests`` step,
+directly: the CPU time of taking and writing them in each ``digests`` step,
 against the median CPU time of an ``on`` step (a difference of two medians
 moves by a few percent on a shared machine; the direct time does not). The
 interleaved job runs ``--repeats`` times; each figure is the median over the
@@ -105,7 +106,7 @@ def worker(out: str, layers: int, steps: int) -> None:
     schedule = itertools.cycle(c for order in itertools.permutations(CONDITIONS) for c in order)
     times: dict[str, list[float]] = {c: [] for c in CONDITIONS}
     cpu_times: dict[str, list[float]] = {c: [] for c in CONDITIONS}
-    digest_cpu: list[float] = []  # write_digests alone, in each digests step
+    digest_cpu: list[float] = []  # the digests alone, in each digests step
     for step in range(1, steps + 1):
         condition = "on" if step <= WARMUP_STEPS else next(schedule)
         started, cpu_started = time.perf_counter(), time.thread_time()
@@ -116,7 +117,8 @@ def worker(out: str, layers: int, steps: int) -> None:
             adapters.report_step(step, loss=loss, grad_norm=grad_norm)
         if condition == "digests":
             digest_started = time.thread_time()
-            fsdp2_adapter.adapter().write_digests(step, "*")
+            adapter = fsdp2_adapter.adapter()
+            adapter.session.recorder.digest_columns(step, *adapter.tensor_digests("*", step))
             if step > WARMUP_STEPS:
                 digest_cpu.append(time.thread_time() - digest_started)
         if step > WARMUP_STEPS:

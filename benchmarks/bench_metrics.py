@@ -113,7 +113,7 @@ def compare_metrics(a: Path, b: Path, workers: int | None = None) -> dict:
 
 FOLLOW_S = 20.0  # the writer appends the whole run in about this long
 POLL_S = 0.05  # as the orchestrator polls a running job (runs/launcher.py)
-MINDFORMERS_STEP_S = 0.027  # a real MindFormers 1.9 step on CPU (DESIGN.md): ~45 min for 100k steps
+MINDFORMERS_STEP_S = 0.027  # a real MindFormers 1.9 step on CPU, as measured: ~45 min for 100k steps
 # Appends each worker log of SRC under DST in slices, so that the whole run takes about
 # FOLLOW_S: the pace of a job ~130x faster than the real one, to make the follower work.
 WRITER = """

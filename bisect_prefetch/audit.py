@@ -57,8 +57,9 @@ from bisect_prefetch.vocab import NOOP, PROBE_OUTCOMES, parse_edge_id
 OUTCOMES = PROBE_OUTCOMES
 # Kinds that waste work or can race make the audit fail; the others are notes.
 FAILING_KINDS = ("size-one", "never-consumed", "late")
-NOTE_KINDS = ("no-op", "shadowed", "duplicate-target")
+NOTE_KINDS = ("no-op", "shadowed", "duplicate-target", "never-fired")
 KINDS = FAILING_KINDS + NOTE_KINDS
+ORDER_KINDS = ("never-consumed", "late", "no-op", "shadowed")  # need the order record
 
 
 def _empty_counts() -> dict[str, int]:
@@ -102,7 +103,7 @@ def _pitfall_units(probes: Sequence[dict[str, Any]]) -> list[str]:
 def audit(graph: dict[str, Any], probes: Sequence[dict[str, Any]],
           order: Sequence[dict[str, Any]] | None = None,
           kinds: Sequence[str] = KINDS) -> dict[str, Any]:
-    """The audit JSON (DESIGN.md) for a discovered graph, its ranks' probes and order record.
+    """The audit JSON (docs/contract.md) for a discovered graph, its ranks' probes and order record.
 
     ``kinds``: which kinds of finding to report; ``ok`` is false when any of
     them is a failing kind (FAILING_KINDS) or real prefetch was lost.
@@ -122,6 +123,7 @@ def audit(graph: dict[str, Any], probes: Sequence[dict[str, Any]],
                 "attempts": c["attempts"],
                 "guarded": c["guarded"],
                 "masked": c["masked"],
+                "fired": sum(c[outcome] for outcome in OUTCOMES),
             }
         )
     size_one = [e for e in edges if e["size_one"]]
@@ -152,6 +154,13 @@ def audit(graph: dict[str, Any], probes: Sequence[dict[str, Any]],
     result["findings"] = chosen
     result["kinds"] = list(kinds)
     result["order_recorded"] = order is not None
+    # What could not be judged, and why: never reported as fine.
+    result["not_checked"] = [
+        {"kind": kind, "reason": "the run recorded no unit order (an older run, recording "
+                                 "off, or no step boundary found in the job)"}
+        for kind in kinds if kind in ORDER_KINDS and order is None
+    ]
+    result["checked"] = [k for k in kinds if k not in {n["kind"] for n in result["not_checked"]}]
     result["ok"] = not lost and not any(f["kind"] in FAILING_KINDS for f in chosen)
     return result
 
@@ -295,6 +304,18 @@ def _size_one(result: dict[str, Any], probes: Sequence[dict[str, Any]],
         entry["ranks"] |= ranks
 
 
+def _never_fired(result: dict[str, Any], probes: Sequence[dict[str, Any]],
+                 findings: _Findings) -> None:
+    """Edges in the graph (set by the job, or listed by a static policy) that no rank's
+    prefetch ever went through: they do nothing in this build, or the graph is wrong."""
+    if not any(probe.get("steps") for probe in probes):
+        return  # a run that saw no step cannot tell
+    for edge in result["edges"]:
+        if edge["fired"] == 0:
+            findings.add("never-fired", edge["id"], "set, but no prefetch went through it on "
+                         "any rank")
+
+
 def findings(graph: dict[str, Any], probes: Sequence[dict[str, Any]],
              order: Sequence[dict[str, Any]] | None, result: dict[str, Any]) -> list[dict]:
     """Every kind of suspect edge (KINDS) with its evidence, steps and ranks.
@@ -307,6 +328,7 @@ def findings(graph: dict[str, Any], probes: Sequence[dict[str, Any]],
     found = _Findings()
     _size_one(result, probes, found)
     _duplicate_targets(graph, found)
+    _never_fired(result, probes, found)
     if order is not None:
         from_order = _Findings()
         _order_findings(order, from_order)

@@ -15,6 +15,7 @@ from __future__ import annotations
 import copy
 import hashlib
 import json
+import re
 from pathlib import Path
 from typing import Annotated, Any, Literal, TypeVar
 
@@ -30,10 +31,16 @@ from pydantic import (
 )
 
 from bisect_prefetch.errors import BisectPrefetchError
-from bisect_prefetch.vocab import CONSISTENT, DIVERGED, EXPECTATIONS, GUARDS, METRIC_FORMATS
+from bisect_prefetch.vocab import (
+    CONSISTENT,
+    DIVERGED,
+    EXPECTATIONS,
+    GUARDS,
+    METRIC_FORMATS,
+    RECORD_FORMAT,
+)
 from bisect_prefetch.workloads import mindformers as mindformers_workload
 
-BUILTINS = ("fsdp2", "mindspore", "mindformers")
 # The words come from vocab; pydantic checks a value against them through these types.
 MetricFormat = Literal[METRIC_FORMATS]  # type: ignore[valid-type]
 Guard = Literal[GUARDS]  # type: ignore[valid-type]
@@ -42,6 +49,7 @@ ModelT = TypeVar("ModelT", bound=BaseModel)
 
 # A name becomes a directory under the state dir: keep it to one safe path part.
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]*$"
+ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
 class _Strict(BaseModel):
@@ -98,6 +106,16 @@ class Metrics(_Strict):
             raise ValueError("metrics format regex needs metrics.pattern")
         return self
 
+    @field_validator("files")
+    @classmethod
+    def _files_inside_the_run_dir(cls, value: str | None) -> str | None:
+        # A run is judged on its own files only: no absolute glob, no way out of its dir.
+        if value is not None and (value.startswith(("/", "\\")) or ".." in Path(value).parts
+                                  or not value.strip()):
+            raise ValueError(f"metrics.files {value!r} must be a glob inside the run dir "
+                             "(relative, without ..)")
+        return value
+
     def default_files(self) -> str:
         return self.files or ("metrics.jsonl" if self.format == "jsonl" else "stdout.log")
 
@@ -143,7 +161,7 @@ class Record(_Strict):
 
 
 SLURM_ONLY = ("partition", "nodes", "ntasks_per_node", "gpus_per_node", "gres", "time",
-              "account", "qos", "sbatch_args")
+              "account", "qos", "sbatch_args", "expand_env")
 
 
 class ExecutorConfig(_Strict):
@@ -161,6 +179,27 @@ class ExecutorConfig(_Strict):
     account: str | None = None
     qos: str | None = None
     sbatch_args: list[str] = Field(default_factory=list)  # passed to every sbatch as they are
+    # Slurm: the environment names whose `$NAME` or `${NAME}` in the command expand on the
+    # node (e.g. MASTER_ADDR, SLURM_NODEID); every other character reaches the job as given.
+    expand_env: list[str] = Field(default_factory=list)
+
+    @field_validator("expand_env")
+    @classmethod
+    def _env_names(cls, names: list[str]) -> list[str]:
+        for name in names:
+            if not ENV_NAME.fullmatch(name):
+                raise ValueError(f"expand_env: {name!r} is not an environment name")
+        return names
+
+    @model_validator(mode="after")
+    def _no_control_characters(self) -> ExecutorConfig:
+        # These become lines of a batch script: a newline would start a line of its own.
+        for key in ("partition", "gres", "time", "account", "qos", "sbatch_args"):
+            value = getattr(self, key)
+            for word in value if isinstance(value, list) else [value]:
+                if word is not None and any(ord(c) < 32 or ord(c) == 127 for c in word):
+                    raise ValueError(f"executor.{key} {word!r} holds a control character")
+        return self
 
     @model_validator(mode="after")
     def _keys_fit_kind(self) -> ExecutorConfig:
@@ -184,10 +223,10 @@ class Experiment(_Strict):
     env: dict[str, str] = Field(default_factory=dict)
     metrics: Metrics = Field(default_factory=Metrics)
     graph: GraphSource = Field(default_factory=GraphSource)
-    steps: Annotated[int, Field(ge=1)] = 30
-    seed: int = 1234
-    timeout_s: Annotated[float, Field(gt=0)] = 600.0
-    no_progress_timeout_s: Annotated[float, Field(gt=0)] | None = None
+    steps: Annotated[int, Field(ge=1, strict=True)] = 30  # strict: `steps: true` is no 1
+    seed: Annotated[int, Field(strict=True)] = 1234
+    timeout_s: Annotated[float, Field(gt=0, allow_inf_nan=False)] = 600.0
+    no_progress_timeout_s: Annotated[float, Field(gt=0, allow_inf_nan=False)] | None = None
     guard: Guard = "none"
     search: Search = Field(default_factory=Search)
     executor: ExecutorConfig = Field(default_factory=ExecutorConfig)
@@ -225,6 +264,17 @@ class Experiment(_Strict):
                              "not this built-in workload")
         if self.overrides and not self.config and self.command is not None:
             raise ValueError("overrides need a config file to apply to")
+        # What exec and every executor take: no NUL byte anywhere, identifier env names
+        # (Slurm passes no other), so a bad word stops here, not in a launched job.
+        for word in self.command or []:
+            if "\0" in word:
+                raise ValueError(f"command argument {word!r} holds a NUL byte")
+        for key, value in self.env.items():
+            if not ENV_NAME.fullmatch(key):
+                raise ValueError(f"env name {key!r} is not a name every executor can pass "
+                                 "(letters, digits and _, not starting with a digit)")
+            if "\0" in value:
+                raise ValueError(f"env {key} holds a NUL byte")
         return self
 
     @property
@@ -250,6 +300,7 @@ class Experiment(_Strict):
         """
         keys = {"workload", "command", "config", "overrides", "env", "metrics", "seed", "record"}
         data = self.model_dump(mode="json", include=keys)
+        data["record_format"] = RECORD_FORMAT  # runs recorded another way are other runs
         if self.config_path() is not None and self.config_path().is_file():
             data["config_sha256"] = hashlib.sha256(self.config_path().read_bytes()).hexdigest()
         canonical = json.dumps(data, sort_keys=True, separators=(",", ":"))
@@ -305,18 +356,89 @@ class Matrix:
 
 
 # -- loading --------------------------------------------------------------
+MAX_ALIASES = 1000  # a hand-written file uses a few
+MAX_EXPANDED_NODES = 1_000_000  # what the file means once every alias is copied out
+
+
+class _Loader(yaml.SafeLoader):
+    """safe_load, counting aliases and refusing duplicate keys (the last would win silently)."""
+
+    def __init__(self, stream: str) -> None:
+        super().__init__(stream)
+        self.aliases = 0
+
+    def compose_node(self, parent, index):  # noqa: ANN001, ANN201 (yaml's signature)
+        if self.check_event(yaml.AliasEvent):
+            self.aliases += 1
+            if self.aliases > MAX_ALIASES:
+                raise yaml.YAMLError(f"more than {MAX_ALIASES} aliases")
+        return super().compose_node(parent, index)
+
+    def construct_mapping(self, node, deep=False):  # noqa: ANN001, ANN201
+        seen: set = set()
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":
+                continue  # `<<: *base` merges; the keys given beside it win, as YAML says
+            key = self.construct_object(key_node, deep=True)
+            try:
+                duplicate = key in seen
+                seen.add(key)
+            except TypeError:  # an unhashable key: yaml's own error follows
+                continue
+            if duplicate:
+                mark = key_node.start_mark
+                raise yaml.YAMLError(f"duplicate key {key!r} (line {mark.line + 1})")
+        return super().construct_mapping(node, deep=deep)
+
+
+def _expanded_nodes(data: Any) -> int:
+    """How many values data holds with aliases copied out (as json.dumps would write it),
+    counted once per shared object, so a small file of nested aliases costs nothing here."""
+    sizes: dict[int, int] = {}
+    active: set[int] = set()
+
+    def size(value: Any) -> int:
+        if not isinstance(value, dict | list):
+            return 1
+        key = id(value)
+        if key in sizes:
+            return sizes[key]
+        if key in active:
+            raise BisectPrefetchError("an alias refers to itself (a recursive structure)")
+        active.add(key)
+        children = list(value.keys()) + list(value.values()) if isinstance(value, dict) else value
+        total = 1 + sum(size(child) for child in children)
+        active.discard(key)
+        sizes[key] = total
+        return total
+
+    return size(data)
+
+
 def _read_yaml(path: Path) -> Any:
     try:
-        text = path.read_text()
+        text = path.read_text(encoding="utf-8")
     except OSError as exc:
         raise BisectPrefetchError(f"cannot read {path}: {exc.strerror or exc}") from None
+    except UnicodeDecodeError as exc:
+        raise BisectPrefetchError(f"{path}: not UTF-8 text (byte {exc.start})") from None
     try:
-        return yaml.safe_load(text)
+        data = yaml.load(text, Loader=_Loader)  # noqa: S506 (a SafeLoader)
+    except RecursionError:
+        raise BisectPrefetchError(f"{path}: nested too deeply") from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark else ""
         problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
         raise BisectPrefetchError(f"{path}: malformed YAML{where}: {problem}") from None
+    try:
+        nodes = _expanded_nodes(data)
+    except RecursionError:
+        raise BisectPrefetchError(f"{path}: nested too deeply") from None
+    if nodes > MAX_EXPANDED_NODES:
+        raise BisectPrefetchError(f"{path}: its aliases expand to {nodes:,} values, more than "
+                                  f"the {MAX_EXPANDED_NODES:,} an experiment may hold")
+    return data
 
 
 def _model_at(model: type[BaseModel], loc: tuple) -> type[BaseModel] | None:

@@ -10,6 +10,7 @@ writes; both render as text, json, dot, mermaid and png.
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -51,8 +52,10 @@ class PrefetchGraph:
 
     # -- building ---------------------------------------------------------
     def add_node(
-        self, name: str, *, kind: str, order: int, shard_size: int | None = None
+        self, name: str, *, kind: str, order: int | None, shard_size: int | None = None
     ) -> None:
+        """order: the unit's place in the forward pass; None for a unit with no parameters of
+        its own (torchtitan's root only groups others), which has no all-gather to place."""
         if kind not in NODE_KINDS:
             raise BisectPrefetchError(f"unknown node kind {kind!r} (one of {', '.join(NODE_KINDS)})")
         self.g.add_node(name, kind=kind, order=order, shard_size=shard_size)
@@ -70,7 +73,13 @@ class PrefetchGraph:
     # -- reading ----------------------------------------------------------
     def nodes(self) -> list[str]:
         """Node names in forward order."""
-        return sorted(self.g.nodes, key=lambda n: (self.g.nodes[n]["order"], n))
+        return sorted(self.g.nodes, key=lambda n: (self._place(n), n))
+
+    def _place(self, name: str) -> float:
+        # A unit without a forward position (order None) sorts after every other: the root,
+        # whose backward runs first.
+        order = self.g.nodes[name]["order"]
+        return math.inf if order is None else order
 
     def node(self, name: str) -> dict:
         return dict(self.g.nodes[name])
@@ -80,7 +89,7 @@ class PrefetchGraph:
 
         Backward edges run from the last layer down, as they fire in a step.
         """
-        order = {n: self.g.nodes[n]["order"] for n in self.g.nodes}
+        order = {n: self._place(n) for n in self.g.nodes}
         out = []
         for ph in PHASES if phase is None else (phase,):
             group = [Edge(ph, s, d) for s, d, k in self.g.edges(keys=True) if k == ph]
@@ -119,7 +128,7 @@ class PrefetchGraph:
             graph = cls()
             for node in data["nodes"]:
                 graph.add_node(
-                    node["name"], kind=node["kind"], order=int(node["order"]),
+                    node["name"], kind=node["kind"], order=_order(node["order"]),
                     shard_size=node.get("shard_size"),
                 )
             for edge in data["edges"]:
@@ -139,6 +148,11 @@ class PrefetchGraph:
         except json.JSONDecodeError as exc:
             raise BisectPrefetchError(f"{path}: not JSON ({exc.msg}, line {exc.lineno})") from None
         return cls.from_dict(data)
+
+
+def _order(value: object) -> int | None:
+    # null: a unit with no parameters (it still prefetches, so it is an ordinary node).
+    return None if value is None else int(value)
 
 
 # -- static policies ------------------------------------------------------
@@ -193,22 +207,24 @@ def _fsdp2_chain(layers: int) -> PrefetchGraph:
 
 
 def _torchtitan(layers: int) -> PrefetchGraph:
-    """The explicit chain torchtitan wires by hand: tok_embeddings, layers, norm, output."""
+    """torchtitan 0.3.0's dense llama3 as FSDP2 runs it (checked against a real discovery).
+
+    torchtitan shards tok_embeddings, each layer and [norm, lm_head] (one unit, named
+    `norm+lm_head` by the adapter) on their own, then the root, which holds no parameters.
+    It sets explicit prefetch lists only with expert parallelism, so a dense model runs on
+    FSDP2's implicit backward chain alone: norm+lm_head -> last layer, layer i -> i-1,
+    layer 0 -> tok_embeddings (layers + 1 edges, no forward edges).
+    """
     g = PrefetchGraph()
     names = [f"layers.{i}" for i in range(layers)]
     g.add_node("tok_embeddings", kind="embedding", order=0)
     for i, name in enumerate(names):
         g.add_node(name, kind="layer", order=i + 1)
-    g.add_node("norm", kind="tail", order=layers + 1)
-    g.add_node("output", kind="tail", order=layers + 2)
-    chain = ["tok_embeddings", *names]
-    for a, b in zip(chain, chain[1:], strict=False):
-        g.add_edge(FWD, a, b)
-    g.add_edge(FWD, names[-1], "norm")
-    g.add_edge(FWD, names[-1], "output")
-    g.add_edge(BWD, "output", names[-1])
-    for a, b in zip(reversed(chain), list(reversed(chain))[1:], strict=False):
-        g.add_edge(BWD, a, b)
+    g.add_node("norm+lm_head", kind="tail", order=layers + 1)
+    g.add_node("root", kind="root", order=None)  # only groups the others
+    chain = ["tok_embeddings", *names, "norm+lm_head"]
+    for a, b in zip(chain[1:], chain, strict=False):
+        g.add_edge(BWD, a, b, implicit=True)
     return g
 
 

@@ -21,7 +21,6 @@ USABLE_OUTCOMES = (OK, STOPPED_EARLY)
 CONSISTENT = "consistent"
 DIVERGED = "diverged"
 SAME = "same"  # one run that agreed with its reference, as progress lines say it
-GROUP_VERDICTS = (CONSISTENT, DIVERGED, ERROR)
 EXPECTATIONS = (CONSISTENT, DIVERGED, "any")
 
 # -- guards: prefetches the adapter skips whatever the mask says -------------------
@@ -38,6 +37,14 @@ NOOP = "noop"  # allowed, but its target was already unsharded or pending
 MASKED = "masked"  # the mask switched the edge off
 GUARDED = "guarded"  # the guard skipped it
 PROBE_OUTCOMES = (ISSUED, NOOP, MASKED, GUARDED)
+
+# -- gradient digests (digests.jsonl: adapters/digest.py writes, metrics/ reads) -------
+# A parameter's value digest is recorded under the parameter's name plus this suffix.
+VALUE_SUFFIX = "@value"
+# How a run's records are made (adapters/digest.py, adapters/steps.py): runs journaled
+# under another format are not reused. 2: digests of every element, of gradients and
+# values, at the optimizer's step boundary.
+RECORD_FORMAT = 2
 
 # -- edges and masks -----------------------------------------------------------------
 # A mask: the set of ENABLED edge ids. One type from the search to the plan file; it

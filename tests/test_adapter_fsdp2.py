@@ -238,53 +238,92 @@ def test_fsdp2_adapter_activates_on_import_even_when_the_job_imports_it_first(tm
 
 
 # -- gradient digests of torch gradients ------------------------------------------------
-def test_gradient_batch_measures_each_gradient_and_hashes_what_its_digest_covers():
+def _reference_digest(values) -> str:
+    """adapters/digest.py's digest, computed element by element in plain Python."""
+    import numpy as np
+
+    from bisect_prefetch.adapters import digest
+
+    array = np.ascontiguousarray(values).reshape(-1)
+    bits = digest.lane_bits(array.itemsize)
+    patterns = array.view(f"u{array.itemsize}").tolist()
+    wide = (array.astype(np.float64) if array.dtype.kind == "f" else array).view(np.uint64)
+    xor = 0
+    for pattern in wide.tolist():
+        xor ^= pattern
+    weighted = sum(pattern * digest.weight(i, bits) for i, pattern in enumerate(patterns))
+    weighted %= 1 << bits
+    if weighted >> (bits - 1):  # as a signed L-bit integer
+        weighted -= 1 << bits
+    return digest.spell(xor, weighted)
+
+
+def test_tensor_batch_digests_every_element_as_the_format_says():
     torch = pytest.importorskip("torch")
-    from bisect_prefetch.adapters.digest import FULL_BYTES, gradient_digest
-    from bisect_prefetch.adapters.fsdp2 import BATCHED_MAX_BYTES, GradientBatch
+    from bisect_prefetch.adapters.hyper_parallel import array_digest
+    from bisect_prefetch.adapters.torch_digest import BATCHED_MAX_BYTES, TensorBatch
 
     torch.manual_seed(0)
     grads = [
-        torch.randn(10_000),  # sampled
-        torch.randn(7),  # hashed whole
+        torch.randn(10_000),  # batched
+        torch.randn(7),
         torch.randn(300, 40).t(),  # strided
         torch.randn(7),  # a second of the same size
-        torch.randn(2000, dtype=torch.float64),  # another dtype
+        torch.randn(2000, dtype=torch.float64),  # another dtype, 64-bit lanes
         torch.randn(40_000),  # measured where it lies, not batched
         torch.randn(400, 100).t(),  # the same, strided
+        torch.randn(33, dtype=torch.bfloat16),  # 16-bit patterns widened
     ]
     grads[1][3] = float("nan")
-    assert grads[0].numel() * 4 > FULL_BYTES and grads[-1].numel() * 4 > BATCHED_MAX_BYTES
+    assert grads[5].numel() * 4 > BATCHED_MAX_BYTES
     names = [f"p{k}" for k in range(len(grads))]
-    batch = GradientBatch([*names, "empty"], [*grads, torch.zeros(0)])
+    batch = TensorBatch([*names, "empty"], [*grads, torch.zeros(0)])
     measured, digests, norms, peaks = batch.measure([*grads, torch.zeros(0)])
     assert measured == names  # an empty shard has nothing to digest
-    # The accelerator's way reads the same bytes.
-    assert batch.measure([*grads, torch.zeros(0)], gather=True)[1] == digests
     for grad, digest, norm, max_abs in zip(grads, digests, norms, peaks, strict=True):
-        data = grad.contiguous().numpy().tobytes()
-        peak = float(grad.abs().max())
-        assert digest == gradient_digest(data, peak)
+        flat = grad.contiguous().reshape(-1)
+        if flat.dtype != torch.bfloat16:  # numpy has no bfloat16
+            assert digest == _reference_digest(flat.numpy())
+            assert digest == array_digest(flat.numpy())  # MindSpore's numpy path agrees
+        peak = float(grad.double().abs().max())
         if peak == peak:
-            assert max_abs == peak and norm == pytest.approx(float(grad.double().norm()), rel=1e-12)
+            assert max_abs == peak and norm == pytest.approx(float(grad.double().norm()), rel=1e-5)
         else:  # NaN stays NaN
             assert max_abs != max_abs and norm != norm
     assert len(set(digests)) == len(grads)
 
 
-def test_a_one_ulp_change_changes_exactly_that_gradients_digest():
+def test_a_one_ulp_change_anywhere_changes_exactly_that_tensors_digest():
     torch = pytest.importorskip("torch")
-    from bisect_prefetch.adapters.fsdp2 import GradientBatch
+    hypothesis = pytest.importorskip("hypothesis")
+    from hypothesis import strategies as st
+
+    from bisect_prefetch.adapters.torch_digest import TensorBatch
 
     torch.manual_seed(1)
-    grads = [torch.randn(5000), torch.randn(16), torch.randn(16), torch.randn(20_000)]
-    batch = GradientBatch(["a", "b", "c", "d"], grads)
+    grads = [torch.randn(50_000), torch.randn(16), torch.randn(16), torch.randn(3000),
+             torch.randn(20_000, dtype=torch.float64)]
+    batch = TensorBatch([f"g{k}" for k in range(len(grads))], grads)
     before = batch.measure(grads)[1]
-    for k in range(len(grads)):
+
+    @hypothesis.settings(max_examples=60, deadline=None)
+    @hypothesis.given(st.data())
+    def one_ulp(data):
+        k = data.draw(st.integers(0, len(grads) - 1))
+        i = data.draw(st.integers(0, grads[k].numel() - 1))  # the unsampled middle included
+        up = data.draw(st.booleans())
         changed = [g.clone() for g in grads]
-        changed[k][0] = torch.nextafter(changed[k][0], torch.tensor(float("inf")))
+        flat = changed[k].view(-1)
+        flat[i] = torch.nextafter(flat[i], torch.tensor(float("inf") if up else float("-inf"),
+                                                        dtype=flat.dtype))
         after = batch.measure(changed)[1]
-        assert [a != b for a, b in zip(before, after, strict=True)] == [i == k for i in range(4)]
+        assert [a != b for a, b in zip(before, after, strict=True)] == [j == k for j in range(len(grads))]
+
+    one_ulp()
+    # Two elements swapped: xor cannot see it, the weighted sum does.
+    swapped = [g.clone() for g in grads]
+    swapped[3][[0, 1]] = swapped[3][[1, 0]]
+    assert batch.measure(swapped)[1][3] != before[3]
 
 
 # -- FSDP2, real runs ------------------------------------------------------------------

@@ -304,8 +304,8 @@ def mindspore_digest_run(out_dir: Path, monkeypatch, *, nudge_step: int | None =
     """Three steps of the reference GPT under hyper-parallel's double, in this process.
 
     Each step leaves every parameter's shard gradient on ``sharded_param.grad``, as
-    hyper-parallel's post-backward does, then reports the step (the adapter digests at
-    its end). nudge_step: at that step, one element of NUDGED_PARAM's gradient moves by
+    hyper-parallel's post-backward does, then calls the optimizer (the adapter digests
+    the gradients and values before the update). nudge_step: at that step, one element of NUDGED_PARAM's gradient moves by
     one ulp. Returns the last step's gradients by parameter name.
     """
     ms = pytest.importorskip("mindspore")
@@ -319,8 +319,7 @@ def mindspore_digest_run(out_dir: Path, monkeypatch, *, nudge_step: int | None =
     plan = {"version": 1, "out_dir": str(out_dir), "mask": None, "guard": "none",
             "record": {"digests": "*", "digest_every": 1}}
     session = Session(parse_plan(plan), rank=0)
-    adapter = hp.HyperParallelAdapter(session)
-    session.add_step_end_listener(adapter.on_step_end)
+    adapter = hp.HyperParallelAdapter(session)  # it hooks the optimizer: no step call of ours
     monkeypatch.setattr(hp, "_adapter", adapter)
 
     model = workload.GPT(layers=2)
@@ -351,22 +350,26 @@ def mindspore_digest_run(out_dir: Path, monkeypatch, *, nudge_step: int | None =
 
 @pytest.mark.mindspore
 def test_digests_of_mindspore_gradients_are_the_lines_the_orchestrator_reads(tmp_path, monkeypatch):
-    from bisect_prefetch.adapters.digest import FULL_BYTES
+    from bisect_prefetch.adapters.hyper_parallel import array_digest
     from bisect_prefetch.metrics.digests import parse_digest_line
     from bisect_prefetch.metrics.localize import unit_of, units_in_graph
+    from bisect_prefetch.vocab import VALUE_SUFFIX
 
     grads = mindspore_digest_run(tmp_path, monkeypatch)
     lines = (tmp_path / "digests.jsonl").read_text().splitlines()
-    assert len(lines) == 3 * len(grads)
+    assert len(lines) == 3 * 2 * len(grads)  # each parameter's gradient and value
     assert all(set(json.loads(line)) == DIGEST_FIELDS for line in lines)
     records = [parse_digest_line(line) for line in lines]
-    assert [r.step for r in records] == [s for s in (1, 2, 3) for _ in grads]
-    assert {r.param for r in records} == set(grads) and {r.rank for r in records} == {0}
+    assert [r.step for r in records] == [s for s in (1, 2, 3) for _ in range(2 * len(grads))]
+    values = {name + VALUE_SUFFIX for name in grads}
+    assert {r.param for r in records} == set(grads) | values and {r.rank for r in records} == {0}
     # Every parameter lies in a unit of the graph (the names come from the same walk).
     units = units_in_graph(tmp_path / "graph.rank0.json")
     assert {unit_of(r.param, units) for r in records} == set(units) - {"root"}
-    assert grads[NUDGED_PARAM].nbytes > FULL_BYTES  # sampled; others are hashed whole
-    for record in records[-len(grads):]:
+    last = [r for r in records if r.step == 3 and r.param in grads]
+    assert len(last) == len(grads)
+    for record in last:
+        assert record.digest == array_digest(grads[record.param].reshape(-1))
         grad = grads[record.param].astype("float64")
         assert record.norm == pytest.approx(float((grad**2).sum() ** 0.5), rel=1e-12)
         assert record.max_abs == float(abs(grads[record.param]).max())
@@ -386,7 +389,7 @@ def test_mindspore_digests_are_reproducible_and_see_a_one_ulp_change(tmp_path, m
     assert result.first_diff_step == 2
     assert result.at_first == [(0, NUDGED_PARAM)]
     assert result.spread[2] == 1  # exactly that parameter's digest at that step
-    assert result.records_compared == 3 * len(grads)
+    assert result.records_compared == 3 * 2 * len(grads)
     assert result.missing_in_a == result.missing_in_b == 0
 
 
@@ -596,3 +599,30 @@ def test_audit_catches_a_build_guard_that_disables_real_prefetch(runs):
     assert (result["guard"], result["ok"]) == ("disables-real-prefetch", False)
     assert set(result["real_prefetch_lost"]) == _edge_ids(run.graph())
     assert "decoder.layers.0" in result["pitfall_units"]
+
+
+@mindspore_run
+def test_msrun_jobs_get_every_signal_from_the_optimizer_call_alone(runs):
+    """The workload calls report_step only for its metrics line: boundaries, digests, order and
+    step times come from the optimizer Cell's call, on both ranks."""
+    run = runs("two-ranks-guarded")
+    for rank in range(2):
+        probe = run.probe(rank)
+        assert probe["step_source"] == "optimizer" and probe["steps_counted"] == STEPS
+        assert [s for s, _ in probe["step_seconds"]] == list(range(1, STEPS + 1))
+        assert probe["step_notes"] == []  # report_step agreed with the optimizer's count
+        assert (run.dir / f"order.rank{rank}.jsonl").read_text().count("\n") == min(STEPS, 3)
+    ranks = {json.loads(line)["rank"] for line in (run.dir / "digests.jsonl").open()}
+    assert ranks == {0, 1}
+
+
+@mindspore_run
+def test_a_nudged_parameter_is_localized_to_the_target_of_its_edge(runs):
+    from bisect_prefetch.metrics.localize import judge_digests, units_in_graph
+
+    reference, nudged = runs("reference"), runs("nudge")
+    verdict = judge_digests(reference.dir, nudged.dir, units=units_in_graph(
+        nudged.dir / "graph.rank0.json"), ranks=1)
+    where = verdict.localization
+    assert where is not None and where.step == 1, verdict
+    assert (where.unit, where.rule) == ("decoder.layers.0", "values")

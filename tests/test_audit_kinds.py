@@ -14,7 +14,7 @@ import pytest
 from rich.console import Console
 
 from bisect_prefetch.audit import FAILING_KINDS, audit, audit_run_dir
-from bisect_prefetch.commands.audit import finding_lines, run_audit
+from bisect_prefetch.commands.audit import finding_lines, run_audit, verdict_lines
 
 A, B, C = "layers.0", "layers.1", "layers.2"
 
@@ -103,6 +103,11 @@ def test_a_run_without_order_says_so_and_audits_what_it_has(tmp_path):
     assert result["order_recorded"] is False and result["ok"]
     lines = finding_lines(result)
     assert len(lines) == 1 and "recorded no unit order" in lines[0]
+    assert lines[0].startswith("not checked: never-consumed, late, no-op, shadowed: ")
+    assert {n["kind"] for n in result["not_checked"]} == {"never-consumed", "late", "no-op",
+                                                          "shadowed"}
+    closing = verdict_lines(result)[-1]
+    assert closing.startswith("-> OK for what was checked") and "not checked: " in closing
 
 
 # -- real runs: planted kinds ----------------------------------------------------------

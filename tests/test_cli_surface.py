@@ -1,6 +1,6 @@
 """The CLI surface, frozen: a change to a command or an option must change this test too.
 
-Other tools, CI jobs and the docs call these names (DESIGN.md's CLI contract).
+Other tools, CI jobs and the docs call these names (the CLI contract, docs/contract.md).
 """
 
 import typer.main

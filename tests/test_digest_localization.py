@@ -92,20 +92,48 @@ def test_unit_of_takes_the_longest_unit_and_root_otherwise():
     assert unit_of("norm.weight", ["layers.0", "norm+output"]) == "norm+output"
 
 
-def test_localization_names_the_step_the_unit_whose_norm_moved_most_and_the_spread(tmp_path):
+def test_gradients_alone_name_the_first_differing_unit_in_backward_order(tmp_path):
     ref = _write(tmp_path / "a", _records())
-    # Step 3: layers.1 moves a lot on rank 1, output a little on both ranks.
+    # Step 3: layers.1 moves a lot on rank 1, layers.0 (computed after it in backward) a
+    # little on both ranks: the corruption started in layers.1's backward.
     run = _write(tmp_path / "b", _records(change=lambda s, r, p: (
-        1.5 if (s >= 3 and p == "layers.1.w" and r == 1) else 1.0001 if (s >= 3 and p == "output.w")
+        1.5 if (s >= 3 and p == "layers.1.w" and r == 1) else 1.0001 if (s >= 3 and p == "layers.0.w")
         else None)))
     verdict = judge_digests(ref, run, units=UNITS, ranks=2)
     assert verdict.problems == []
     assert verdict.localization.to_json() == {
-        "step": 3, "rank": 1, "unit": "layers.1", "param": "layers.1.w", "units_differing": 2}
+        "step": 3, "rank": 1, "unit": "layers.1", "param": "layers.1.w", "units_differing": 2,
+        "rule": "backward-order"}
     units, steps, counts = unit_step_differences(ref / "digests.jsonl", run / "digests.jsonl",
                                                  UNITS, around=3)
     assert units == ["layers.0", "layers.1", "output"] and steps == [1, 2, 3, 4, 5]
-    assert counts[("layers.1", 3)] == 1 and counts[("output", 3)] == 2 and ("layers.0", 3) not in counts
+    assert counts[("layers.1", 3)] == 1 and counts[("layers.0", 3)] == 2 and ("output", 3) not in counts
+
+
+def test_the_run_s_own_backward_order_beats_the_graph_s(tmp_path):
+    ref = _write(tmp_path / "a", _records())
+    run = _write(tmp_path / "b", _records(change=lambda s, r, p: (
+        2.0 if s >= 2 and p in ("layers.0.w", "layers.1.w") else None)))
+    # This run computed layers.0's gradients before layers.1's (its order record says so).
+    events = [["use", "layers.0", "bwd"], ["use", "layers.1", "bwd"], ["use", "output", "bwd"]]
+    (run / "order.rank0.jsonl").write_text(json.dumps({"step": 1, "rank": 0, "events": events})
+                                           + "\n")
+    where = judge_digests(ref, run, units=UNITS, ranks=2).localization
+    assert (where.unit, where.rule) == ("layers.0", "backward-order")
+
+
+def test_a_differing_parameter_value_names_its_unit_before_the_spread(tmp_path):
+    params = ("layers.0.w", "layers.1.w", "output.w", "layers.0.w@value", "layers.1.w@value",
+              "output.w@value")
+    ref = _write(tmp_path / "a", _records(params=params))
+    # Step 2: layers.1's value differs on rank 0 (a prefetch wrote into its shard), every
+    # gradient differs from step 3 on.
+    run = _write(tmp_path / "b", _records(params=params, change=lambda s, r, p: (
+        1.1 if (s == 2 and p == "layers.1.w@value" and r == 0) or s >= 3 else None)))
+    where = judge_digests(ref, run, units=UNITS, ranks=2).localization
+    assert where.to_json() == {"step": 2, "rank": 0, "unit": "layers.1",
+                               "param": "layers.1.w@value", "units_differing": 1,
+                               "rule": "values"}
 
 
 def test_identical_digests_have_no_localization_and_no_problem(tmp_path):
@@ -199,11 +227,13 @@ def test_aa_never_calls_runs_with_bad_digests_consistent(tmp_path, capsys, mode,
 def test_aa_diverges_on_digests_alone_and_localizes(tmp_path, capsys):
     code, result = _aa(tmp_path, "late-diff")
     assert code == 1 and result["verdict"] == "diverged" and result["first_diff_step"] == 3
-    where = {"step": 3, "rank": 0, "unit": "layers.1", "param": "layers.1.w", "units_differing": 1}
+    where = {"step": 3, "rank": 0, "unit": "layers.1", "param": "layers.1.b", "units_differing": 1,
+             "rule": "backward-order"}
     assert result["localization"] == where
     assert [run["localization"] for run in result["run_details"]] == [None, where]
     assert ("-> diverged at step 3; gradients first differ at step 3 in layers.1 "
-            "(rank 0, layers.1.w; 1 unit differs at that step)") in capsys.readouterr().out
+            "(rank 0, layers.1.b, first in backward order; 1 unit differs at that step)"
+            ) in capsys.readouterr().out
     clean_code, clean = _aa(tmp_path, "clean")
     assert clean_code == 0 and clean["verdict"] == "consistent" and clean["localization"] is None
 

@@ -4,20 +4,11 @@ from __future__ import annotations
 
 import json
 import random
-import struct
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from bisect_prefetch.adapters.digest import (
-    CHUNK_BYTES,
-    CHUNKS,
-    FULL_BYTES,
-    chunk_starts,
-    covered_bytes,
-    gradient_digest,
-    gradient_digests,
-)
+from bisect_prefetch.adapters import digest as digest_format
 from bisect_prefetch.metrics import digests
 from bisect_prefetch.metrics.digests import (
     DigestRecord,
@@ -166,41 +157,11 @@ def test_files_agree_with_records(tmp_path_factory, changes, keep_a, keep_b, new
     assert from_files == compare_digests(a, b)
 
 
-# -- what a digest covers (adapters/digest.py, shared by the framework adapters) --------------
-def _floats(count: int) -> bytearray:
-    return bytearray(struct.pack(f"<{count}f", *(1.0 + i / count for i in range(count))))
-
-
-def _ulp_up(data: bytearray, element: int) -> bytearray:
-    """One ulp up for the positive float32 at that index (its bit pattern plus one)."""
-    changed = bytearray(data)
-    (bits,) = struct.unpack_from("<I", changed, 4 * element)
-    struct.pack_into("<I", changed, 4 * element, bits + 1)
-    return changed
-
-
-def test_a_small_gradient_is_hashed_whole():
-    data = _floats(FULL_BYTES // 4)
-    digest = gradient_digest(data, 2.0)
-    for element in range(0, FULL_BYTES // 4, 97):
-        assert gradient_digest(_ulp_up(data, element), 2.0) != digest
-    assert gradient_digest(data, 3.0) == digest  # the max is not needed: every byte is seen
-
-
-def test_a_large_gradient_is_hashed_through_its_chunks_and_its_max():
-    data = _floats(10_000)
-    size = len(data)
-    digest = gradient_digest(data, 2.0)
-    starts = list(chunk_starts(size))
-    assert len(starts) == CHUNKS and covered_bytes(size) == CHUNKS * CHUNK_BYTES
-    for start in starts:  # a one-ulp change inside any chunk is seen ...
-        for offset in (0, CHUNK_BYTES - 4):
-            assert gradient_digest(_ulp_up(data, (start + offset) // 4), 2.0) != digest
-    # ... one between chunks is not, unless it moves the max abs (what sampling gives up).
-    between = (starts[1] - 4) // 4
-    assert gradient_digest(_ulp_up(data, between), 2.0) == digest
-    assert gradient_digest(_ulp_up(data, between), 2.5) != digest
-    # The covered bytes alone, as an accelerator copies them out, give the same digest.
-    covered = b"".join(data[s : s + CHUNK_BYTES] for s in starts)
-    assert gradient_digest(covered, 2.0, size=size) == digest
-    assert gradient_digests([data, covered], [2.0, 2.0], [size, size]) == [digest, digest]
+# -- how a digest is spelled (adapters/digest.py, shared by the framework adapters) ----------
+def test_weights_are_odd_and_a_digest_is_both_sums_modulo_2_64():
+    for bits in (32, 64):
+        weights = [digest_format.weight(i, bits) for i in range(1000)]
+        assert all(w % 2 == 1 and 0 < w < 1 << bits for w in weights)
+        assert len(set(weights)) == len(weights)
+    assert digest_format.spell(-1, 1) == "f" * 16 + "0" * 15 + "1"
+    assert len(digest_format.spell(3, -5)) == 32

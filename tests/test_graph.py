@@ -59,15 +59,14 @@ def test_fsdp2_chain(layers):
     assert g.nodes() == [f"layers.{i}" for i in range(layers)]
 
 
-@pytest.mark.parametrize("layers", [1, 4])
-def test_torchtitan_chain(layers):
+@pytest.mark.parametrize("layers", [1, 6])
+def test_torchtitan_policy_is_030s_implicit_backward_chain(layers):
     g = from_policy("torchtitan", layers)
-    L = [f"layers.{i}" for i in range(layers)]
-    chain = ["tok_embeddings", *L]
-    expected = {f"fwd:{a}->{b}" for a, b in zip(chain, chain[1:], strict=False)}
-    expected |= {f"fwd:{L[-1]}->norm", f"fwd:{L[-1]}->output", f"bwd:output->{L[-1]}"}
-    expected |= {f"bwd:{b}->{a}" for a, b in zip(chain, chain[1:], strict=False)}
-    assert edge_set(g) == expected
+    chain = ["tok_embeddings", *[f"layers.{i}" for i in range(layers)], "norm+lm_head"]
+    assert edge_set(g) == {f"bwd:{b}->{a}" for a, b in zip(chain, chain[1:], strict=False)}
+    assert g.nodes() == [*chain, "root"] and g.node("root")["order"] is None
+    assert all(g.is_implicit(e) for e in g.edges())
+    assert len(g) == layers + 1  # 7 for torchtitan's 6-layer debugmodel
 
 
 def test_edges_are_grouped_by_phase_in_layer_order():

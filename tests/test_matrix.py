@@ -361,4 +361,7 @@ def test_reported_matrix_on_the_fsdp2_workload(tmp_path, monkeypatch, capsys):
     page = html_path.read_text()
     assert "all 6 expectations met" in page
     assert "keep-only-root-to-last" in page
-    assert list((state / exp["name"] / "report").glob("group-*.png"))
+    # A run stopped at its first differing digest may have no metric line to plot: its
+    # digests are plotted then.
+    report_dir = state / exp["name"] / "report"
+    assert list(report_dir.glob("group-*.png")) or list(report_dir.glob("digests-*.png"))

@@ -68,7 +68,8 @@ def test_a_failed_run_is_left_out_of_the_verdict_and_said(tmp_path, capsys):
     assert result["run_details"][0]["reason"] == "exit code 7"
     assert result["metrics"]["loss"]["pair"] == [d["run_id"] for d in result["run_details"][1:]]
     out = capsys.readouterr().out
-    assert "-> consistent (2 runs, bitwise identical over 8 steps; 1 failed run(s) not counted)" \
+    assert ("-> consistent (2 runs, bitwise identical (metrics at full precision) over 8 steps; "
+            "1 failed run(s) not counted)") \
         in out
 
 

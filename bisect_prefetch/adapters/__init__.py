@@ -9,9 +9,11 @@ For a job (a workload or a user's training script):
   $BISECT_PREFETCH_PLAN; none = record nothing, change nothing), start
   recording, and arrange for the framework adapters to hook in when the job
   imports their framework. Idempotent. The launcher's sitecustomize calls it.
-- ``report_step(step, **metrics)``: call after each optimizer step; writes a
-  metrics.jsonl line and closes the step for the probe (and digests). A no-op
-  when nothing is installed.
+- ``report_step(step, **metrics)``: writes a metrics.jsonl line. The job needs
+  no call of ours for anything else: step boundaries are found by the session's
+  clock (adapters/steps.py: the optimizer's steps, else the root's backward
+  passes); only where neither shows does a ``report_step`` call end a step. A
+  no-op when nothing is installed.
 - ``add_prefetch_listener(fn)``: ``fn(edge_id: str, target_module, issued: bool)``
   is called after every enabled prefetch has really run (not for masked or
   guarded ones). Reference workloads use it for planted faults.
@@ -25,15 +27,20 @@ For framework adapters (fsdp2, hyper_parallel, ...), through ``session()``:
   edge may fire, tallies the outcome for the probe and notifies listeners.
   Returns the outcome name (vocab.PROBE_OUTCOMES). ``Session.guard_skips(size)``
   is the guard alone, for a prefetch that is no edge.
-- ``Session.add_step_end_listener(fn(step))`` / ``add_exit_listener(fn())``:
-  per-step work (digests, graph rewrite) and last words at exit.
+- ``Session.clock`` (adapters/steps.py): the framework adapters tell it where the
+  optimizer steps and where the root's forward begins and backward ends.
+- ``Session.add_update_listener(fn(step))``: the optimizer is about to apply step
+  ``step``'s gradients (digests now); ``add_step_end_listener(fn(step))``: the
+  step ended (graph rewrite); ``add_exit_listener(fn())``: last words at exit.
 - ``Session.order`` (adapters/order.py; None when the plan records no order):
   the framework adapters report each unit's unshards, uses and reshards to it;
   the gate itself records each prefetch and which edge the unshards inside it
   belong to. It records the plan's first ``record.order_steps`` steps.
-- ``Session.step_seconds``: ``[step, seconds]`` per reported step (time since
-  the previous report; step 1: since install), written to the probe as
-  ``step_seconds``: each run's step time comes from it (runs/step_time.py).
+- ``Session.step_seconds``: ``[step, seconds]`` per step (time since the previous
+  step ended; step 1: since install), written to the probe as ``step_seconds``:
+  each run's step time comes from it (runs/step_time.py). The probe also says
+  ``step_source`` (optimizer, backward, report or null), ``steps_counted`` and
+  the clock's ``step_notes``.
 - ``Session.recorder`` (None when the plan records nothing), ``Session.plan``,
   ``Session.probe_extra`` (a dict merged into probe.rank{R}.json) and
   ``Session.note_error(msg)`` (reported on stderr and listed in the probe).
@@ -55,6 +62,7 @@ from .import_hook import when_imported
 from .order import OrderLog
 from .plan import Plan, load_plan
 from .recorder import ProbeTally, Recorder
+from .steps import StepClock
 
 PrefetchListener = Callable[[str, Any, bool], None]
 
@@ -97,6 +105,7 @@ class Session:
         self.errors: list[str] = []
         self.last_step: int | None = None
         self._prefetch_listeners: list[PrefetchListener] = []
+        self._update_listeners: list[Callable[[int], None]] = []
         self._step_end_listeners: list[Callable[[int], None]] = []
         self._exit_listeners: list[Callable[[], None]] = []
         self._guard_size_one = plan is not None and plan.guard == GUARD_SIZE_ONE
@@ -109,7 +118,8 @@ class Session:
             self.order = OrderLog(rank=rank, steps=plan.order_steps, write=self.recorder.order)
         # [step, seconds since the previous step ended (step 1: since install)]
         self.step_seconds: list[list[float]] = []
-        self._step_started = time.perf_counter()
+        self.forwards = 0  # root forward passes seen (a job with none shows no step anyway)
+        self.clock = StepClock(on_update=self._update, on_end=self._end_step, note=self.note)
 
     # -- the prefetch gate ------------------------------------------------------------
     def prefetch(
@@ -151,6 +161,9 @@ class Session:
     def add_prefetch_listener(self, fn: PrefetchListener) -> None:
         self._prefetch_listeners.append(fn)
 
+    def add_update_listener(self, fn: Callable[[int], None]) -> None:
+        self._update_listeners.append(fn)
+
     def add_step_end_listener(self, fn: Callable[[int], None]) -> None:
         self._step_end_listeners.append(fn)
 
@@ -161,16 +174,27 @@ class Session:
         self.errors.append(message)
         print(f"bisect-prefetch: {message}", file=sys.stderr, flush=True)
 
+    def note(self, message: str) -> None:
+        """Something about the job the run's record must say (not an error), on stderr; the
+        clock keeps its own notes for the probe's ``step_notes``."""
+        print(f"bisect-prefetch: {message}", file=sys.stderr, flush=True)
+
     # -- steps and files ----------------------------------------------------------------
     def report_step(self, step: int, metrics: dict[str, Any]) -> None:
-        now = time.perf_counter()
-        if len(self.step_seconds) < _STEP_TIMES_KEPT:
-            self.step_seconds.append([step, round(now - self._step_started, 6)])
-        self._step_started = now
-        if self.order is not None:
-            self.order.end_step(step)
+        """The job's explicit call: its metrics line; a step boundary only as a last resort."""
         if self.recorder is not None:
             self.recorder.metrics(step, metrics)
+        self.clock.reported(step)
+
+    def _update(self, step: int) -> None:
+        for listener in self._update_listeners:
+            listener(step)
+
+    def _end_step(self, step: int, seconds: float) -> None:
+        if len(self.step_seconds) < _STEP_TIMES_KEPT:
+            self.step_seconds.append([step, round(seconds, 6)])
+        if self.order is not None:
+            self.order.end_step(step)
         with self._lock:
             self.tally.end_step(step)
         self.last_step = step
@@ -184,7 +208,10 @@ class Session:
     def write_probe(self) -> None:
         if self.recorder is None or not self.plan.record_probe:
             return
-        head = {"plan_hash": self.plan.hash, **self.probe_extra, "step_seconds": self.step_seconds}
+        clock = self.clock
+        head = {"plan_hash": self.plan.hash, **self.probe_extra,
+                "step_source": clock.source, "steps_counted": clock.steps,
+                "step_notes": clock.notes, "step_seconds": self.step_seconds}
         if self.errors:
             head["errors"] = list(self.errors)
         with self._lock:
@@ -192,6 +219,12 @@ class Session:
         self._last_probe_write = time.monotonic()
 
     def close(self) -> None:
+        self.clock.close()
+        if self.clock.source is None and self.forwards:
+            self.clock.notes.append(
+                "no step boundary found (no optimizer step of a hooked framework, no "
+                "backward of a root unit, no report_step): digests, unit order and step "
+                "times are off")
         for listener in self._exit_listeners:
             try:
                 listener()

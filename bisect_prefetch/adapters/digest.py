@@ -1,81 +1,54 @@
-"""Gradient digests: which bytes of a gradient a digest covers, and how they are hashed.
+"""Digests of a job's tensors: what a digest covers, and how it is spelled.
 
-Shared by the framework adapters (fsdp2, hyper_parallel); each reads its gradients its own
-way and hands the bytes here. Standard library only.
+Shared by the framework adapters (fsdp2, hyper_parallel). Each computes the two sums
+below where its tensors lie (torch: on the tensor's device, for all parameters in a few
+ops; MindSpore: in numpy, on the bytes it already copied to the host) and hands them
+here to be spelled. Standard library only, Python 3.9.
 
-A digest is blake2b (16 bytes, hex) over the gradient's raw bytes as it lies in memory
-(dtype and byte order included). A gradient of up to FULL_BYTES is hashed whole. A larger
-one is hashed through CHUNKS evenly spaced chunks of CHUNK_BYTES (chunk i starts at
-i * (size // CHUNKS)), followed by its exact max abs as a float64 (a max does not depend on
-summation order, so it is as reproducible as the bytes). That bounds the hashing (and, on
-an accelerator, the copy to the host) to a few KiB a parameter however large the model.
+When: at the step boundary (adapters/steps.py), when the optimizer is about to apply the
+step's gradients. Nothing inside forward or backward waits for the host: every result of a
+step leaves the device in one transfer, then. Two records per parameter and rank:
 
-What sampling gives up: in a gradient over FULL_BYTES, a difference confined to the
-unsampled bytes that leaves the max abs bit-equal is not seen by that digest at that step.
-An 8 KiB gradient is half covered; a large one only through its 4 KiB of samples and its
-max, so a change confined to a few rows of a large embedding gradient is seen only if it
-moves the max. The norm written next to a digest is not hashed (it is for the report: a
-float sum may round differently if a framework changes its reduction order). Such drift
-rarely stays hidden: once the optimizer applies it, the changed parameter alters the
-activations, hence most elements of the next steps' gradients, which the samples and the
-other parameters' digests then show. Gradients of up to FULL_BYTES (biases, norms, small
-shards) are covered bit for bit.
+- the parameter's local gradient shard (the gradient the optimizer is about to apply),
+  under the parameter's name;
+- the parameter's local value shard, under the name plus vocab.VALUE_SUFFIX. A corrupted
+  persistent parameter (a prefetch that wrote into the wrong buffer) shows here, in its
+  own unit only, one step before its effect spreads through the next forward.
+
+A digest covers every element. Each element's bit pattern is a signed integer b_i (16-
+and 8-bit patterns sign-extended to 32 bits), and two sums are taken:
+
+- ``xor``: the xor of every element's pattern, widened to 64 bits the way
+  ``torch.hash_tensor`` does (a float through float64, exactly);
+- ``weighted``: the sum of b_i * w_i modulo 2^L (L = 64 for 64-bit dtypes, else 32: the
+  lane the products and their sum wrap in), with w_i = ((i + 1) * GOLDEN mod 2^L) | 1, as
+  a signed L-bit integer.
+
+Integer sums do not depend on the order they are added in, so both are as reproducible as
+the bytes. xor alone is blind to a permutation and to pairs of changes that cancel; the
+weighted sum is position-sensitive, and since every weight is odd, a change to any one
+element (d_i != 0 modulo 2^L) always changes it. The digest is the two sums in hex,
+``xor`` first (32 hex digits). The norm and max abs written beside a digest are for the
+report; the digest decides.
 """
 
 from __future__ import annotations
 
-import hashlib
-import struct
-from collections.abc import Sequence
-
-CHUNKS = 4
-CHUNK_BYTES = 1024
-FULL_BYTES = CHUNKS * CHUNK_BYTES
+GOLDEN = 0x9E3779B97F4A7C15  # odd; spreads consecutive positions over the whole word
+MASK64 = (1 << 64) - 1
 
 
-def is_sampled(size: int) -> bool:
-    """Whether a gradient of ``size`` bytes is hashed through samples (else whole)."""
-    return size > FULL_BYTES
+def lane_bits(itemsize: int) -> int:
+    """The width L the weighted sum multiplies in, for elements of ``itemsize`` bytes."""
+    return 64 if itemsize == 8 else 32
 
 
-def chunk_starts(size: int) -> range:
-    """Byte offsets of the sampled chunks of a gradient of ``size`` bytes (> FULL_BYTES)."""
-    row = size // CHUNKS
-    return range(0, row * CHUNKS, row)
+def weight(i: int, bits: int) -> int:
+    """w_i for lanes of ``bits`` bits, as an unsigned integer."""
+    return (((i + 1) * GOLDEN) & ((1 << bits) - 1)) | 1
 
 
-def covered_bytes(size: int) -> int:
-    """How many of a gradient's ``size`` bytes its digest covers."""
-    return CHUNKS * CHUNK_BYTES if is_sampled(size) else size
+def spell(xor: int, weighted: int) -> str:
+    """The digest text of one tensor from its two sums (either sign; taken modulo 2^64)."""
+    return f"{xor & MASK64:016x}{weighted & MASK64:016x}"
 
-
-def gradient_digest(data: bytes | memoryview, max_abs: float, *, size: int | None = None) -> str:
-    """The digest of one gradient.
-
-    data: the gradient's bytes (``size`` None), or only the bytes its digest covers, in
-    order (``size``: the gradient's full byte count), as an accelerator copies them out.
-    max_abs: the gradient's max abs over every element (hashed in when sampled).
-    """
-    return gradient_digests([data], [max_abs], [len(data) if size is None else size])[0]
-
-
-def gradient_digests(
-    data: Sequence[bytes | memoryview], max_abs: Sequence[float], sizes: Sequence[int]
-) -> list[str]:
-    """gradient_digest of many gradients at once (a tight loop: the cost is per gradient)."""
-    blake2b, pack = hashlib.blake2b, struct.Struct("=d").pack
-    out = []
-    for buffer, peak, size in zip(data, max_abs, sizes, strict=True):
-        if size <= FULL_BYTES:
-            out.append(blake2b(buffer, digest_size=16).hexdigest())
-            continue
-        digest = blake2b(digest_size=16)
-        if len(buffer) < size:  # the covered bytes, already gathered
-            digest.update(buffer)
-        else:
-            row = size // CHUNKS
-            for start in range(0, row * CHUNKS, row):
-                digest.update(buffer[start : start + CHUNK_BYTES])
-        digest.update(pack(peak))
-        out.append(digest.hexdigest())
-    return out

@@ -32,14 +32,18 @@ What it patches (class attributes, once per process):
   (forward or backward pre-hook) and each reshard; afterwards they pass
   straight through.
 
-At each step end it rewrites the graph if a prefetch edge not yet in it was
-seen, and writes gradient digests when the plan asks for them.
+Step boundaries (adapters/steps.py): the root's ``_pre_forward`` tells the
+clock a forward begins, ``_root_post_backward_final_callback`` that the root's
+backward ended, and torch's global optimizer step hooks (adapters/optimizers.py)
+where the update is. When the optimizer is about to apply a step's gradients,
+each matching parameter's local gradient shard and local value shard are digested
+(adapters/digest.py, adapters/torch_digest.py). At each step end the graph is
+rewritten if a prefetch edge not yet in it was seen.
 """
 
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import datetime
 import fnmatch
 import threading
@@ -48,18 +52,12 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
-from torch._utils import _flatten_dense_tensors
 
 from bisect_prefetch import vocab
-from bisect_prefetch.adapters import digest
-from bisect_prefetch.adapters.digest import gradient_digests
-from bisect_prefetch.adapters.units import (
-    ROOT_NAME,
-    UNKNOWN_NAME,
-    is_layer,
-    node_kind,
-    record_graph,
-)
+from bisect_prefetch.adapters.base import DigestColumns, FrameworkAdapter
+from bisect_prefetch.adapters.torch_digest import TensorBatch, local
+from bisect_prefetch.adapters.units import ROOT_NAME, UNKNOWN_NAME, is_layer, node_kind
+from bisect_prefetch.vocab import VALUE_SUFFIX
 
 if TYPE_CHECKING:
     from torch.distributed.fsdp._fully_shard._fsdp_param_group import FSDPParamGroup
@@ -76,20 +74,18 @@ def _group_shard_size(group: FSDPParamGroup) -> int:
     return getattr(group.mesh_info, "shard_mesh_size", 1)
 
 
-class _Fsdp2Adapter:
+class _Fsdp2Adapter(FrameworkAdapter):
     """Names FSDP states, builds the graph and routes prefetches through the session."""
 
     def __init__(self, session: Any) -> None:
-        self.session = session
+        super().__init__(session)
         self.roots: list[FSDPState] = []
         self.states: list[FSDPState] = []
         self.state_names: dict[FSDPState, str] = {}
         self.group_states: dict[FSDPParamGroup, FSDPState] = {}
         self.group_shard_sizes: dict[FSDPParamGroup, int] = {}
-        self.edges: dict[str, dict[str, Any]] = {}
         self.post_forward_sequence: list[FSDPState] = []
         self.graph_final = False
-        self.graph_dirty = False
         self._local = threading.local()
         self._unknown_source_reported = False
         self.plan_store: Any = None  # the job's c10d store, once this rank posted its plan hash
@@ -97,7 +93,7 @@ class _Fsdp2Adapter:
         self._digest_key: tuple[str, int] | None = None
         self._digest_params: list[tuple[str, Any]] = []
         self._digest_names: list[str] = []
-        self._digest_batch: GradientBatch | None = None
+        self._digest_batch: TensorBatch | None = None
 
     # -- prefetch sources -------------------------------------------------------------
     def sources(self) -> list[FSDPState]:
@@ -180,25 +176,7 @@ class _Fsdp2Adapter:
         keys = [_PLAN_HASH_KEY.format(rank=r) for r in range(self.world_size)]
         if not store.check(keys):
             return  # not every rank is there yet: look again at the next step end
-        hashes = [store.get(key).decode() for key in keys]
-        self.session.probe_extra["plan_hashes"] = hashes
-        if len(set(hashes)) > 1:
-            self.session.note_error(f"ranks run with different plans: {hashes}")
-            self.session.write_probe()
-            raise RuntimeError(f"bisect-prefetch: ranks run with different plans: {hashes}")
-
-    def add_edge(self, phase: str, src: str, dst: str, *, implicit: bool) -> str:
-        edge_id = vocab.edge_id(phase, src, dst)
-        if edge_id not in self.edges:
-            self.edges[edge_id] = {
-                "id": edge_id,
-                "phase": phase,
-                "src": src,
-                "dst": dst,
-                "implicit": implicit,
-            }
-            self.graph_dirty = True
-        return edge_id
+        self.check_hashes([store.get(key).decode() for key in keys])
 
     def finalize_graph(self) -> None:
         """After the first forward: node order and the implicit backward edges it implies."""
@@ -242,10 +220,6 @@ class _Fsdp2Adapter:
         nodes.sort(key=lambda n: (n["order"] is None, n["order"] or 0))
         return nodes
 
-    def write_graph(self) -> None:
-        self.graph_dirty = False
-        record_graph(self.session, nodes=self.graph_nodes(), edges=self.edges)
-
     # -- the prefetch choke point -----------------------------------------------------
     def prefetch(self, original, target: FSDPParamGroup, pass_type: str) -> None:
         sources = self.sources()
@@ -286,22 +260,20 @@ class _Fsdp2Adapter:
         )
 
     # -- step end and exit ------------------------------------------------------------
+    def ready(self) -> bool:
+        return bool(self.roots)
+
     def on_step_end(self, step: int) -> None:
         if not self.roots:
             return
         self.check_plan_agreement()
         self.finalize_graph()
-        if self.graph_dirty:
-            self.write_graph()
-        plan = self.session.plan
-        if plan is not None and plan.digest_glob and step % plan.digest_every == 0:
-            self.write_digests(step, plan.digest_glob)
+        super().on_step_end(step)
 
     def on_exit(self) -> None:
         if self.roots:
             self.finalize_graph()
-            if self.graph_dirty:
-                self.write_graph()
+            super().on_exit()
 
     def digest_params(self, glob: str) -> list[tuple[str, Any]]:
         """(name, FSDPParam) of the parameters whose gradients are digested (cached)."""
@@ -315,184 +287,30 @@ class _Fsdp2Adapter:
                 for fsdp_param in group.fsdp_params
                 if fnmatch.fnmatchcase(fsdp_param._param_fqn, glob)
             ]
-            self._digest_names = [name for name, _ in self._digest_params]
+            # Gradients first, then values: the names of a step with every gradient in.
+            self._digest_names = ([name for name, _ in self._digest_params]
+                                  + [name + VALUE_SUFFIX for name, _ in self._digest_params])
         return self._digest_params
 
-    def write_digests(self, step: int, glob: str) -> None:
-        """Digest, norm and max abs of each matching parameter's local gradient shard.
+    def tensor_digests(self, glob: str, step: int) -> DigestColumns:
+        """Each matching parameter's local gradient shard and local value shard.
 
-        What a digest covers: adapters/digest.py. The work is batched (GradientBatch: a few
-        tensor ops for all gradients, one write), because with many small parameters the
-        cost is per parameter and per op, not per byte.
+        A gradient that is None this step (the parameter took no part) is left out of the
+        step's records; its value is still digested.
         """
-        recorder = self.session.recorder
-        if recorder is None:
-            return
-        params = self.digest_params(glob)
-        grads = [fsdp_param.sharded_param.grad for _, fsdp_param in params]
-        if any(grad is None for grad in grads):  # some parameter got no gradient this step
-            names = [name for (name, _), grad in zip(params, grads, strict=True)
-                     if grad is not None]
+        params = [fsdp_param.sharded_param for _, fsdp_param in self.digest_params(glob)]
+        grads = [param.grad for param in params]
+        names = self._digest_names
+        if any(grad is None for grad in grads):
+            names = [name for (name, _), grad in zip(self._digest_params, grads)
+                     if grad is not None] + names[len(params):]
             grads = [grad for grad in grads if grad is not None]
-        else:
-            names = self._digest_names
-        grads = [getattr(grad, "_local_tensor", grad) for grad in grads]  # a DTensor's local shard
+        tensors = [local(t) for t in grads] + [local(t) for t in params]  # read only
         batch = self._digest_batch
-        if batch is None or batch.names != names:  # a parameter's shard keeps its shape
-            batch = self._digest_batch = GradientBatch(names, grads)
-        recorder.digest_columns(step, *batch.measure(grads))
-
-
-# Gradients of up to BATCHED_MAX_BYTES are copied into one flat buffer per dtype and measured
-# together; larger ones are measured where they lie, so no step copies a large gradient.
-BATCHED_MAX_BYTES = 1 << 16
-
-
-class GradientBatch:
-    """How to measure the gradients of one list of parameters in a few tensor ops.
-
-    With many small gradients the cost is per tensor op, not per byte. Small gradients are
-    copied into one flat buffer per dtype, ordered so that gradients of the same size lie
-    side by side: each run of equal sizes is a (count, numel) view, whose per-row norm and
-    max abs are one op each. Large gradients get two foreach ops for all of them. The bytes
-    a digest covers are read in place on the CPU; elsewhere they are gathered on the
-    device and copied to the host at once.
-    """
-
-    def __init__(self, names: list[str], grads: list[torch.Tensor]) -> None:
-        self.names = names  # the parameters, in the order write_digests lists them
-        # An uneven split can leave a rank an empty shard: nothing to measure or hash.
-        self.kept = [k for k, g in enumerate(grads) if g.numel()]
-        self.kept_names = [names[k] for k in self.kept]
-        grads = [grads[k] for k in self.kept]
-        self.device = grads[0].device if grads else None
-        self.sizes = [g.numel() * g.element_size() for g in grads]  # bytes, per gradient
-        by_dtype: dict[torch.dtype, list[int]] = {}
-        self.large: list[int] = []
-        for k, g in enumerate(grads):
-            if self.sizes[k] > BATCHED_MAX_BYTES:
-                self.large.append(k)
-            else:
-                by_dtype.setdefault(g.dtype, []).append(k)
-        # Per flat buffer: the gradients in it, and its runs of equal size (offset, count, numel).
-        self.flats: list[tuple[list[int], list[tuple[int, int, int]]]] = []
-        self.where: dict[int, tuple[int, int]] = {}  # small gradient -> (flat, byte offset)
-        stat_order: list[int] = []  # gradient index of each row of the stats, in op order
-        for members in by_dtype.values():
-            members.sort(key=lambda k: grads[k].numel())
-            runs: list[tuple[int, int, int]] = []
-            offset = 0
-            for k in members:
-                numel = grads[k].numel()
-                if runs and runs[-1][2] == numel:
-                    start, count, _ = runs[-1]
-                    runs[-1] = (start, count + 1, numel)
-                else:
-                    runs.append((offset, 1, numel))
-                self.where[k] = (len(self.flats), offset * grads[k].element_size())
-                offset += numel
-            self.flats.append((members, runs))
-            stat_order += members
-        stat_order += self.large
-        count = len(grads)
-        self.norm_row = [0] * count
-        for row, k in enumerate(stat_order):
-            self.norm_row[k] = row
-        self.max_row = [row + count for row in self.norm_row]
-        self._gather_index: list[torch.Tensor] | None = None
-
-    def measure(
-        self, grads: list[torch.Tensor], *, gather: bool | None = None
-    ) -> tuple[list[str], list[str], list[float], list[float]]:
-        """(names, digests, norms, max abs) of the non-empty gradients, in the order of ``names``.
-
-        grads: one per name, of the shapes this batch was built for. gather: read the
-        bytes as on an accelerator would (default: where the gradients lie).
-        """
-        if len(self.kept) < len(grads):
-            grads = [grads[k] for k in self.kept]
-        if not grads:
-            return [], [], [], []
-        flats, norm_parts, max_parts = [], [], []
-        for members, runs in self.flats:
-            flat = _flatten_dense_tensors([grads[k] for k in members])
-            flats.append(flat)
-            # |x| in float64: exact for every float dtype, and one op for the whole buffer.
-            magnitudes = flat.to(torch.float64, copy=True).abs_()
-            for part, (_, count, numel) in zip(
-                magnitudes.split([count * numel for _, count, numel in runs]), runs, strict=True
-            ):
-                rows = part.view(count, numel)
-                norm_parts.append(torch.linalg.vector_norm(rows, dim=1))
-                max_parts.append(rows.amax(dim=1))
-        # Contiguous, and held here: their bytes are read in place below.
-        large = [grads[k].contiguous() for k in self.large]
-        if large:
-            norm_parts.append(torch.stack(torch._foreach_norm(large, 2, dtype=torch.float64)))
-            max_parts.append(torch.stack(torch._foreach_norm(large, float("inf"))))
-        stats = torch.cat(norm_parts + max_parts).tolist()  # float64; one sync on an accelerator
-        norms = [stats[row] for row in self.norm_row]
-        max_abs = [stats[row] for row in self.max_row]
-        if gather is None:
-            gather = self.device.type != "cpu"
-        # In place: views of the memory, hashed below while flats and large still hold it.
-        data = self.bytes_gathered(flats, large) if gather else self.bytes_in_place(flats, large)
-        return self.kept_names, gradient_digests(data, max_abs, self.sizes), norms, max_abs
-
-    def bytes_in_place(self, flats: list[torch.Tensor], large: list[torch.Tensor]) -> list[Any]:
-        """Each gradient's bytes, as views of the memory they lie in (CPU only, no copy)."""
-        data: list[Any] = [None] * len(self.sizes)
-        views = [_memory(f) for f in flats]
-        for k, (flat, start) in self.where.items():
-            data[k] = views[flat][start : start + self.sizes[k]]
-        for k, grad in zip(self.large, large, strict=True):
-            data[k] = _memory(grad)  # contiguous (measure made it so)
-        return data
-
-    def bytes_gathered(self, flats: list[torch.Tensor], large: list[torch.Tensor]) -> list[bytes]:
-        """Only the bytes each digest covers, gathered on the device, copied to the host at once."""
-        if self._gather_index is None:
-            self._gather_index = [
-                torch.tensor(self._covered_positions(members), dtype=torch.long, device=f.device)
-                for (members, _), f in zip(self.flats, flats, strict=True)
-            ]
-        parts = [f.view(torch.uint8)[index] for f, index in zip(flats, self._gather_index,
-                                                                  strict=True)]
-        parts += [_sampled_chunks(grad) for grad in large]
-        packed = torch.cat(parts).cpu()  # one copy to the host, one sync
-        host = ctypes.string_at(packed.data_ptr(), packed.numel())
-        data: list[bytes] = [b""] * len(self.sizes)
-        offset = 0
-        for k in [k for members, _ in self.flats for k in members] + self.large:
-            covered = digest.covered_bytes(self.sizes[k])
-            data[k] = host[offset : offset + covered]
-            offset += covered
-        return data
-
-    def _covered_positions(self, members: list[int]) -> list[int]:
-        """Byte positions, in one flat buffer, of its gradients' covered bytes (in order)."""
-        positions: list[int] = []
-        for k in members:
-            start, size = self.where[k][1], self.sizes[k]
-            if digest.is_sampled(size):
-                for chunk in digest.chunk_starts(size):
-                    positions += range(start + chunk, start + chunk + digest.CHUNK_BYTES)
-            else:
-                positions += range(start, start + size)
-        return positions
-
-
-def _memory(tensor: torch.Tensor) -> memoryview:
-    """The bytes of a contiguous CPU tensor, without a copy (valid while the tensor lives)."""
-    size = tensor.numel() * tensor.element_size()
-    return memoryview((ctypes.c_char * size).from_address(tensor.data_ptr())).cast("B")
-
-
-def _sampled_chunks(grad: torch.Tensor) -> torch.Tensor:
-    """The chunks a large gradient's digest covers (adapters/digest.py), where it lies."""
-    raw = grad.reshape(-1).view(torch.uint8)
-    row = raw.numel() // digest.CHUNKS
-    return raw[: row * digest.CHUNKS].view(digest.CHUNKS, row)[:, : digest.CHUNK_BYTES].reshape(-1)
+        if batch is None or (batch.names is not names and batch.names != names):  # shapes stay
+            batch = self._digest_batch = TensorBatch(names, tensors)
+        with torch.no_grad():
+            return batch.measure(tensors)
 
 
 def _patch_torch() -> None:
@@ -508,6 +326,7 @@ def _patch_torch() -> None:
     FSDPState._bisect_prefetch_patched = True
 
     original_lazy_init = FSDPState._lazy_init
+    original_root_backward_done = FSDPState._root_post_backward_final_callback
     original_pre_forward = FSDPState._pre_forward
     original_pre_backward = FSDPState._pre_backward
     original_record_post_forward = FSDPParamGroup._record_post_forward
@@ -529,6 +348,9 @@ def _patch_torch() -> None:
         adapter = _adapter
         if adapter is None:
             return original_pre_forward(self, module, args, kwargs)
+        if getattr(self, "_is_root", False):  # before it unshards anything: a new step's
+            adapter.session.forwards += 1
+            adapter.session.clock.forward_begins()
         sources = adapter.sources()
         sources.append(self)
         try:
@@ -549,6 +371,12 @@ def _patch_torch() -> None:
             return original_pre_backward(self, grad)
         finally:
             sources.pop()
+
+    def _root_post_backward_final_callback(self: FSDPState) -> None:
+        original_root_backward_done(self)
+        adapter = _adapter
+        if adapter is not None:
+            adapter.session.clock.backward_ends()
 
     def _record_post_forward(self: FSDPParamGroup) -> None:
         original_record_post_forward(self)
@@ -607,6 +435,7 @@ def _patch_torch() -> None:
     FSDPParamGroup._to_sharded = resharding(original_to_sharded)
     FSDPParamGroup._to_sharded_post_forward = resharding(original_to_sharded_post_forward)
     FSDPState._lazy_init = _lazy_init
+    FSDPState._root_post_backward_final_callback = _root_post_backward_final_callback
     FSDPState._pre_forward = _pre_forward
     FSDPState._pre_backward = _pre_backward
     FSDPParamGroup._record_post_forward = _record_post_forward
@@ -628,9 +457,7 @@ def activate(session: Any) -> None:
     if _adapter is not None:
         return
     _patch_torch()
-    _adapter = _Fsdp2Adapter(session)
-    session.add_step_end_listener(_adapter.on_step_end)
-    session.add_exit_listener(_adapter.on_exit)
+    _adapter = _Fsdp2Adapter(session)  # it listens to the session's steps and exit
 
 
 def adapter() -> _Fsdp2Adapter | None:

@@ -29,13 +29,17 @@ per edge ``async_unshards`` and ``already_unsharded`` (the target was unsharded
 when the prefetch came), and per unit its effective shard size, whether it is
 size-one, and how many of its parameters carry ``shard_size``.
 
-At each step end where the plan asks for digests, each wrapped parameter's local
-gradient (``hsdp_param.sharded_param.grad``, a DTensor's local shard) is read as
-numpy bytes (``asnumpy()``; a torch tensor through ``numpy()``) and digested as
-adapters/digest.py says, with its norm and max abs, into digests.jsonl. A
-parameter is named by its path from the root (``parameters_and_names()`` /
-``named_parameters()``), the names the units come from; a gradient that is None
-(not computed, or cleared before the step ended) is skipped.
+Step boundaries (adapters/steps.py): the root's forward pre-hook tells the clock
+a forward begins; the optimizer's call (adapters/optimizers.py: a MindSpore
+optimizer Cell in PyNative mode, or torch's optimizer hooks) is the update. When
+the optimizer is about to apply a step's gradients, each wrapped parameter's
+local gradient (``hsdp_param.sharded_param.grad``, where hyper-parallel's
+post-backward leaves it; a DTensor's local shard) and its local value are read
+as numpy arrays (``asnumpy()``; a torch tensor through ``numpy()``: on the host)
+and digested as adapters/digest.py says, with norm and max abs, into
+digests.jsonl. A parameter is named by its path from the root
+(``parameters_and_names()`` / ``named_parameters()``), the names the units come
+from; a gradient that is None (not computed, or cleared) is skipped.
 
 While the session records the order (the first steps), the state's
 ``unshard`` and ``shard`` (instance attributes) record unshards that start
@@ -59,15 +63,10 @@ import threading
 from collections.abc import Iterator
 from typing import Any
 
-from bisect_prefetch.adapters.digest import gradient_digests
-from bisect_prefetch.adapters.units import (
-    ROOT_NAME,
-    UNKNOWN_NAME,
-    is_layer,
-    node_kind,
-    record_graph,
-)
-from bisect_prefetch.vocab import BWD, FWD, edge_id
+from bisect_prefetch.adapters import digest
+from bisect_prefetch.adapters.base import DigestColumns, FrameworkAdapter
+from bisect_prefetch.adapters.units import ROOT_NAME, UNKNOWN_NAME, is_layer, node_kind
+from bisect_prefetch.vocab import BWD, FWD, VALUE_SUFFIX
 
 SCHEDULER_MODULES = (
     "hyper_parallel.core.fully_shard.hsdp_scheduler",  # HSDPSchedulerV2, both backends
@@ -137,16 +136,43 @@ def hsdp_param_name(param: Any, paths: dict[int, str]) -> str | None:
 def gradient_array(param: Any) -> Any:
     """The local shard of a wrapped parameter's gradient as a flat numpy array, or None."""
     grad = getattr(getattr(param, "sharded_param", None), "grad", None)
-    if grad is None:
-        return None
-    local = getattr(grad, "_local_tensor", None)  # a torch DTensor's shard
+    return None if grad is None else local_array(grad)
+
+
+def value_array(param: Any) -> Any:
+    """The local shard of a wrapped parameter's value as a flat numpy array, or None."""
+    value = getattr(param, "sharded_param", None)
+    return None if value is None else local_array(value)
+
+
+def local_array(tensor: Any) -> Any:
+    """A tensor's local shard as a flat numpy array on the host."""
+    local = getattr(tensor, "_local_tensor", None)  # a torch DTensor's shard
     if local is None:
-        local = grad.to_local() if hasattr(grad, "to_local") else grad
+        local = tensor.to_local() if hasattr(tensor, "to_local") else tensor
     try:
         array = _numpy(local)
     except (TypeError, RuntimeError):  # a dtype numpy lacks (bfloat16): widened, exactly
         array = _numpy(local.float())
     return array.reshape(-1)  # contiguous (copied if it was not)
+
+
+def array_digest(array: Any) -> str:
+    """adapters/digest.py's digest of a flat numpy array, in numpy (uint arithmetic wraps)."""
+    import numpy as np  # the job's own: MindSpore and torch both bring it
+
+    bits = digest.lane_bits(array.itemsize)
+    signed, unsigned = (np.int64, np.uint64) if bits == 64 else (np.int32, np.uint32)
+    # Each pattern as a signed integer, widened to the lane (sign-extended, as torch widens).
+    patterns = array.view(f"i{array.itemsize}").astype(signed).view(unsigned)
+    weights = ((np.arange(1, array.size + 1, dtype=np.uint64) * np.uint64(digest.GOLDEN))
+               | np.uint64(1)).astype(unsigned)
+    products = (patterns * weights).view(signed)
+    weighted = int(products.sum(dtype=signed))  # modulo 2^L: numpy wraps, as torch does
+    # xor of the patterns widened to 64 bits as torch.hash_tensor widens them
+    wide = array.astype(np.float64) if array.dtype.kind == "f" else array.astype(np.int64)
+    xor = int(np.bitwise_xor.reduce(wide.view(np.uint64)))
+    return digest.spell(xor, weighted)
 
 
 def _numpy(tensor: Any) -> Any:
@@ -159,20 +185,18 @@ def _async_op(args: tuple, kwargs: dict) -> bool:
     return bool(kwargs.get("async_op", args[0] if args else False))
 
 
-class HyperParallelAdapter:
+class HyperParallelAdapter(FrameworkAdapter):
     """Names wrapped modules, graphs their prefetch lists, routes prefetches through the gate."""
 
     def __init__(self, session: Any) -> None:
-        self.session = session
+        super().__init__(session)
         self.names: dict[int, str] = {}  # id(scheduler) -> unit name
         self.schedulers: list[Any] = []  # named schedulers, in discovery order
         self.state_owner: dict[int, Any] = {}  # id(state) -> scheduler
-        self.edges: dict[str, dict[str, Any]] = {}
         self.edge_extra: dict[str, dict[str, int]] = {}
         self.units: dict[str, dict[str, Any]] = {}
         self.async_unshards = 0
         self.pending: set[int] = set()  # id(state) of states with an async unshard not yet waited
-        self.graph_dirty = False
         self.roots: list[Any] = []  # root modules, in discovery order
         self._local = threading.local()
         self._digest_key: tuple[str, int] | None = None
@@ -197,6 +221,9 @@ class HyperParallelAdapter:
         """Around a scheduler's prefetching pre-hook: it is the source of prefetches inside."""
         if id(scheduler) not in self.names and phase == FWD:
             self.discover(scheduler)  # the first forward pre-hook to run is the root's
+        if phase == FWD and scheduler_modules(scheduler)[0] in self.roots:
+            self.session.forwards += 1
+            self.session.clock.forward_begins()  # before it unshards: a new step's
         sources = self.sources()
         sources.append((phase, scheduler))
         try:
@@ -309,13 +336,8 @@ class HyperParallelAdapter:
         if plan is None or "plan_hashes" in self.session.probe_extra:
             return
         hashes = _gather_plan_hashes(root, plan.hash)
-        if hashes is None:
-            return
-        self.session.probe_extra["plan_hashes"] = hashes
-        if len(set(hashes)) > 1:
-            self.session.note_error(f"ranks run with different plans: {hashes}")
-            self.session.write_probe()
-            raise RuntimeError(f"bisect-prefetch: ranks run with different plans: {hashes}")
+        if hashes is not None:
+            self.check_hashes(hashes)
 
     # -- prefetch lists ---------------------------------------------------------------
     def note_list(self, scheduler: Any, phase: str, cells: Any) -> None:
@@ -326,13 +348,9 @@ class HyperParallelAdapter:
         for cell in cells:
             self.add_edge(phase, src, self.name_of_cell(cell))
 
-    def add_edge(self, phase: str, src: str, dst: str) -> str:
-        edge = edge_id(phase, src, dst)
-        if edge not in self.edges:
-            self.edges[edge] = {"id": edge, "phase": phase, "src": src, "dst": dst,
-                                "implicit": False}
-            self.edge_extra[edge] = {"async_unshards": 0, "already_unsharded": 0}
-            self.graph_dirty = True
+    def add_edge(self, phase: str, src: str, dst: str, *, implicit: bool = False) -> str:
+        edge = super().add_edge(phase, src, dst, implicit=implicit)
+        self.edge_extra.setdefault(edge, {"async_unshards": 0, "already_unsharded": 0})
         return edge
 
     # -- the prefetch gate ------------------------------------------------------------
@@ -383,17 +401,6 @@ class HyperParallelAdapter:
             for order, name in enumerate(names)
         ]
 
-    def write_graph(self) -> None:
-        self.graph_dirty = False
-        record_graph(self.session, nodes=self.graph_nodes(), edges=self.edges)
-
-    def on_step_end(self, step: int) -> None:
-        if self.graph_dirty:
-            self.write_graph()
-        plan = self.session.plan
-        if plan is not None and plan.digest_glob and step % plan.digest_every == 0:
-            self.write_digests(step, plan.digest_glob)
-
     # -- gradient digests -------------------------------------------------------------
     def digest_params(self, glob: str) -> list[tuple[str, Any]]:
         """(name, wrapped parameter) of the parameters whose gradients are digested (cached)."""
@@ -414,29 +421,21 @@ class HyperParallelAdapter:
                         self._digest_params.append((name, param))
         return self._digest_params
 
-    def write_digests(self, step: int, glob: str) -> None:
-        """Digest, norm and max abs of each matching parameter's local gradient shard."""
-        recorder = self.session.recorder
-        if recorder is None:
-            return
-        names, data, norms, peaks = [], [], [], []
-        for name, param in self.digest_params(glob):
-            array = gradient_array(param)
-            if array is None or not array.size:  # no gradient, or an empty shard
-                continue
-            wide = array.astype("float64")
-            names.append(name)
-            data.append(memoryview(array.view("uint8")))  # the bytes as they lie
-            norms.append(math.sqrt(float(wide.dot(wide))))
-            peaks.append(float(abs(array).max()))  # exact: a max does not round
-        if not names:
-            return
-        digests = gradient_digests(data, peaks, [len(d) for d in data])
-        recorder.digest_columns(step, names, digests, norms, peaks)
-
-    def on_exit(self) -> None:
-        if self.graph_dirty:
-            self.write_graph()
+    def tensor_digests(self, glob: str, step: int) -> DigestColumns:
+        """Each matching parameter's local gradient and value, digested on the host."""
+        names, digests, norms, peaks = [], [], [], []
+        params = self.digest_params(glob)
+        for suffix, read in (("", gradient_array), (VALUE_SUFFIX, value_array)):
+            for name, param in params:
+                array = read(param)
+                if array is None or not array.size:  # no gradient, or an empty shard
+                    continue
+                wide = array.astype("float64")
+                names.append(name + suffix)
+                digests.append(array_digest(array))
+                norms.append(math.sqrt(float(wide.dot(wide))))
+                peaks.append(float(abs(wide).max()))  # exact: a max does not round
+        return names, digests, norms, peaks
 
 
 def _gather_plan_hashes(root: Any, plan_hash: str) -> list[str] | None:
@@ -519,9 +518,7 @@ def activate(session: Any, *, modules: tuple[str, ...] = SCHEDULER_MODULES) -> N
     """
     global _adapter
     if _adapter is None:
-        _adapter = HyperParallelAdapter(session)
-        session.add_step_end_listener(_adapter.on_step_end)
-        session.add_exit_listener(_adapter.on_exit)
+        _adapter = HyperParallelAdapter(session)  # it listens to the session's steps and exit
     from .import_hook import when_imported
 
     for name in modules:

@@ -17,8 +17,10 @@ Events, in the order they happened on that rank:
 - ``["reshard", UNIT]``: UNIT went back to its shards.
 
 Only the first ``order_steps`` steps are kept (the plan's
-``record.order_steps``); after them recording stops, so memory stays bounded
-by one step's events. Standard library only.
+``record.order_steps``); after them recording stops. A step keeps at most
+MAX_EVENTS_PER_STEP events (its line then says ``"events_dropped": N``), so
+memory stays bounded even in a job whose steps never end. Standard library
+only, Python 3.9.
 """
 
 from __future__ import annotations
@@ -28,6 +30,9 @@ import threading
 from collections.abc import Callable
 
 SELF = "self"  # ``by`` of an unshard started by the unit's own hook
+# Far above what a step of any model records (four events per unit and edge), far below
+# what would hurt a job's memory.
+MAX_EVENTS_PER_STEP = 100_000
 
 
 class OrderLog:
@@ -38,6 +43,7 @@ class OrderLog:
         self.steps_left = steps
         self._write = write
         self._events: list[list[str]] = []
+        self._dropped = 0  # events past MAX_EVENTS_PER_STEP in the current step
         self._local = threading.local()  # the edge whose prefetch is running on this thread
 
     @property
@@ -59,20 +65,26 @@ class OrderLog:
         if self.steps_left <= 0:
             return None
         event = ["prefetch", edge_id, ""]
-        self._events.append(event)
-        return event
+        return event if self._add(event) else None
 
     def unshard(self, unit: str) -> None:
         if self.steps_left > 0:
-            self._events.append(["unshard", unit, self.running_edge() or SELF])
+            self._add(["unshard", unit, self.running_edge() or SELF])
 
     def use(self, unit: str, phase: str) -> None:
         if self.steps_left > 0:
-            self._events.append(["use", unit, phase])
+            self._add(["use", unit, phase])
 
     def reshard(self, unit: str) -> None:
         if self.steps_left > 0:
-            self._events.append(["reshard", unit])
+            self._add(["reshard", unit])
+
+    def _add(self, event: list[str]) -> bool:
+        if len(self._events) >= MAX_EVENTS_PER_STEP:
+            self._dropped += 1
+            return False
+        self._events.append(event)
+        return True
 
     # -- step ends ------------------------------------------------------------------
     def end_step(self, step: int) -> None:
@@ -80,5 +92,8 @@ class OrderLog:
         if self.steps_left <= 0:
             return
         self.steps_left -= 1
-        events, self._events = self._events, []
-        self._write(json.dumps({"step": step, "rank": self.rank, "events": events}) + "\n")
+        line = {"step": step, "rank": self.rank, "events": self._events}
+        if self._dropped:
+            line["events_dropped"] = self._dropped
+        self._events, self._dropped = [], 0
+        self._write(json.dumps(line) + "\n")

@@ -139,7 +139,7 @@ class Recorder:
     def digests(self, step: int, items: list[tuple[str, str, float, float]]) -> None:
         """One write for all of a step's (param, digest, norm, max_abs) records."""
         if items:
-            self.digest_columns(step, *(list(column) for column in zip(*items, strict=True)))
+            self.digest_columns(step, *(list(column) for column in zip(*items)))
 
     def digest_columns(
         self, step: int, params: list[str], digests: list[str], norms: list[float],

@@ -96,6 +96,13 @@ def run_aa(
                       fix=set(edge_ids) - set(mask) if guard == "none" else (),
                       variant_suffix="@" + experiment.fingerprint()),
             set(edge_ids) - set(mask))
+        repeated = sum(opened.runner.trajectory(run.run_id).steps_repeated
+                       for run in result.runs if run.usable)
+    if repeated:  # said once for the group, never taken for a difference
+        console.print(f"note: {repeated} value(s) for steps logged before (several ranks into one "
+                      "log without ranks, or a resumed run): the last value of each step is "
+                      "compared; give each rank its own log (metrics.files) to compare every rank",
+                      markup=False, soft_wrap=True)
     if result.metrics:
         console.print(group_table(result.to_json()))
     for line in result.environment_drift:
@@ -132,7 +139,7 @@ def verdict_line(result: GroupResult) -> str:
     not_counted = f"; {failed} failed run(s) not counted" if failed else ""
     if result.verdict == "consistent":
         steps = max((m.get("steps_compared", 0) for m in result.metrics.values()), default=0)
-        return (f"-> consistent ({usable} runs, bitwise identical over {steps} steps"
+        return (f"-> consistent ({usable} runs, {result.identical} over {steps} steps"
                 f"{not_counted})")
     if result.verdict == "diverged":
         pair = " vs ".join(result.first_pair or [])

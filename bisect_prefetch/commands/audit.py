@@ -106,16 +106,25 @@ def verdict_lines(result: dict) -> list[str]:
     observed = "" if result.get("guard_observed", True) else " (no size-one edge fired: nothing to judge by)"
     lines.append(f"guard: {result['guard']}{observed}")
     lines += finding_lines(result)
-    lines.append("-> OK: the build is right" if result["ok"] else "-> PROBLEM: see above")
+    not_checked = [n["kind"] for n in result.get("not_checked", [])]
+    if not result["ok"]:
+        lines.append("-> PROBLEM: see above")
+    elif not_checked:
+        lines.append(f"-> OK for what was checked ({', '.join(result.get('checked', []))}); "
+                     f"not checked: {', '.join(not_checked)}")
+    else:
+        lines.append("-> OK: the build is right")
     return lines
 
 
 def finding_lines(result: dict) -> list[str]:
     """One line per finding: failing kinds as problems, the others as notes."""
     lines = []
-    if not result.get("order_recorded", False):
-        lines.append("this run recorded no unit order (an older run, or recording off): "
-                     "only size-one and duplicate-target were checked")
+    by_reason: dict[str, list[str]] = {}
+    for item in result.get("not_checked", []):
+        by_reason.setdefault(item["reason"], []).append(item["kind"])
+    for reason, kinds in by_reason.items():
+        lines.append(f"not checked: {', '.join(kinds)}: {reason}")
     for f in result.get("findings", []):
         label = "problem" if f["kind"] in FAILING_KINDS else "note"
         where = _where(f)

@@ -6,11 +6,23 @@ digests, runs that digest different parameters, records one run lacks up to a st
 reached. Each is one sentence in ``DigestResult.problems``; a comparison with problems and
 no difference proves nothing (the caller must not call the runs consistent).
 
-``localize(result, ref_path, run_path, units)`` names the first divergence: the step, and of
-the (rank, parameter) pairs differing there the one whose gradient norm moved most
-(relative), the FSDP unit that holds that parameter, and how many units differ at that step.
-A bad prefetch corrupts the unit it wrote into, so that unit's gradient tends to move most;
-the other differing units are where the corruption spread to within the step.
+``localize(result, ref_path, run_path, units)`` names the first divergence: the step, the
+FSDP unit it is read back to, one (rank, parameter) of that unit, how many units differ at
+that step, and the rule that named the unit:
+
+- ``values``: some parameter values (digested before the update, under ``NAME@value``)
+  differ at that step: a prefetch that wrote into a unit's persistent shard shows in that
+  unit alone, one step before the next forward spreads it everywhere. The first such unit
+  in forward order is named.
+- ``backward-order``: only gradients differ. Gradients are computed in backward order,
+  and a corruption inside one unit's backward reaches only the units computed after it,
+  so the first differing unit in that order is named. The order is the run's own (its
+  order record: units in the order their backward pre-hooks ran), else the reverse of
+  the graph's forward order.
+
+Not which parameter moved most: the first step that differs often differs everywhere
+(every gradient of a model depends on every parameter), and the largest move then names
+an arbitrary unit.
 """
 
 from __future__ import annotations
@@ -24,9 +36,9 @@ from pathlib import Path
 from bisect_prefetch.metrics.digests import (
     DigestResult,
     compare_digest_files,
-    parse_digest_line,
     read_digests,
 )
+from bisect_prefetch.vocab import VALUE_SUFFIX
 
 DIGEST_FILE = "digests.jsonl"
 ROOT_UNIT = "root"  # the unit of parameters no named unit holds (FSDP2's root module)
@@ -41,8 +53,9 @@ class Localization:
     step: int  # first step where a digest differs
     rank: int
     unit: str  # the FSDP unit holding param (ROOT_UNIT when none does)
-    param: str  # of the differing parameters at that step, the one whose norm moved most
+    param: str  # a differing parameter of that unit (NAME@value: its value)
     units_differing: int  # units with a differing digest at that step, over all ranks
+    rule: str = "values"  # what named the unit: "values" or "backward-order" (module doc)
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -223,53 +236,52 @@ def _unmatched(a: _Inventory, b: _Inventory,
 
 
 # -- localization -----------------------------------------------------------------------------
+RULE_VALUES = "values"
+RULE_BACKWARD_ORDER = "backward-order"
+
+
 def localize(result: DigestResult | None, ref_path: Path, run_path: Path,
              units: Iterable[str]) -> Localization | None:
-    """The first divergence of two runs' digests, read back to a unit (None: no divergence)."""
+    """The first divergence of two runs' digests, read back to a unit (None: no divergence).
+
+    units: the graph's units in forward order.
+    """
     if result is None or result.first_diff_step is None or not result.at_first:
         return None
     units = list(units)
     step = result.first_diff_step
-    norms_a, norms_b = _norms_at(ref_path, step), _norms_at(run_path, step)
-
-    def moved(pair: tuple[int, str]) -> float:
-        na, nb = norms_a.get(pair), norms_b.get(pair)
-        if na is None or nb is None or na != na or nb != nb:  # missing or NaN: moved a lot
-            return float("inf") if (na is None) != (nb is None) or na != na or nb != nb else 0.0
-        scale = max(abs(na), abs(nb))
-        return abs(na - nb) / scale if scale else 0.0
-
-    rank, param = max(result.at_first, key=lambda pair: (moved(pair), -pair[0]))
     differing = {unit_of(p, units) for _, p in result.at_first}
+    values = [(r, p) for r, p in result.at_first if p.endswith(VALUE_SUFFIX)]
+    if values:
+        rule, candidates = RULE_VALUES, values
+        order = units
+    else:
+        rule, candidates = RULE_BACKWARD_ORDER, result.at_first
+        order = backward_order(Path(run_path).parent) or units[::-1]
+    position = {unit: k for k, unit in enumerate(order)}
+
+    def rank_in_order(pair: tuple[int, str]) -> tuple[int, int, str]:
+        return (position.get(unit_of(pair[1], units), len(order)), pair[0], pair[1])
+
+    rank, param = min(candidates, key=rank_in_order)
     return Localization(step=step, rank=rank, unit=unit_of(param, units), param=param,
-                        units_differing=len(differing))
+                        units_differing=len(differing), rule=rule)
 
 
-def _norms_at(path: Path, step: int) -> dict[tuple[int, str], float]:
-    """(rank, param) -> gradient norm at one step (records without a norm are left out)."""
-    norms = {}
-    try:
-        with open(path, "rb") as f:
-            for line in f:
-                line_step = _step_of(line)
-                if line_step > step + STEPS_READ_PAST:
-                    break
-                if line_step not in (step, -1):
-                    continue
-                record = parse_digest_line(line)
-                if record is not None and record.step == step and record.norm is not None:
-                    norms[(record.rank, record.param)] = record.norm
-    except OSError:
-        return {}
-    return norms
-
-
-def _step_of(line: bytes) -> int:
-    """The step of a canonical line, read without parsing it; -1 for any other line."""
-    if not line.startswith(b'{"step": '):
-        return -1
-    digits = line[9 : line.find(b",", 9)]
-    return int(digits) if digits.isdigit() else -1
+def backward_order(run_dir: Path) -> list[str]:
+    """Units in the order their backward pre-hooks ran, from a run's order record (rank 0's
+    first recorded step with a backward); empty without one."""
+    for path in sorted(Path(run_dir).glob("order.rank*.jsonl")):
+        try:
+            with open(path, encoding="utf-8") as f:
+                for line in f:
+                    events = json.loads(line).get("events") or []
+                    order = [e[1] for e in events if e[:1] == ["use"] and e[2:3] == ["bwd"]]
+                    if order:
+                        return list(dict.fromkeys(order))
+        except (OSError, ValueError, AttributeError, TypeError):
+            continue
+    return []
 
 
 # -- the heat map's data ------------------------------------------------------------------------

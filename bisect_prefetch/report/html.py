@@ -27,6 +27,7 @@ from bisect_prefetch.report import plots
 from bisect_prefetch.report.table import fmt_step, matrix_rows, matrix_summary
 from bisect_prefetch.runs.faults import fault_lines
 from bisect_prefetch.runs.merge import GRAPH_FILE
+from bisect_prefetch.runs.signals import describe_signals
 from bisect_prefetch.runs.step_time import group_cost
 from bisect_prefetch.runs.store import JOURNAL, SUBMITTED, read_journal
 from bisect_prefetch.search.protocol import mask_name
@@ -172,16 +173,18 @@ def _plot_group(state_dir: Path, group: RunGroup, title: str, out_dir: Path,
         return []
     dir_a = state_dir / "runs" / run["reference"]
     dir_b = state_dir / "runs" / run["run_id"]
+    found = []
     try:
         a, b = load_run(dir_a), load_run(dir_b)
     except BisectPrefetchError:
-        return []  # a run dir cleaned away: the tables still say what happened
-    series_a, series_b = _earliest_differing_ranks(a, b)
-    path = plots.plot_group(
-        series_a, series_b, out_dir / f"group-{index:02d}.png",
-        title=title, labels=(run["reference"], run["run_id"]),
-    )
-    found = [(f"{title}: {run['reference']} vs {run['run_id']}", path)]
+        pass  # cleaned away, or stopped at its first differing digest before a metric line
+    else:
+        series_a, series_b = _earliest_differing_ranks(a, b)
+        path = plots.plot_group(
+            series_a, series_b, out_dir / f"group-{index:02d}.png",
+            title=title, labels=(run["reference"], run["run_id"]),
+        )
+        found.append((f"{title}: {run['reference']} vs {run['run_id']}", path))
     digests_a, digests_b = dir_a / "digests.jsonl", dir_b / "digests.jsonl"
     if digests_a.is_file() and digests_b.is_file():
         heat = plots.plot_digest_heatmap(read_digests(digests_a), read_digests(digests_b),
@@ -385,6 +388,10 @@ def _summary(records, groups, edge_ids, bisect, matrix):
     facts = [f"{len(records)} runs in {len(groups)} groups, "
              f"{sum(len(g.diverged_runs) for g in groups)} diverged from their reference",
              outcome_counts_text(records), *fault_lines(records)]
+    # What the runs measured (runs/signals.py), as the commands said it when they started.
+    signals = next((r["signals"] for r in records if r.get("signals")), None)
+    if signals is not None:
+        facts.append(describe_signals(signals))
     if bisect:
         culprits = list(bisect.get("minimal_set", []))
         if culprits:

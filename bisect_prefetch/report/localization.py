@@ -18,6 +18,11 @@ def describe(localization: dict[str, Any] | None) -> str:
     if not localization:
         return ""
     units = localization["units_differing"]
-    return (f"gradients first differ at step {localization['step']} in {localization['unit']} "
-            f"(rank {localization['rank']}, {localization['param']}; "
+    # The rule that named the unit (metrics/localize.py); records before it had none.
+    if localization.get("rule") == "values":
+        what, how = "parameter values", ""
+    else:
+        what, how = "gradients", ", first in backward order" if localization.get("rule") else ""
+    return (f"{what} first differ at step {localization['step']} in {localization['unit']} "
+            f"(rank {localization['rank']}, {localization['param']}{how}; "
             f"{units} unit{'s' if units != 1 else ''} differ{'' if units != 1 else 's'} at that step)")

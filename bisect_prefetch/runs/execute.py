@@ -16,7 +16,7 @@ import hashlib
 import json
 import os
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -27,11 +27,13 @@ from bisect_prefetch.errors import BisectPrefetchError
 from bisect_prefetch.experiment import Experiment
 from bisect_prefetch.files import write_text_atomic
 from bisect_prefetch.metrics.compare import StreamingComparator, compare_trajectories, earliest
+from bisect_prefetch.metrics.completeness import missing_data, short_series, unlike_ranks
 from bisect_prefetch.metrics.live import DIGEST_FILE, LiveMetrics
-from bisect_prefetch.metrics.loading import load_files, load_run
+from bisect_prefetch.metrics.loading import detect_format, load_files, load_run, run_files
 from bisect_prefetch.metrics.localize import judge_digests, units_in_graph
 from bisect_prefetch.metrics.trajectory import Trajectory
 from bisect_prefetch.runs import envprint
+from bisect_prefetch.runs.code_print import code_fingerprint
 from bisect_prefetch.runs.executors import Executor, Job, make_executor
 from bisect_prefetch.runs.executors.base import LOST
 from bisect_prefetch.runs.faults import RANK_LOG_DIR, find_fault
@@ -47,11 +49,20 @@ from bisect_prefetch.runs.launcher import (
 from bisect_prefetch.runs.merge import GRAPH_FILE, merge_graphs, merge_probes
 from bisect_prefetch.runs.plan import PLAN_ENV, PLAN_FILE, build_plan, plan_hash, write_plan
 from bisect_prefetch.runs.procs import kill_leftovers
+from bisect_prefetch.runs.signals import run_signals, signal_problems
 from bisect_prefetch.runs.step_time import run_step_time_ms
 from bisect_prefetch.runs.store import RunKey, StateDir
 from bisect_prefetch.runs.workloads import argv_template, render_argv, render_config, workload_env
 from bisect_prefetch.search.oracle import RunResult
-from bisect_prefetch.vocab import ERROR, OK, TIMEOUT, TRUNCATED, USABLE_OUTCOMES, Mask
+from bisect_prefetch.vocab import (
+    ERROR,
+    OK,
+    STOPPED_EARLY,
+    TIMEOUT,
+    TRUNCATED,
+    USABLE_OUTCOMES,
+    Mask,
+)
 
 POLL_S = 0.05  # how often a waiting run asks its executor
 
@@ -79,6 +90,8 @@ class RunOutcome:
     step_time_ms: float | None = None  # median step time after warm-up (runs/step_time.py)
     # Where the digests first differ from the reference: metrics.localize.Localization's JSON.
     localization: dict[str, Any] | None = None
+    # What the run measured (runs/signals.py): step boundaries, digests, order, precision.
+    signals: dict[str, Any] | None = None
     reused: bool = False
 
     @property
@@ -159,6 +172,10 @@ class Runner:
         self.executor: Executor = executor or make_executor(experiment.executor)
         self.executor.check(state.path)
         self.reattached: list[str] = []
+        # Told what the first run with signals measured (runs/signals.py), once: commands
+        # say it in one line.
+        self.on_first_signals: Callable[[dict[str, Any]], None] | None = None
+        self._signals_said = False
         # An orchestrator killed hard (SIGKILL) leaves its job running; we hold the
         # lock now, so whatever still runs under this state dir is such a leftover.
         # (A Slurm job is not: it is re-attached or scancelled by its journaled id.)
@@ -169,20 +186,52 @@ class Runner:
         if "{" not in program[0]:
             check_command(program, {**os.environ, **workload_env(experiment), **experiment.env})
         render_config(experiment, steps=experiment.steps)  # a bad override fails now, not in a run
+        # What the job runs (its code files, interpreter, packages) is part of every run key:
+        # edited code or a new library never reuses runs of the old (runs/code_print.py).
+        self.code = code_fingerprint(
+            argv_template(experiment, steps=experiment.steps), cwd=Path.cwd(),
+            env_path={**os.environ, **experiment.env}.get("PATH"))
+        self.reused_finished_at: list[float | None] = []  # runs taken from the journal
 
     # -- keys -------------------------------------------------------------
     def key(self, purpose: str, *, mask: Iterable[str] | None, guard: str, steps: int,
             index: int, attempt: int = 0) -> RunKey:
         """A run's identity; the experiment's fingerprint keeps edited experiments apart."""
-        return RunKey.of(variant=f"{purpose}@{self.experiment.fingerprint()}", mask=mask,
+        return RunKey.of(variant=f"{purpose}+{self.code}@{self.experiment.fingerprint()}", mask=mask,
                          guard=guard, steps=steps, index=index, attempt=attempt)
 
     # -- trajectories -----------------------------------------------------
     def trajectory(self, run_id: str) -> Trajectory:
         """The metrics of a finished run (read once, then kept)."""
         if run_id not in self._trajectories:
-            self._trajectories[run_id] = self._load(self.state.run_dir(run_id))
+            try:
+                self._trajectories[run_id] = self._load(self.state.run_dir(run_id))
+            except BisectPrefetchError:
+                # A run stopped at its first differing digest before any metric line
+                # (journaled so): it has no metrics, as when it was collected.
+                if not any(r.get("run_id") == run_id and r.get("outcome") == STOPPED_EARLY
+                           for r in self.state.records()):
+                    raise
+                self._trajectories[run_id] = Trajectory({})
         return self._trajectories[run_id]
+
+    def _metric_files(self, run_dir: Path) -> list[Path]:
+        m = self.experiment.metrics
+        if m.files:
+            return sorted(p for p in run_dir.glob(m.files) if p.is_file())
+        try:
+            return run_files(run_dir, m.format)
+        except BisectPrefetchError:
+            return []
+
+    def _signals(self, run_dir: Path) -> dict[str, Any]:
+        m = self.experiment.metrics
+        files = self._metric_files(run_dir)
+        fmt = m.format
+        if fmt is None and files:
+            fmt = detect_format(files[0])
+        return run_signals(run_dir, metric_files=files, fmt=fmt or "jsonl", names=self.names,
+                           pattern=m.pattern)
 
     def _load(self, run_dir: Path) -> Trajectory:
         m = self.experiment.metrics
@@ -226,7 +275,8 @@ class Runner:
         """
         found = self.state.find(key)
         if found is not None:
-            return RunOutcome.from_record(found)
+            self.reused_finished_at.append(found.get("finished_at"))
+            return self._said(RunOutcome.from_record(found))
         mask = key.mask
         submitted = self.state.submitted(key)
         if submitted is not None and submitted.get("executor") == self.executor.kind:
@@ -262,6 +312,14 @@ class Runner:
         write_text_atomic(started.run_dir / STATUS_FILE,
                           json.dumps(out.to_record(), indent=1, allow_nan=True) + "\n")
         self.state.append(started.key, out.to_record())
+        return self._said(out)
+
+    def _said(self, out: RunOutcome) -> RunOutcome:
+        """Tell on_first_signals what the first usable run measured."""
+        if (not self._signals_said and out.usable and out.signals
+                and self.on_first_signals is not None):
+            self._signals_said = True
+            self.on_first_signals(out.signals)
         return out
 
     def close(self) -> None:
@@ -321,7 +379,8 @@ class Runner:
         """
         _, graph_problems = merge_graphs(run_dir)
         _, probe_problems = merge_probes(run_dir, expected_hash)
-        out.problems = graph_problems + probe_problems
+        out.signals = self._signals(run_dir)
+        out.problems = graph_problems + probe_problems + signal_problems(out.signals)
         out.step_time_ms = run_step_time_ms(run_dir)
         self._read_metrics(out, run_dir, steps, ref, comparator)
         if out.outcome == ERROR and out.steps_done == 0:
@@ -337,9 +396,15 @@ class Runner:
         try:
             trajectory = self._load(run_dir)
         except BisectPrefetchError as exc:
-            if out.usable:
+            if out.outcome == STOPPED_EARLY and ref is not None:
+                # Stopped at its first differing digest before it printed a metric line:
+                # its digests decide (judged below); it has no metrics to compare.
+                trajectory = Trajectory({})
+            elif out.usable:
                 out.outcome, out.reason = ERROR, f"missing metrics: {exc}"
-            return
+                return
+            else:
+                return
         out.steps_done = last_step(trajectory)
         # A job the scheduler took away (executors.base.LOST) did not end by itself.
         ended_by_itself = (out.outcome in (OK, ERROR) and not out.problems
@@ -347,18 +412,40 @@ class Runner:
         if ended_by_itself and 0 < out.steps_done < steps:
             how = "" if out.exit_code == 0 else f", {out.reason}"
             out.outcome, out.reason = TRUNCATED, f"stopped at step {out.steps_done} of {steps}{how}"
+            if "from 0" in (short := short_series(trajectory, self.names, steps) or ""):
+                out.reason += f": {short}"  # the hint why a whole log is one step short
         if not out.usable:
             return
         self._trajectories[out.run_id] = trajectory
         if ref is not None:
+            # The metrics decide from the files as they are now, the same numbers the live
+            # comparison read; a live difference only stopped the run. Digests: both.
             found = earliest(compare_trajectories(ref, trajectory, self.names))
-            live_step = comparator.first_diff_step if comparator is not None else None
+            live_step = comparator.first_digest_diff_step if comparator is not None else None
             candidates = [s for s in (found[0] if found else None, live_step) if s is not None]
             out.first_diff_step = min(candidates, default=None)
             out.problems += self.judge_digests(out, out.reference)
+        if out.first_diff_step is None:
+            self._check_complete(out, trajectory, steps, ref)
         out.trajectory_hash = trajectory_hash(trajectory, upto=out.first_diff_step)
         if out.problems:
             out.outcome, out.reason = ERROR, "; ".join(out.problems)
+
+    def _check_complete(self, out: RunOutcome, trajectory: Trajectory, steps: int,
+                        ref: Trajectory | None) -> None:
+        """A run that shows no difference counts only with every metric, step and rank."""
+        if short := short_series(trajectory, self.names, steps):
+            # A run stopped at a live difference the full comparison does not confirm
+            # is no evidence either way.
+            why = "" if out.outcome == OK else "stopped early, no difference found; "
+            out.outcome = TRUNCATED if out.outcome == OK else ERROR
+            out.reason = f"{why}{short}"
+            self._trajectories.pop(out.run_id, None)
+            return
+        problems = [p for p in (missing_data(trajectory, self.names, steps),
+                                unlike_ranks(ref, trajectory, self.names) if ref else None) if p]
+        if problems:
+            out.problems.append("incomplete metrics: " + "; ".join(problems))
 
     def judge_digests(self, out: RunOutcome, reference: str | None) -> list[str]:
         """A run's digests against a reference run's: an earlier first difference, and where.

@@ -24,6 +24,7 @@ from bisect_prefetch.runs import envprint
 from bisect_prefetch.runs.execute import Runner, RunOutcome
 from bisect_prefetch.runs.executors.base import LOST
 from bisect_prefetch.runs.merge import GRAPH_FILE
+from bisect_prefetch.runs.signals import identical_wording
 from bisect_prefetch.runs.slots import RunRequest, keep_slots_busy
 from bisect_prefetch.runs.step_time import group_cost
 from bisect_prefetch.vocab import CONSISTENT, DIVERGED, ERROR, RUN_OUTCOMES, SAME, Mask
@@ -60,6 +61,17 @@ class GroupResult:
     # The earliest divergence read back to a unit (metrics.localize.Localization's JSON).
     localization: dict[str, Any] | None = None
 
+    @property
+    def signals(self) -> dict[str, Any] | None:
+        """What the group's first usable run measured (runs/signals.py)."""
+        return next((run.signals for run in self.runs if run.usable and run.signals), None)
+
+    @property
+    def identical(self) -> str:
+        """How far "identical" goes for these runs: bitwise only where digests or
+        full-precision metrics back it."""
+        return identical_wording([run.signals for run in self.runs if run.usable])
+
     def outcome_counts(self) -> dict[str, int]:
         counts = Counter(run.outcome for run in self.runs)
         return {name: counts.get(name, 0) for name in RUN_OUTCOMES}
@@ -79,6 +91,8 @@ class GroupResult:
             "first_diff_step": self.first_diff_step,
             "first_pair": self.first_pair,
             "localization": self.localization,
+            "signals": self.signals,
+            "identical": self.identical,
             "environment_drift": self.environment_drift,
             "graph_drift": self.graph_drift,
             "reason": self.reason,

@@ -8,6 +8,7 @@ recorded run that the journal keeps).
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -20,6 +21,7 @@ from bisect_prefetch.graph import PrefetchGraph
 from bisect_prefetch.runs.discover import discover_graph
 from bisect_prefetch.runs.execute import Runner
 from bisect_prefetch.runs.executors import with_executor
+from bisect_prefetch.runs.signals import describe_signals
 from bisect_prefetch.runs.store import StateDir
 
 
@@ -55,6 +57,9 @@ def open_state(experiment: Experiment, state_dir: str | Path, *,
             console.print("note: the journal's last line was torn by a kill and was dropped",
                           markup=False)
         runner = Runner(experiment, state)
+        if console is not None:
+            runner.on_first_signals = lambda signals: console.print(
+                describe_signals(signals), markup=False, soft_wrap=True)
         if console is not None and runner.killed_leftovers:
             console.print(f"note: killed {len(runner.killed_leftovers)} process(es) left running "
                           "by an earlier orchestrator that was killed", markup=False, soft_wrap=True)
@@ -69,3 +74,18 @@ def open_state(experiment: Experiment, state_dir: str | Path, *,
             # Jobs still in flight (Ctrl-C, an error) and jobs of a dead orchestrator
             # that were not re-attached are cancelled: none outlives the command.
             runner.close()
+            if console is not None and (line := reused_line(runner.reused_finished_at)):
+                console.print(line, markup=False, soft_wrap=True)
+
+
+def reused_line(finished_at: list[float | None]) -> str | None:
+    """How many runs came from the journal, and from when (a stale reuse shows its age)."""
+    if not finished_at:
+        return None
+    known = [t for t in finished_at if t is not None]
+    when = ""
+    if known:
+        first, last = (time.strftime("%Y-%m-%d %H:%M", time.localtime(t)) for t in (min(known), max(known)))
+        when = f", finished {first}" + (f" to {last}" if last != first else "")
+    return (f"note: {len(finished_at)} run(s) reused from the journal{when} "
+            "(same experiment, same code files, interpreter and packages)")

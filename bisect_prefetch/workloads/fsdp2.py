@@ -14,10 +14,12 @@ CPU thread (the result changes with the thread count), so two runs with the
 same seed are bitwise identical.
 
 After each optimizer step it calls ``bisect_prefetch.adapters.report_step(step,
-loss=..., grad_norm=...)`` (steps count from 1; loss is the rank's local loss,
-grad_norm the global norm before clipping) and rank 0 prints ``step N loss X
-grad_norm Y`` with full float reprs. Without the adapter installed
-(no sitecustomize, no plan) it trains the same way.
+loss=..., grad_norm=...)`` for its metrics.jsonl line only (steps count from 1;
+loss is the rank's local loss, grad_norm the global norm before clipping), and
+rank 0 prints ``step N loss X grad_norm Y`` with full float reprs. The step
+boundaries for digests, the order record and step times come from the optimizer
+step, as in a user's job that calls nothing of ours. Without the adapter
+installed (no sitecustomize, no plan) it trains the same way.
 
 FAULT INJECTION (off by default; for validating the tool, never for real use):
 ``--fault-edge EDGE --fault-hazard H`` (or the plan's ``fault``) registers a

@@ -28,7 +28,9 @@ tool passes it through and never reads it). ``--fault-edge E --fault-hazard H``
   skips exactly those prefetches, so it removes this drift end to end.
 
 Metrics per step (``report_step`` and a stdout line): ``loss`` (mean over
-ranks) and ``grad_norm`` (of the averaged gradient).
+ranks) and ``grad_norm`` (of the averaged gradient). ``report_step`` writes the
+metrics line only: the adapter finds the step boundaries for digests, the order
+record and step times in the optimizer Cell's call, as in a user's job.
 """
 
 from __future__ import annotations

@@ -1,0 +1,182 @@
+"""What a run measured: the signals its records hold, said once per command and kept per run.
+
+A run's signals (``run_signals(run_dir, ...)``, journaled with the run and in status.json):
+
+- ``step_source``: where the adapter found step boundaries (adapters/steps.py:
+  ``optimizer``, ``backward``, ``report``), or None (no adapter, or no boundary found);
+  ``steps_counted``: per rank, how many training steps it counted;
+- ``digests``: gradient and value digests (parameters, gradients, ranks, steps, coverage),
+  or None;
+- ``order_steps``: steps of unit order recorded (rank 0);
+- ``step_time``: whether step times were recorded;
+- ``precision``: per metric, the precision the job printed it at (metrics/precision.py);
+- ``notes``: what the adapter said about the job's steps (an optimizer stepping twice, ...).
+
+``signal_problems(signals)`` is what makes a run an error: ranks that counted different
+numbers of steps. ``describe_signals`` is the command's one line; ``identical_wording``
+says how far "identical" goes for the runs it covers.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from bisect_prefetch.metrics.precision import FULL, describe_precision, printed_precision
+from bisect_prefetch.vocab import VALUE_SUFFIX
+
+
+def _probes(run_dir: Path) -> dict[int, dict[str, Any]]:
+    probes = {}
+    for path in Path(run_dir).glob("probe.rank*.json"):
+        rank = path.name[len("probe.rank"):-len(".json")]
+        if not rank.isdigit():
+            continue
+        try:
+            probe = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue
+        if isinstance(probe, dict):
+            probes[int(rank)] = probe
+    return probes
+
+
+def _order_steps(run_dir: Path) -> int:
+    path = Path(run_dir) / "order.rank0.jsonl"
+    try:
+        with open(path, "rb") as f:
+            return sum(1 for line in f if line.strip())
+    except OSError:
+        return 0
+
+
+def _digests_from_file(path: Path) -> dict[str, Any] | None:
+    """What a digest file holds, where no probe summed it up (a job writing its own)."""
+    params: set[str] = set()
+    ranks: set[int] = set()
+    try:
+        with open(path, encoding="utf-8", errors="replace") as f:
+            for number, line in enumerate(f):
+                if number >= 10_000:
+                    break
+                try:
+                    record = json.loads(line)
+                    params.add(str(record["param"]))
+                    ranks.add(int(record["rank"]))
+                except (ValueError, KeyError, TypeError):
+                    continue
+    except OSError:
+        return None
+    if not params:
+        return None
+    gradients = {p for p in params if not p.endswith(VALUE_SUFFIX)}
+    values = len(params) - len(gradients)
+    return {"parameters": values, "gradients": len(gradients), "ranks": len(ranks),
+            "steps": None, "coverage": "as the job wrote them", "values": bool(values)}
+
+
+def run_signals(run_dir: Path, *, metric_files: Sequence[Path], fmt: str,
+                names: Sequence[str], pattern: str | None = None) -> dict[str, Any]:
+    """The signals of one finished run (see the module docstring)."""
+    probes = _probes(run_dir)
+    sources = [p.get("step_source") for p in probes.values() if p.get("step_source")]
+    digest_ranks = {r: p["digests"] for r, p in probes.items() if isinstance(p.get("digests"), dict)}
+    digests = None
+    if digest_ranks:
+        summaries = list(digest_ranks.values())
+        digests = {
+            "parameters": max(int(s.get("parameters", 0)) for s in summaries),
+            "gradients": max(int(s.get("gradients", 0)) for s in summaries),
+            "ranks": len(digest_ranks),
+            "steps": max(int(s.get("steps", 0)) for s in summaries),
+            "coverage": summaries[0].get("coverage", "every element"),
+        }
+    if digests is None:
+        digests = _digests_from_file(Path(run_dir) / "digests.jsonl")
+    notes: list[str] = []
+    for probe in probes.values():
+        for note in probe.get("step_notes") or []:
+            if isinstance(note, str) and note not in notes:
+                notes.append(note)
+    return {
+        "step_source": sources[0] if sources else None,
+        "steps_counted": {str(r): p.get("steps_counted") for r, p in sorted(probes.items())
+                          if isinstance(p.get("steps_counted"), int)},
+        "digests": digests,
+        "order_steps": _order_steps(run_dir),
+        "step_time": any(p.get("step_seconds") for p in probes.values()),
+        "precision": printed_precision(metric_files, fmt, names, pattern),
+        "notes": notes,
+    }
+
+
+def signal_problems(signals: dict[str, Any] | None) -> list[str]:
+    """Why a run's signals make it an error: ranks that counted different step numbers."""
+    counted = (signals or {}).get("steps_counted") or {}
+    if len(set(counted.values())) > 1:
+        each = ", ".join(f"rank {r} {n}" for r, n in counted.items())
+        return [f"ranks counted different numbers of training steps ({each}): "
+                "their steps cannot be matched"]
+    return []
+
+
+def describe_signals(signals: dict[str, Any] | None) -> str:
+    """One line: what the runs measure, and what is missing and why."""
+    if not signals:
+        return "signals: none recorded"
+    parts = []
+    digests = signals.get("digests")
+    if digests:
+        values = (f" and {digests['parameters']} parameter values"
+                  if digests.get("values", True) else "")
+        parts.append(f"digests of {digests['gradients']} gradients{values} x "
+                     f"{digests['ranks']} rank(s), {digests['coverage']}")
+    order = signals.get("order_steps") or 0
+    if order:
+        parts.append(f"unit order, {order} step{'s' if order != 1 else ''}")
+    if signals.get("step_time"):
+        parts.append("step time")
+    line = "signals: " + "; ".join(parts) if parts else "signals:"
+    missing = []
+    if not digests:
+        missing.append("digests")
+    if not order:
+        missing.append("order")
+    if not signals.get("step_time"):
+        missing.append("step time")
+    if missing:
+        why = _why_missing(signals)
+        line += ("; " if parts else " ") + f"{why}: {', '.join(missing)} off"
+    line += f"; comparing the printed {describe_precision(signals.get('precision') or {})}"
+    for note in signals.get("notes") or []:
+        line += f"; {note}"
+    return line
+
+
+def _why_missing(signals: dict[str, Any]) -> str:
+    source = signals.get("step_source")
+    if source is None:
+        return "no step boundary seen (no adapter in the job, or no optimizer step)"
+    return f"steps from {source}"
+
+
+def identical_wording(signals: Sequence[dict[str, Any] | None]) -> str:
+    """'bitwise identical' only where digests or full-precision metrics back it."""
+    known = [s for s in signals if s]
+    if known and all(s.get("digests") for s in known):
+        return "bitwise identical (digests)"
+    precision: dict[str, Any] = {}
+    for s in known:
+        for name, p in (s.get("precision") or {}).items():
+            if p is None:
+                continue
+            old = precision.get(name)
+            if old is None or (old == FULL) or (p != FULL and p < old):
+                precision[name] = p
+    if precision and all(p == FULL for p in precision.values()):
+        return "bitwise identical (metrics at full precision)"
+    if precision:
+        return f"identical at the printed precision ({describe_precision(precision)})"
+    return "identical in the metrics read"
