@@ -175,6 +175,9 @@ def _bisect(experiment: Experiment, experiment_path: Path, *, hint: str, resume:
             data["suspects"] = suspects
             data["hints"] = [n for n in search.notices if n["event"].startswith("hint")]
             data["run_details"] = run_details  # each run, with where its gradients first differed
+            # What the runs measured (runs/signals.py), as the signals line said it.
+            data["signals"] = next((r["signals"] for r in opened.state.records()
+                                    if r.get("signals")), None)
             data["step_time"] = fix_costs(
                 opened.state.records(), edge_ids=graph.edge_ids(), fix=partial.minimal_set,
                 variant_suffix="@" + experiment.fingerprint())
