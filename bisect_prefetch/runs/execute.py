@@ -29,7 +29,7 @@ from bisect_prefetch.files import write_text_atomic
 from bisect_prefetch.metrics.compare import StreamingComparator, compare_trajectories, earliest
 from bisect_prefetch.metrics.completeness import missing_data, short_series, unlike_ranks
 from bisect_prefetch.metrics.live import DIGEST_FILE, LiveMetrics
-from bisect_prefetch.metrics.loading import detect_format, load_files, load_run, run_files
+from bisect_prefetch.metrics.loading import load_files, load_run, run_files
 from bisect_prefetch.metrics.localize import judge_digests, units_in_graph
 from bisect_prefetch.metrics.trajectory import Trajectory
 from bisect_prefetch.runs import envprint
@@ -204,15 +204,10 @@ class Runner:
     def trajectory(self, run_id: str) -> Trajectory:
         """The metrics of a finished run (read once, then kept)."""
         if run_id not in self._trajectories:
-            try:
-                self._trajectories[run_id] = self._load(self.state.run_dir(run_id))
-            except BisectPrefetchError:
-                # A run stopped at its first differing digest before any metric line
-                # (journaled so): it has no metrics, as when it was collected.
-                if not any(r.get("run_id") == run_id and r.get("outcome") == STOPPED_EARLY
-                           for r in self.state.records()):
-                    raise
-                self._trajectories[run_id] = Trajectory({})
+            stopped_early = any(r.get("run_id") == run_id and r.get("outcome") == STOPPED_EARLY
+                                for r in self.state.records())
+            self._trajectories[run_id] = self._load(self.state.run_dir(run_id),
+                                                    stopped_early=stopped_early)
         return self._trajectories[run_id]
 
     def _metric_files(self, run_dir: Path) -> list[Path]:
@@ -226,21 +221,25 @@ class Runner:
 
     def _signals(self, run_dir: Path) -> dict[str, Any]:
         m = self.experiment.metrics
-        files = self._metric_files(run_dir)
-        fmt = m.format
-        if fmt is None and files:
-            fmt = detect_format(files[0])
-        return run_signals(run_dir, metric_files=files, fmt=fmt or "jsonl", names=self.names,
-                           pattern=m.pattern)
+        return run_signals(run_dir, metric_files=self._metric_files(run_dir), fmt=m.format,
+                           names=self.names, pattern=m.pattern)
 
-    def _load(self, run_dir: Path) -> Trajectory:
+    def _load(self, run_dir: Path, *, stopped_early: bool = False) -> Trajectory:
+        """The run's metrics. stopped_early: a run stopped at its first differing digest,
+        which may have ended before its first metric line; it then has none."""
         m = self.experiment.metrics
-        if m.files:
-            files = sorted(p for p in run_dir.glob(m.files) if p.is_file())
-            if not files:
-                raise BisectPrefetchError(f"no file matches metrics.files {m.files!r} in {run_dir}")
-            return load_files(files, m.format, names=self.names, pattern=m.pattern)
-        return load_run(run_dir, m.format, self.names, pattern=m.pattern)
+        try:
+            if m.files:
+                files = self._metric_files(run_dir)
+                if not files:
+                    raise BisectPrefetchError(
+                        f"no file matches metrics.files {m.files!r} in {run_dir}")
+                return load_files(files, m.format, names=self.names, pattern=m.pattern)
+            return load_run(run_dir, m.format, self.names, pattern=m.pattern)
+        except BisectPrefetchError:
+            if stopped_early:
+                return Trajectory({})
+            raise
 
     # -- one run ----------------------------------------------------------
     def run(
@@ -394,17 +393,13 @@ class Runner:
     def _read_metrics(self, out: RunOutcome, run_dir: Path, steps: int,
                       ref: Trajectory | None, comparator: StreamingComparator | None) -> None:
         try:
-            trajectory = self._load(run_dir)
+            # A run stopped before its first metric line: its digests decide (judged below).
+            trajectory = self._load(run_dir,
+                                    stopped_early=out.outcome == STOPPED_EARLY and ref is not None)
         except BisectPrefetchError as exc:
-            if out.outcome == STOPPED_EARLY and ref is not None:
-                # Stopped at its first differing digest before it printed a metric line:
-                # its digests decide (judged below); it has no metrics to compare.
-                trajectory = Trajectory({})
-            elif out.usable:
+            if out.usable:
                 out.outcome, out.reason = ERROR, f"missing metrics: {exc}"
-                return
-            else:
-                return
+            return
         out.steps_done = last_step(trajectory)
         # A job the scheduler took away (executors.base.LOST) did not end by itself.
         ended_by_itself = (out.outcome in (OK, ERROR) and not out.problems
