@@ -46,6 +46,35 @@ VALUE_SUFFIX = "@value"
 # values, at the optimizer's step boundary.
 RECORD_FORMAT = 2
 
+# -- the job's environment (env.rank{R}.json: adapters/environment.py writes, runs/envprint.py reads)
+# Libraries whose versions a run's numbers may depend on, as the job sees them.
+ENV_LIBRARIES = ("torch", "mindspore", "numpy", "hyper-parallel", "mindformers", "torchtitan", "triton")
+# Thread counts and determinism switches that change results or their order.
+ENV_VARIABLES = (
+    "OMP_NUM_THREADS",
+    "MKL_NUM_THREADS",
+    "OPENBLAS_NUM_THREADS",
+    "NUMEXPR_NUM_THREADS",
+    "VECLIB_MAXIMUM_THREADS",
+    "PYTHONHASHSEED",
+    "CUBLAS_WORKSPACE_CONFIG",
+    "CUDA_LAUNCH_BLOCKING",
+    "NCCL_ALGO",
+    "NCCL_PROTO",
+    "TORCH_NCCL_ASYNC_ERROR_HANDLING",
+    "HCCL_DETERMINISTIC",
+    "ASCEND_LAUNCH_BLOCKING",
+    "MS_DEV_RUNTIME_CONF",
+    "MS_ALLOC_CONF",
+    "TE_PARALLEL_COMPILER",
+)
+
+
+def env_rank_file(rank: int) -> str:
+    """The file one rank's environment fingerprint is written to, in the run dir."""
+    return f"env.rank{rank}.json"
+
+
 # -- edges and masks -----------------------------------------------------------------
 # A mask: the set of ENABLED edge ids. One type from the search to the plan file; it
 # becomes a sorted JSON list only when the plan is written, and a Mask again when read.

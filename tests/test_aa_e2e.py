@@ -180,7 +180,7 @@ def test_environment_drift_is_reported_apart(tmp_path):
         assert first.verdict == "consistent" and first.environment_drift == []
         env_path = state.run_dir(first.runs[1].run_id) / ENV_FILE
         env = json.loads(env_path.read_text())
-        env["variables"]["OMP_NUM_THREADS"] = "2"
+        env["orchestrator"]["variables"]["OMP_NUM_THREADS"] = "2"  # a job with no framework: no print of its own
         env_path.write_text(json.dumps(env))
         again = run_group(Runner(experiment, state), **kwargs)
     assert len(again.environment_drift) == 1

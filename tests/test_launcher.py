@@ -14,9 +14,8 @@ from pathlib import Path
 import pytest
 
 from bisect_prefetch.errors import BisectPrefetchError
+from bisect_prefetch.runs.job_path import ADAPTER_SITE, PACKAGE_PARENT, write_adapter_tree
 from bisect_prefetch.runs.launcher import (
-    ADAPTER_SITE,
-    PACKAGE_PARENT,
     JobSpec,
     free_port,
     job_env,
@@ -193,6 +192,21 @@ def test_job_env_pins_threads_and_puts_the_adapter_first():
     assert env["OMP_NUM_THREADS"] == "1"
     assert env["BISECT_PREFETCH_PLAN"] == "/r/plan.json"
     assert env["PYTHONPATH"].split(os.pathsep) == [str(ADAPTER_SITE), str(PACKAGE_PARENT), "/users/lib"]
+
+
+def test_a_users_job_gets_the_adapter_tree_alone(tmp_path):
+    tree = write_adapter_tree(tmp_path)
+    env = job_env(plan_path=tmp_path / "plan.json", experiment_env={}, base={"PYTHONPATH": "/users/lib"},
+                  adapter_paths=[tree])
+    assert env["PYTHONPATH"].split(os.pathsep) == [str(tree), "/users/lib"]
+    # Only what runs inside the job: the site hook, the package's root files, adapters/.
+    files = sorted(str(p.relative_to(tree)) for p in tree.rglob("*") if p.is_file())
+    assert "sitecustomize.py" in files and "bisect_prefetch/vocab.py" in files
+    assert "bisect_prefetch/adapters/fsdp2.py" in files
+    outside = [f for f in files if f != "sitecustomize.py" and not f.startswith(
+        ("bisect_prefetch/adapters/", "bisect_prefetch/__init__.py", "bisect_prefetch/vocab.py"))]
+    assert outside == []
+    assert not any(p.is_symlink() for p in tree.rglob("*"))
 
 
 def test_job_env_experiment_settings_win_over_pins():

@@ -19,6 +19,7 @@ from bisect_prefetch.metrics.loading import (
     load_run,
     load_runs,
     parse_file,
+    run_files,
 )
 from bisect_prefetch.metrics.trajectory import Series, Trajectory
 
@@ -283,6 +284,22 @@ def test_load_run_directory_kinds(tmp_path):
     nothing.mkdir()
     with pytest.raises(BisectPrefetchError, match="no metrics in run directory"):
         load_run(nothing)
+
+
+def test_torchruns_per_rank_logs_are_read_per_rank_last_attempt_only(tmp_path):
+    # torchrun --log-dir {rank_log_dir} --redirects 3: <run id>/attempt_<n>/<local rank>/stdout.log
+    logs = tmp_path / "rank_logs" / "none_abc123"
+    for attempt, scale in ((0, 100.0), (1, 1.0)):  # an elastic restart: the last attempt counts
+        for rank in (0, 1):
+            write(logs / f"attempt_{attempt}" / str(rank) / "stdout.log",
+                  [f"step: {s}  loss: {scale * (s + rank / 10):.4f}  grad_norm: 1.0000" for s in (1, 2)])
+            write(logs / f"attempt_{attempt}" / str(rank) / "stderr.log", ["warnings"])
+    write(tmp_path / "stdout.log", ["[W] the agent's own lines"])
+    files = run_files(tmp_path, "torchtitan")
+    assert [f.relative_to(logs).as_posix() for f in files] == ["attempt_1/0/stdout.log",
+                                                                "attempt_1/1/stdout.log"]
+    traj = load_run(tmp_path, "torchtitan")
+    assert dict(traj.per_rank[1]["loss"]) == {1: 1.1, 2: 2.1} and dict(traj["loss"]) == {1: 1.0, 2: 2.0}
 
 
 def test_parallel_parsing_matches_serial(tmp_path):

@@ -62,6 +62,13 @@ def test_a_users_job_gets_digests_order_and_step_times_and_says_so(tmp_path, cap
         status = json.loads((run_dir / "status.json").read_text())
         assert status["signals"]["precision"] == {"loss": 4, "grad_norm": 4}
         assert status["signals"]["digests"]["ranks"] == 2
+        # The environment is the job's, taken inside it by each rank (adapters/environment.py).
+        import torch
+
+        job = json.loads((run_dir / "env.json").read_text())["job"]
+        assert job["ranks"] == 2 and job["world_size"] == 2 and job["local_world_size"] == 2
+        assert job["libraries"]["torch"] == torch.__version__ and "torch" in job["imported"]
+        assert status["environment"]["executable"] == job["executable"]
     assert "signals: digests of 39 gradients and 39 parameter values x 2 rank(s), every element" in out
     assert "comparing the printed loss (4 decimals), grad_norm (4 decimals)" in out
     assert "bitwise identical (digests)" in out

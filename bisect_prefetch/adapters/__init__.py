@@ -42,7 +42,9 @@ For framework adapters (fsdp2, hyper_parallel, ...), through ``session()``:
   ``step_source`` (optimizer, backward, report or null), ``steps_counted`` and
   the clock's ``step_notes``.
 - ``Session.recorder`` (None when the plan records nothing), ``Session.plan``,
-  ``Session.probe_extra`` (a dict merged into probe.rank{R}.json) and
+  ``Session.probe_extra`` (a dict merged into probe.rank{R}.json),
+  ``Session.write_environment()`` (env.rank{R}.json, adapters/environment.py: written at
+  the first step's end, or at exit by a process that saw a prefetch) and
   ``Session.note_error(msg)`` (reported on stderr and listed in the probe).
 """
 
@@ -58,6 +60,7 @@ from typing import Any
 
 from bisect_prefetch.vocab import GUARD_SIZE_ONE, GUARDED, ISSUED, MASKED, NOOP
 
+from . import environment
 from .import_hook import when_imported
 from .order import OrderLog
 from .plan import Plan, load_plan
@@ -111,6 +114,7 @@ class Session:
         self._guard_size_one = plan is not None and plan.guard == GUARD_SIZE_ONE
         self._mask = plan.mask if plan is not None else None
         self._last_probe_write = 0.0
+        self._environment_written = False
         self._lock = threading.Lock()
         # The unit order of the first steps (None: not recorded); the framework adapters feed it.
         self.order: OrderLog | None = None
@@ -198,6 +202,8 @@ class Session:
         with self._lock:
             self.tally.end_step(step)
         self.last_step = step
+        if not self._environment_written:
+            self.write_environment()
         for listener in self._step_end_listeners:
             listener(step)
         if step <= _PROBE_EVERY_STEP_UNTIL or (
@@ -218,6 +224,16 @@ class Session:
             self.recorder.probe(head, self.tally)
         self._last_probe_write = time.monotonic()
 
+    def write_environment(self) -> None:
+        """env.rank{R}.json, once: the job's environment as this process sees it."""
+        self._environment_written = True
+        if self.recorder is None:
+            return
+        try:
+            self.recorder.environment(environment.render(self.rank))
+        except Exception as e:  # a fingerprint must never stop the job
+            self.note_error(f"environment fingerprint not written: {e!r}")
+
     def close(self) -> None:
         self.clock.close()
         if self.clock.source is None and self.forwards:
@@ -233,6 +249,8 @@ class Session:
         # A process that saw no step and no prefetch writes nothing: launcher processes
         # (torchrun's agent, msrun) inherit the plan too and must not clobber rank 0's files.
         if self.tally.edges or self.last_step is not None or self.errors:
+            if not self._environment_written:
+                self.write_environment()
             self.write_probe()
         if self.recorder is not None:
             self.recorder.close()

@@ -13,6 +13,7 @@ Files (all in the plan's ``out_dir``; R is the rank):
 - ``order.rank{R}.jsonl``: the first few steps' unit order (adapters/order.py).
 - ``graph.rank{R}.json``: ``{"nodes": [{"name", "kind", "order", "shard_size"}],
   "edges": [{"id", "phase", "src", "dst", "implicit"}]}``, written atomically.
+- ``env.rank{R}.json``: the job's environment as this rank sees it (adapters/environment.py).
 - ``probe.rank{R}.json``: ``{"rank", "plan_hash", "edges": {EDGE: {"fired",
   "issued", "noop", "masked", "guarded"}}, "steps": [{"step", "issued": [...],
   "noop": [...], "masked": [...], "guarded": [...]}], "step_seconds": [[step, s]], ...}``, rewritten
@@ -26,7 +27,7 @@ guarded. Per-step lists name each edge once, in first-occurrence order.
 
 API: ``Recorder(out_dir, rank)`` with ``metrics(step, values)``,
 ``digests(step, items)`` (or ``digest_columns(step, params, digests, norms, max_abs)``),
-``graph(dict)``, ``probe(head, tally)``, ``close()``;
+``graph(dict)``, ``environment(text)``, ``probe(head, tally)``, ``close()``;
 ``ProbeTally`` with ``count(edge_id, outcome)``, ``end_step(step)``,
 ``render(head) -> str``, ``to_json()``. Standard library only.
 """
@@ -37,7 +38,7 @@ import json
 import os
 from typing import Any
 
-from bisect_prefetch.vocab import PROBE_OUTCOMES
+from bisect_prefetch.vocab import PROBE_OUTCOMES, env_rank_file
 
 OUTCOMES = PROBE_OUTCOMES
 
@@ -170,6 +171,10 @@ class Recorder:
 
     def graph(self, graph: dict[str, Any]) -> None:
         self._replace(f"graph.rank{self.rank}.json", json.dumps(graph, indent=1))
+
+    def environment(self, text: str) -> None:
+        """env.rank{R}.json: the job's environment as this rank sees it (adapters/environment.py)."""
+        self._replace(env_rank_file(self.rank), text)
 
     def probe(self, head: dict[str, Any], tally: ProbeTally) -> None:
         """probe.rank{R}.json: rank, ``head``'s fields (plan_hash, ...), the tally."""

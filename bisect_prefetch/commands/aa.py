@@ -16,6 +16,7 @@ from rich.console import Console
 from bisect_prefetch.commands.common import (
     command_line,
     options,
+    repeated_steps_note,
     resume_hint_on_interrupt,
     write_json,
 )
@@ -98,11 +99,8 @@ def run_aa(
             set(edge_ids) - set(mask))
         repeated = sum(opened.runner.trajectory(run.run_id).steps_repeated
                        for run in result.runs if run.usable)
-    if repeated:  # said once for the group, never taken for a difference
-        console.print(f"note: {repeated} value(s) for steps logged before (several ranks into one "
-                      "log without ranks, or a resumed run): the last value of each step is "
-                      "compared; give each rank its own log (metrics.files) to compare every rank",
-                      markup=False, soft_wrap=True)
+    if note := repeated_steps_note(repeated):  # said once for the group, never a difference
+        console.print(note, markup=False, soft_wrap=True)
     if result.metrics:
         console.print(group_table(result.to_json()))
     for line in result.environment_drift:

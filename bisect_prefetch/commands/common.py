@@ -84,3 +84,14 @@ def options(**values: Any) -> list[str]:
             elif item is not None and item is not False:
                 argv.append(f"{flag}={item:g}" if isinstance(item, float) else f"{flag}={item}")
     return argv
+
+
+def repeated_steps_note(repeated: int) -> str | None:
+    """Said once when a log gave several values for one step (several ranks printing into
+    one stdout, as torchrun's children do): never a difference, but only one rank counts."""
+    if not repeated:
+        return None
+    return (f"note: {repeated} value(s) for steps logged before (several ranks into one log without "
+            "ranks, or a resumed run): the last value of each step is compared. To compare every "
+            "rank, give each its own log: torchrun --log-dir {rank_log_dir} --redirects 3 (read "
+            "per rank without more settings), or metrics.files naming the job's own per-rank files")

@@ -80,18 +80,22 @@ class _FileFeed:
         else:
             self.read_line = jsonl_reader(rank)
         self.names = set(config.names) if config.names else None
+        self.values_read = 0  # metric values read so far: the job's progress
 
     def poll(self) -> None:
+        """Read what is new; count its metric values and hand them to the comparator."""
         block = self.lines.read()
-        if not block or self.comparator is None:
+        if not block:
             return
         if self.fmt in CONSOLE_FORMATS:
             # A fresh Columns a poll: the parser hands over only what this block held.
             self.parser.columns = Columns()
             self.parser.feed(block)
             for (rank, name), (steps, values) in self.parser.columns.parts.items():
-                for s, v in zip(steps, values, strict=True):
-                    self.comparator.feed_columns(rank, name, s, v)
+                self.values_read += len(steps)
+                if self.comparator is not None:
+                    for s, v in zip(steps, values, strict=True):
+                        self.comparator.feed_columns(rank, name, s, v)
             return
         for raw in block.splitlines():
             record = self.read_line(raw) if raw.strip() else None
@@ -99,7 +103,8 @@ class _FileFeed:
                 continue
             rank, step, metrics = record
             wanted = {k: v for k, v in metrics.items() if v is not None and (self.names is None or k in self.names)}
-            if wanted:
+            self.values_read += len(wanted)
+            if wanted and self.comparator is not None:
                 self.comparator.feed(rank, step, wanted)
 
 
@@ -134,8 +139,9 @@ class DigestFollower:
 class LiveMetrics:
     """Progress and the live comparison of a running job, polled by the launcher.
 
-    progress() reads what is new and returns the bytes of complete lines consumed so far
-    (metrics and digests); diverged and first_diff_step say what the comparison found;
+    progress() reads what is new and returns how much the job has measured so far: the
+    metric values read plus the bytes of digest lines (both written only as steps end, so
+    a job's other output, its start-up logs, is no progress); diverged and first_diff_step say what the comparison found;
     steps_seen is the highest step compared so far.
     """
 
@@ -176,7 +182,7 @@ class LiveMetrics:
             self.feeds[path].poll()
         if self.digests is not None:
             self.digests.poll()
-        done = sum(feed.lines.offset for feed in self.feeds.values())
+        done = sum(feed.values_read for feed in self.feeds.values())
         return done + (self.digests.lines.offset if self.digests is not None else 0)
 
     def _files(self) -> list[Path]:

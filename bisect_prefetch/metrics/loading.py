@@ -24,16 +24,31 @@ DETECT_BYTES = 8 << 20
 # msrun's per-worker logs (log_dir/worker_<rank>.log) and MindFormers' own (log/rank_<rank>/info.log).
 WORKER_LOG_RE = re.compile(r"worker_(\d+)\.log$")
 RANK_DIR_RE = re.compile(r"^rank_(\d+)$")
+# torchrun --log-dir D --redirects 3: D/<run id>/attempt_<n>/<local rank>/stdout.log
+TORCHRUN_ATTEMPT_RE = re.compile(r"^attempt_(\d+)$")
 
 # --------------------------------------------------------------------------- entry points
 
 
 def rank_from_path(path: Path) -> int | None:
-    """The rank a per-rank log file belongs to, if named so: msrun's worker_<rank>.log, or a
-    file in MindFormers' rank_<rank>/ log directory."""
+    """The rank a per-rank log file belongs to, if named so: msrun's worker_<rank>.log, a
+    file in MindFormers' rank_<rank>/ log directory, or torchrun's per-rank stdout.log under
+    attempt_<n>/<rank>/ (--log-dir with --redirects: one node, so local rank = rank)."""
     path = Path(path)
+    if (path.name == "stdout.log" and path.parent.name.isdigit()
+            and TORCHRUN_ATTEMPT_RE.match(path.parent.parent.name)):
+        return int(path.parent.name)
     m = WORKER_LOG_RE.search(path.name) or RANK_DIR_RE.match(path.parent.name)
     return int(m.group(1)) if m else None
+
+
+def _last_attempt(paths: list[Path]) -> list[Path]:
+    """torchrun's logs of its last attempt only (an elastic restart re-runs the steps)."""
+    attempts = [m.group(1) for p in paths if (m := TORCHRUN_ATTEMPT_RE.match(p.parent.parent.name))]
+    if not attempts:
+        return paths
+    last = f"attempt_{max(map(int, attempts))}"
+    return [p for p in paths if p.parent.parent.name == last]
 
 
 def parse_file(
@@ -161,7 +176,7 @@ def _load_groups(
 
 def run_files(path: str | Path, fmt: str | None = None) -> list[Path]:
     """The metrics files of a run directory: metrics.jsonl, per-rank logs (worker_<rank>.log,
-    else rank_<rank>/info.log), or stdout.log. Per-rank logs come before stdout.log, where
+    else rank_<rank>/info.log, else torchrun's attempt_<n>/<rank>/stdout.log), or stdout.log. Per-rank logs come before stdout.log, where
     a launcher may interleave the lines of several ranks with nothing to tell them apart."""
     path = Path(path)
     if path.is_file():
@@ -171,8 +186,8 @@ def run_files(path: str | Path, fmt: str | None = None) -> list[Path]:
     jsonl = path / "metrics.jsonl"
     if fmt in (None, "jsonl") and jsonl.is_file():
         return [jsonl]
-    for pattern in ("worker_*.log", "rank_*/info.log"):
-        per_rank = [p for p in path.rglob(pattern) if rank_from_path(p) is not None]
+    for pattern in ("worker_*.log", "rank_*/info.log", "attempt_*/*/stdout.log"):
+        per_rank = _last_attempt([p for p in path.rglob(pattern) if rank_from_path(p) is not None])
         if per_rank:
             return sorted(per_rank, key=lambda p: (rank_from_path(p), str(p)))
     stdout = path / "stdout.log"

@@ -8,13 +8,16 @@ experiment and reused afterwards.
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 from rich.console import Console
 
 from bisect_prefetch import graph as graphs
 from bisect_prefetch.errors import BisectPrefetchError
 from bisect_prefetch.experiment import Experiment
 from bisect_prefetch.runs.execute import Runner
-from bisect_prefetch.runs.merge import GRAPH_FILE
+from bisect_prefetch.runs.merge import GRAPH_FILE, PROBE_FILE
 from bisect_prefetch.runs.workloads import has_prefetch_graph
 from bisect_prefetch.workloads import mindformers
 
@@ -62,3 +65,38 @@ def discover_graph(runner: Runner, console: Console | None = None) -> graphs.Pre
                       f"(run {out.run_id}, {how})", markup=False)
     return graph
 
+
+
+def static_mismatch(experiment: Experiment, run_dir: Path, *, shown: int = 4) -> str | None:
+    """What a static graph gets wrong about the job, from one run's probe; None if nothing.
+
+    A static policy describes a framework version; the job may be another. An edge the job
+    fires that the graph does not list is masked in every run (all-on silently drops it),
+    and an edge the graph lists that never fires is searched for nothing.
+    """
+    if experiment.graph.source != "static":
+        return None
+    try:
+        probe = json.loads((Path(run_dir) / PROBE_FILE).read_text())
+        fired = {edge for edge, counts in (probe.get("edges") or {}).items()
+                 if isinstance(counts, dict) and counts.get("fired", 0) > 0}
+    except (OSError, ValueError, AttributeError):
+        return None  # no probe (nothing was recorded): nothing to compare
+    listed = set(static_graph(experiment).edge_ids())
+    unlisted, silent = sorted(fired - listed), sorted(listed - fired)
+    if not unlisted and not silent:
+        return None
+
+    def some(edges: list[str]) -> str:
+        more = f", ... {len(edges) - shown} more" if len(edges) > shown else ""
+        return ", ".join(edges[:shown]) + more
+
+    policy = experiment.graph.policy
+    parts = []
+    if unlisted:
+        parts.append(f"the job fired {len(unlisted)} edge(s) the graph does not list, masked in "
+                     f"every run, all-on included ({some(unlisted)})")
+    if silent:
+        parts.append(f"{len(silent)} of its {len(listed)} edges never fired ({some(silent)})")
+    return (f"warning: the static {policy} graph does not match this job: " + "; ".join(parts)
+            + ". Use graph: {source: runtime} to learn the job's own graph")

@@ -39,6 +39,7 @@ from bisect_prefetch.runs.executors.base import LOST
 from bisect_prefetch.runs.faults import RANK_LOG_DIR, find_fault
 from bisect_prefetch.runs.faults import describe as describe_fault
 from bisect_prefetch.runs.first_error import first_error_line
+from bisect_prefetch.runs.job_path import ADAPTER_TREE, write_adapter_tree
 from bisect_prefetch.runs.launcher import (
     STATUS_FILE,
     JobSpec,
@@ -52,7 +53,13 @@ from bisect_prefetch.runs.procs import kill_leftovers
 from bisect_prefetch.runs.signals import run_signals, signal_problems
 from bisect_prefetch.runs.step_time import run_step_time_ms
 from bisect_prefetch.runs.store import RunKey, StateDir
-from bisect_prefetch.runs.workloads import argv_template, render_argv, render_config, workload_env
+from bisect_prefetch.runs.workloads import (
+    argv_template,
+    render_argv,
+    render_config,
+    runs_in_tool_env,
+    workload_env,
+)
 from bisect_prefetch.search.oracle import RunResult
 from bisect_prefetch.vocab import (
     ERROR,
@@ -92,6 +99,8 @@ class RunOutcome:
     localization: dict[str, Any] | None = None
     # What the run measured (runs/signals.py): step boundaries, digests, order, precision.
     signals: dict[str, Any] | None = None
+    # The job's own environment, as its ranks saw it (runs/envprint.summary; None: no print).
+    environment: dict[str, Any] | None = None
     reused: bool = False
 
     @property
@@ -172,10 +181,10 @@ class Runner:
         self.executor: Executor = executor or make_executor(experiment.executor)
         self.executor.check(state.path)
         self.reattached: list[str] = []
-        # Told what the first run with signals measured (runs/signals.py), once: commands
-        # say it in one line.
-        self.on_first_signals: Callable[[dict[str, Any]], None] | None = None
-        self._signals_said = False
+        # Told of the first usable run, once (with its run dir): commands say in one line
+        # what it measured (runs/signals.py) and what a static graph got wrong.
+        self.on_first_usable: Callable[[RunOutcome, Path], None] | None = None
+        self._first_said = False
         # An orchestrator killed hard (SIGKILL) leaves its job running; we hold the
         # lock now, so whatever still runs under this state dir is such a leftover.
         # (A Slurm job is not: it is re-attached or scancelled by its journaled id.)
@@ -314,11 +323,10 @@ class Runner:
         return self._said(out)
 
     def _said(self, out: RunOutcome) -> RunOutcome:
-        """Tell on_first_signals what the first usable run measured."""
-        if (not self._signals_said and out.usable and out.signals
-                and self.on_first_signals is not None):
-            self._signals_said = True
-            self.on_first_signals(out.signals)
+        """Tell on_first_usable of the first usable run."""
+        if not self._first_said and out.usable and self.on_first_usable is not None:
+            self._first_said = True
+            self.on_first_usable(out, self.state.run_dir(out.run_id))
         return out
 
     def close(self) -> None:
@@ -340,7 +348,12 @@ class Runner:
         else:
             plan_path = run_dir / PLAN_FILE
             plan = json.loads(plan_path.read_text())
-        env = job_env(plan_path=plan_path, experiment_env=exp.env, workload_env=workload_env(exp))
+        # A job in its own environment gets the adapter alone on its path (runs/job_path.py).
+        adapter_paths = None if runs_in_tool_env(exp) else [run_dir.resolve() / ADAPTER_TREE]
+        if fresh and adapter_paths is not None:
+            write_adapter_tree(run_dir)
+        env = job_env(plan_path=plan_path, experiment_env=exp.env, workload_env=workload_env(exp),
+                      adapter_paths=adapter_paths)
         rank_log_dir = run_dir / RANK_LOG_DIR
         values = {"run_dir": run_dir.resolve(), "port": free_port(),
                   "rank_log_dir": rank_log_dir.resolve(), "steps": steps, "seed": exp.seed}
@@ -379,6 +392,7 @@ class Runner:
         _, graph_problems = merge_graphs(run_dir)
         _, probe_problems = merge_probes(run_dir, expected_hash)
         out.signals = self._signals(run_dir)
+        out.environment = envprint.summary(envprint.add_job_print(run_dir))
         out.problems = graph_problems + probe_problems + signal_problems(out.signals)
         out.step_time_ms = run_step_time_ms(run_dir)
         self._read_metrics(out, run_dir, steps, ref, comparator)

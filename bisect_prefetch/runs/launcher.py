@@ -17,14 +17,14 @@ import shutil
 import socket
 import subprocess
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-import bisect_prefetch
 from bisect_prefetch.errors import BisectPrefetchError
 from bisect_prefetch.files import write_text_atomic
+from bisect_prefetch.runs.job_path import tool_paths
 from bisect_prefetch.runs.plan import PLAN_ENV
 from bisect_prefetch.runs.procs import kill_job
 from bisect_prefetch.vocab import ERROR, OK, STOPPED_EARLY, TIMEOUT
@@ -42,31 +42,27 @@ PINNED_ENV = {
     "PYTHONHASHSEED": "0",
 }
 
-PACKAGE_PARENT = Path(bisect_prefetch.__file__).resolve().parent.parent
-ADAPTER_SITE = Path(bisect_prefetch.__file__).resolve().parent / "adapters" / "site"
-
-
 def job_env(
     *,
     plan_path: Path,
     experiment_env: Mapping[str, str],
     workload_env: Mapping[str, str] | None = None,
     base: Mapping[str, str] | None = None,
+    adapter_paths: Sequence[Path] | None = None,
 ) -> dict[str, str]:
     """The job's environment: base, pins, workload needs, the experiment's env, the adapter.
 
-    The adapter site dir and this package go in front of PYTHONPATH; a
-    PYTHONPATH the experiment (or else the caller's environment) gives is kept
-    after them.
+    adapter_paths go in front of PYTHONPATH (runs/job_path.py: a user's job gets the
+    adapter tree alone; default: the package's own paths, for built-in workloads); a
+    PYTHONPATH the experiment (or else the caller's environment) gives is kept after them.
     """
     env = dict(os.environ if base is None else base)
     user_path = experiment_env.get("PYTHONPATH", env.get("PYTHONPATH", ""))
     env.update(PINNED_ENV)
     env.update(workload_env or {})
     env.update(experiment_env)
-    env["PYTHONPATH"] = os.pathsep.join(
-        [str(ADAPTER_SITE), str(PACKAGE_PARENT), *([user_path] if user_path else [])]
-    )
+    paths = tool_paths() if adapter_paths is None else adapter_paths
+    env["PYTHONPATH"] = os.pathsep.join([*map(str, paths), *([user_path] if user_path else [])])
     env[PLAN_ENV] = str(Path(plan_path).resolve())  # the job runs in the run dir
     env["PYTHONUNBUFFERED"] = "1"  # stdout lines reach the log (and the parsers) as printed
     return env

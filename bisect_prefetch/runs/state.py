@@ -18,7 +18,7 @@ from rich.console import Console
 
 from bisect_prefetch.experiment import Experiment
 from bisect_prefetch.graph import PrefetchGraph
-from bisect_prefetch.runs.discover import discover_graph
+from bisect_prefetch.runs.discover import discover_graph, static_mismatch
 from bisect_prefetch.runs.execute import Runner
 from bisect_prefetch.runs.executors import with_executor
 from bisect_prefetch.runs.signals import describe_signals
@@ -58,8 +58,8 @@ def open_state(experiment: Experiment, state_dir: str | Path, *,
                           markup=False)
         runner = Runner(experiment, state)
         if console is not None:
-            runner.on_first_signals = lambda signals: console.print(
-                describe_signals(signals), markup=False, soft_wrap=True)
+            runner.on_first_usable = lambda out, run_dir: _say_first_run(console, experiment,
+                                                                         out.signals, run_dir)
         if console is not None and runner.killed_leftovers:
             console.print(f"note: killed {len(runner.killed_leftovers)} process(es) left running "
                           "by an earlier orchestrator that was killed", markup=False, soft_wrap=True)
@@ -76,6 +76,15 @@ def open_state(experiment: Experiment, state_dir: str | Path, *,
             runner.close()
             if console is not None and (line := reused_line(runner.reused_finished_at)):
                 console.print(line, markup=False, soft_wrap=True)
+
+
+def _say_first_run(console: Console, experiment: Experiment, signals: dict | None,
+                   run_dir: Path) -> None:
+    """What the first usable run measured, and what a static graph got wrong about the job."""
+    if signals:
+        console.print(describe_signals(signals), markup=False, soft_wrap=True)
+    if line := static_mismatch(experiment, run_dir):
+        console.print(line, markup=False, soft_wrap=True)
 
 
 def reused_line(finished_at: list[float | None]) -> str | None:

@@ -94,6 +94,13 @@ def workload_env(experiment: Experiment) -> dict[str, str]:
     return {}
 
 
+def runs_in_tool_env(experiment: Experiment) -> bool:
+    """Whether the job runs in this program's interpreter and imports the whole package
+    (the fsdp2 and mindspore workloads); a user's command and the MindFormers workload run
+    in their own environment and get the adapter alone (runs/job_path.py)."""
+    return experiment.workload is not None and experiment.workload.builtin in ("fsdp2", "mindspore")
+
+
 def has_prefetch_graph(experiment: Experiment) -> bool:
     """False for a built-in workload with no FSDP prefetch to find (mindformers: no hyper-parallel)."""
     return experiment.workload is None or experiment.workload.builtin != "mindformers"
