@@ -64,7 +64,7 @@ bench: $(STAMP) $(MF_STAMP) slurm
 	$(BIN)/python -m benchmarks
 
 lint: $(STAMP)
-	$(BIN)/ruff check bisect_prefetch tests benchmarks
+	$(BIN)/ruff check bisect_prefetch tests benchmarks examples
 
 clean:
 	rm -rf $(VENV) $(MF_VENV) $(TT_VENV) .bisect-prefetch

@@ -1,6 +1,6 @@
 """A unit with no parameters of its own (torchtitan's root: embedding, layers and head are
 sharded on their own first) is an ordinary node: in the graph file, `graph`, masks and the
-audit. The job (tests/user_fsdp2_job.py --shard-ends) imports nothing of ours.
+audit. The job (examples/fsdp2_train.py --shard-ends) imports nothing of ours.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from bisect_prefetch.cli import main
 from bisect_prefetch.graph import PrefetchGraph
 
 pytest.importorskip("torch")
-JOB = Path(__file__).resolve().parent / "user_fsdp2_job.py"
+JOB = Path(__file__).resolve().parents[1] / "examples" / "fsdp2_train.py"
 
 
 def test_a_graph_file_with_a_null_order_loads_and_sorts_that_unit_last():

@@ -1,5 +1,5 @@
 """Every signal on a user's own job: step boundaries found zero-touch, and every run says
-what it measured. The job (tests/user_fsdp2_job.py) imports nothing of ours and calls
+what it measured. The job (examples/fsdp2_train.py) imports nothing of ours and calls
 nothing of ours; it runs under torchrun with 2 ranks and gradient accumulation 2.
 """
 
@@ -15,7 +15,7 @@ import pytest
 from bisect_prefetch.cli import main
 
 pytest.importorskip("torch")
-JOB = Path(__file__).resolve().parent / "user_fsdp2_job.py"
+JOB = Path(__file__).resolve().parents[1] / "examples" / "fsdp2_train.py"
 pytestmark = pytest.mark.slow
 
 

@@ -1,4 +1,5 @@
-"""A user's own FSDP2 training script: it imports nothing of bisect-prefetch and calls nothing.
+"""An example of a user's own FSDP2 training script: it imports nothing of bisect-prefetch and
+calls nothing (configs/own-job-fsdp2.yaml runs it; so do the zero-touch tests).
 
 Launched with torchrun (1-4 ranks, gloo, CPU). Six pre-norm MLP layers and a head, each
 layer and the root sharded with ``fully_shard``; AdamW; gradient accumulation over
