@@ -121,6 +121,8 @@ def init(
     console.print(f"checking that {CHECK_RUNS} runs of {steps} step(s) with every prefetch edge "
                   "off are identical (all-off A/A)...", markup=False)
     with open_state(experiment, state_dir, console=console) as opened:
+        if log is not None:  # the graph no run has shown yet (aa reuses this run)
+            opened.graph()
         with RunProgress(console) as progress:
             result = run_group(opened.runner, mask=frozenset(), runs=CHECK_RUNS, steps=steps,
                                guard=GUARD_NONE, name="all-off", progress=progress)
@@ -215,8 +217,12 @@ def _first_run(base: dict, p: Placeholders, state_dir: Path,
         raise BisectPrefetchError(f"{what}{': ' + why if why else ''}; its output: "
                                   f"{run_dir / 'stdout.log'}, {run_dir / 'stderr.log'}")
     graph_note = _graph_note(run_dir)
-    console.print(f"-> ran {run.wall_s or 0:.1f}s ({found[0].steps} step(s) read); "
-                  f"{graph_note or 'no prefetch graph recorded: is the job using FSDP2 fully_shard or hyper-parallel? aa compares runs without one; bisect needs its edges'}",
+    if not graph_note:
+        raise BisectPrefetchError(
+            "your command ran, but the adapter found no FSDP unit in it (no prefetch graph "
+            "recorded): bisect-prefetch works on jobs that shard with FSDP2's fully_shard or "
+            f"hyper-parallel; its output: {run_dir / 'stderr.log'}")
+    console.print(f"-> ran {run.wall_s or 0:.1f}s ({found[0].steps} step(s) read); {graph_note}",
                   markup=False, soft_wrap=True)
     ended = not stop.fired and run.exit_code == 0 and p.found(STEPS) is None
     return found, graph_note, found[0].steps if ended else None
