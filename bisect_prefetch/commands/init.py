@@ -163,7 +163,9 @@ def describe_placeholders(p: Placeholders) -> str:
             parts.append("port: none needed")
         else:
             parts.append(f"{kind}: not found (TODO in the file)")
-    return "; ".join(parts + [f"left as they are: {'; '.join(p.notes)}"] * bool(p.notes))
+    if p.notes:
+        parts.append(f"left as they are: {'; '.join(p.notes)}")
+    return "; ".join(parts)
 
 
 class _StopAfterSteps:
