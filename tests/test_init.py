@@ -325,3 +325,12 @@ def test_init_on_a_plain_torchrun_fsdp2_script_then_aa_on_the_file(tmp_path, cap
     assert (experiment.steps, experiment.seed) == (4, 3)
     code, result = _aa(tmp_path, path, "--runs", "2", "--steps", "2")
     assert code == 0 and result["verdict"] == "consistent", result["reason"]
+
+
+def test_a_steps_argument_the_job_does_not_honour_is_said(tmp_path, capsys):
+    job = tmp_path / "deaf.py"  # takes --steps, trains 5 steps whatever it says
+    job.write_text(textwrap.dedent(GRAPH) + "import sys\nfor s in range(1, 6):\n"
+                   f"    print({TITAN_LINE!r}.format(step=s, loss=1.0, tps=1), flush=True)\n")
+    code, path = _init(tmp_path, "--", sys.executable, str(job), "--steps", "100")
+    assert code == 2 and not path.exists()
+    assert "your command trained past step 2 with --steps 2" in _one_line_error(capsys)

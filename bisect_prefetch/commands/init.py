@@ -194,7 +194,9 @@ def _first_run(base: dict, p: Placeholders, state_dir: Path,
                                            "metrics": {"format": "jsonl", "files": "stdout.log"}})
     except ValidationError as exc:
         raise BisectPrefetchError(f"cannot run this command: {exc.errors()[0]['msg']}") from None
-    stop = _StopAfterSteps(PROBE_STEPS)
+    # With a steps argument the job ends by itself after PROBE_STEPS; one more step shows
+    # that the argument does not set its steps (stopped there, not left to train on).
+    stop = _StopAfterSteps(PROBE_STEPS + 1 if p.found(STEPS) else PROBE_STEPS)
     how = (f"for {PROBE_STEPS} steps" if p.found(STEPS) is not None else
            f"as given, stopped after {PROBE_STEPS} steps' metric lines (timeout {probe.timeout_s:g}s)")
     console.print(f"running your command {how} under the adapter, to read its log and its "
@@ -203,9 +205,16 @@ def _first_run(base: dict, p: Placeholders, state_dir: Path,
         # Never reused: an earlier init's run may have failed for a reason fixed since.
         key = opened.runner.key("init", mask=None, guard=GUARD_NONE, steps=PROBE_STEPS,
                                 index=len(opened.state.records()))
-        run = opened.runner.run(key, label="init", stop=None if p.found(STEPS) else stop)
+        run = opened.runner.run(key, label="init", stop=stop)
         run_dir = opened.state.run_dir(run.run_id)
     found = readings([run_dir / name for name in LOG_FILES])
+    mark = p.found(STEPS)
+    if mark is not None and (stop.fired or max((r.last_step for r in found), default=0)
+                             > PROBE_STEPS):
+        raise BisectPrefetchError(
+            f"your command trained past step {PROBE_STEPS} with {mark.flag} {PROBE_STEPS}: that "
+            "argument does not seem to set its training steps; mark the one that does with "
+            f"{{steps}} in the command and run init again; its output: {run_dir / 'stdout.log'}")
     failed = not stop.fired and run.exit_code not in (0, None) and run.outcome != TIMEOUT
     if failed or not found:
         why = first_error_line(run_dir)

@@ -44,6 +44,7 @@ class Reading:
     path: Path
     lines: int  # metric lines read
     steps: int  # distinct steps
+    last_step: int  # the highest step read
     names: list[str]  # on every metric line, loss first
     left_out: list[str] = field(default_factory=list)  # carried, but timing or memory
     sample: str = ""  # the first metric line, ANSI colours stripped
@@ -129,7 +130,8 @@ def _read(path: Path, fmt: str, data: bytes) -> Reading | None:
     if not names:
         return None
     sample = metric_lines[0].decode("utf-8", "replace").strip()
-    return Reading(fmt=fmt, path=path, lines=result.lines_read, steps=len(steps), names=names,
+    return Reading(fmt=fmt, path=path, lines=result.lines_read, steps=len(steps),
+                   last_step=max(steps), names=names,
                    left_out=[k for k in carried if is_timing(k)], sample=sample[:300])
 
 
