@@ -334,3 +334,20 @@ def test_a_steps_argument_the_job_does_not_honour_is_said(tmp_path, capsys):
     code, path = _init(tmp_path, "--", sys.executable, str(job), "--steps", "100")
     assert code == 2 and not path.exists()
     assert "your command trained past step 2 with --steps 2" in _one_line_error(capsys)
+
+
+def test_init_with_a_saved_torchtitan_log_with_colours(tmp_path, capsys):
+    log = tmp_path / "titan.log"
+    log.write_text("[rank0]: starting\n" + "\n".join(
+        TITAN_LINE.format(step=s, loss=8.15051 / s, tps=98 + s) for s in (1, 2)) + "\n")
+    job = _job(tmp_path, "titan")
+    code, path = _init(tmp_path, "--log", str(log), "--", sys.executable, str(job), "--steps", "8")
+    out = capsys.readouterr().out
+    assert code == 0, out
+    assert (f"-> metrics: torchtitan lines in {log}: loss, grad_norm (not compared: tps, tflops, "
+            "they differ run to run)") in out
+    assert "-> 2 units, 1 edges" in out  # the discovery run aa reuses, as no run showed it yet
+    assert "-> all-off A/A: identical at the printed precision" in out
+    text = path.read_text()
+    assert "e.g.: step: 1 loss: 8.15051 grad_norm: 0.8131" in text
+    assert load_experiment(path).metrics.names == ["loss", "grad_norm"]
