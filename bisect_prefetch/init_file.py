@@ -235,6 +235,8 @@ def render_experiment(
         elif word == "--standalone":
             comment = "torchrun picks a free port itself: no {port} needed"
         lines.append(_line(f"  - {_scalar(word)}", comment))
+    lines.append(_line("# env: {NAME: value}", "more environment for every run (the tool's own "
+                                               "is passed on)"))
     lines += _metrics_lines(metrics)
     lines.append(_line("graph: {source: runtime}",
                        graph_note or "learned by one short run of your job under the adapter"))

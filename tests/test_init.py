@@ -289,6 +289,9 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path, capsys):
     assert _init(tmp_path, "--log", str(tmp_path / "absent.log"), "--", "python")[0] == 2
     assert "log not found" in _one_line_error(capsys)
 
+    assert _init(tmp_path, "--", "python", out="no-such-dir/exp.yaml")[0] == 2
+    assert "no directory" in _one_line_error(capsys)
+
     assert _init(tmp_path)[0] == 2
     assert "give your training command after --" in _one_line_error(capsys)
 

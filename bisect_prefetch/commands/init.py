@@ -76,6 +76,8 @@ def init(
     path = out or DEFAULT_OUT
     if path.exists() and not force:
         raise BisectPrefetchError(f"{path} exists: give --force to replace it, or --out another file")
+    if not path.parent.is_dir():
+        raise BisectPrefetchError(f"cannot write {path}: no directory {path.parent}")
     if log is not None and not log.is_file():
         raise BisectPrefetchError(f"log not found: {log}")
     name = experiment_name(command, out)
