@@ -89,8 +89,9 @@ def init(
     console.print(f"-> {describe_placeholders(placeholders)}", markup=False, soft_wrap=True)
 
     # step 2: the metric lines (a short run, or the log given) and the prefetch graph
+    seed = placeholders.value(SEED)
     base = {"name": name, "command": placeholders.argv,
-            "seed": placeholders.value(SEED) if placeholders.value(SEED) is not None else DEFAULT_SEED}
+            "seed": DEFAULT_SEED if seed is None else seed}
     if log is not None:
         console.print(f"reading {log} with every parser ({', '.join(FORMATS)})...", markup=False)
         found, graph_note, job_steps = readings([log]), "", None
