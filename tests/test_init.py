@@ -169,6 +169,8 @@ for s in range(1, a.steps + 1):
 LINES = {
     "titan": "TITAN.format(step=s, loss=loss, tps=90 + s)",
     "jsonl": 'json.dumps({"step": s, "loss": loss, "grad_norm": 0.5, "step_time_ms": 9.5 + s})',
+    # torchtitan's logger writes to stderr
+    "titan_stderr": 'TITAN.format(step=s, loss=loss, tps=90 + s), file=__import__("sys").stderr',
 }
 
 
@@ -354,3 +356,13 @@ def test_init_with_a_saved_torchtitan_log_with_colours(tmp_path, capsys):
     text = path.read_text()
     assert "e.g.: step: 1 loss: 8.15051 grad_norm: 0.8131" in text
     assert load_experiment(path).metrics.names == ["loss", "grad_norm"]
+
+
+def test_metric_lines_on_stderr_are_found_there_and_the_file_says_so(tmp_path, capsys):
+    job = _job(tmp_path, "titan_stderr")
+    code, path = _init(tmp_path, "--", sys.executable, str(job), "--steps", "4")
+    out = capsys.readouterr().out
+    assert code == 0, out
+    assert "-> metrics: torchtitan lines in the job's stderr.log: loss, grad_norm" in out
+    assert load_experiment(path).metrics.files == "stderr.log"
+    assert _aa(tmp_path, path, "--runs", "2")[0] == 0
