@@ -160,6 +160,22 @@ def matrix(
 
 
 @app.command()
+def init(
+    command: Annotated[list[str] | None, typer.Argument(metavar="COMMAND", help="Your training command, after -- (init [OPTIONS] -- torchrun ... train.py ...).")] = None,
+    out: Annotated[Path | None, typer.Option("--out", help="The experiment file to write (default bisect-prefetch.yaml).")] = None,
+    log: Annotated[Path | None, typer.Option("--log", help="Read the metrics format and names from this log of your job instead of a short run.")] = None,
+    steps: Annotated[int, typer.Option("--steps", help="Steps of each of the two all-off runs init checks.")] = 3,
+    force: Annotated[bool, typer.Option("--force", help="Replace the output file if it exists.")] = False,
+    state_dir: StateDirOpt = Path(".bisect-prefetch"),
+) -> None:
+    """Write a commented experiment file for your training command (after --); check all-off A/A."""
+    from bisect_prefetch.commands.init import init as command_
+
+    raise typer.Exit(command_(command or [], out=out, log=log, steps=steps, force=force,
+                              state_dir=state_dir, console=console))
+
+
+@app.command()
 def report(
     state: Annotated[Path, typer.Argument(metavar="STATE_DIR", help="An experiment's state dir, e.g. .bisect-prefetch/NAME.")],
     html_out: Annotated[Path | None, typer.Option("--html", help="Write the HTML here (default STATE_DIR/report.html).")] = None,

@@ -15,6 +15,7 @@ SURFACE = {
                "--executor", "--slots"},
     "compare": {"a", "b", "--format", "--json", "--allow-truncated"},
     "graph": {"experiment", "--policy", "--layers", "--format", "--out", "--state-dir"},
+    "init": {"command", "--out", "--log", "--steps", "--force", "--state-dir"},
     "masks": {"experiment", "--policy", "--layers", "--preset", "--state-dir"},
     "matrix": {"matrix_file", "--junit", "--markdown", "--json", "--state-dir", "--executor",
                "--slots"},

@@ -257,12 +257,15 @@ class Runner:
         *,
         label: str,
         reference: str | None = None,
+        stop: Callable[[Path], bool] | None = None,
     ) -> RunOutcome:
         """The run with this key: from the journal if it finished before, else launched now.
 
-        reference is the run id to compare with (None: nothing to compare).
+        reference is the run id to compare with (None: nothing to compare). stop, for a run
+        with no reference, is asked about the run dir while the job goes: True stops it
+        (stopped-early), as `init` stops its first run after a few metric lines.
         """
-        started = self.start(key, label=label, reference=reference)
+        started = self.start(key, label=label, reference=reference, stop=stop)
         if isinstance(started, RunOutcome):
             return started
         try:
@@ -273,8 +276,8 @@ class Runner:
             raise
         return outcome
 
-    def start(self, key: RunKey, *, label: str,
-              reference: str | None = None) -> RunOutcome | StartedRun:
+    def start(self, key: RunKey, *, label: str, reference: str | None = None,
+              stop: Callable[[Path], bool] | None = None) -> RunOutcome | StartedRun:
         """Submit the run with this key to the executor (a free slot is the caller's care).
 
         A run the journal holds as finished comes back as its RunOutcome; a job a
@@ -297,7 +300,7 @@ class Runner:
                 return started
         run_id, run_dir = self.state.new_run_dir(label)
         started = self._prepare(key, run_id, run_dir, mask=mask, reference=reference,
-                                fresh=True)
+                                fresh=True, stop=stop)
         started.job_id = self.executor.submit(started.job)
         if self.executor.reattachable:
             # Journaled before waiting on it: a resumed orchestrator re-attaches to it.
@@ -338,7 +341,8 @@ class Runner:
             self.executor.cancel_ids(orphans)
 
     def _prepare(self, key: RunKey, run_id: str, run_dir: Path, *, mask: Mask | None,
-                 reference: str | None, fresh: bool) -> StartedRun:
+                 reference: str | None, fresh: bool,
+                 stop: Callable[[Path], bool] | None = None) -> StartedRun:
         """The job of one run: plan, environment and argv (written when fresh), live hooks."""
         exp, steps = self.experiment, key.steps
         if fresh:
@@ -376,7 +380,8 @@ class Runner:
         spec = JobSpec(argv=argv, run_dir=run_dir, env=env, timeout_s=exp.timeout_s,
                        no_progress_timeout_s=exp.no_progress_timeout_s, cwd=cwd)
         # A run compared with a reference stops at its first difference.
-        should_stop = (lambda: live.diverged) if comparator is not None else None
+        should_stop = (lambda: live.diverged) if comparator is not None else (
+            (lambda: stop(run_dir)) if stop is not None else None)
         return StartedRun(key=key, run_id=run_id, run_dir=run_dir,
                           job=Job(spec=spec, should_stop=should_stop, progress=live.progress),
                           reference=reference, ref_trajectory=ref_trajectory,
