@@ -2,7 +2,7 @@
 (which `aa` takes unchanged), and one line with exit 2 for bad input.
 
 The quick tests run small jobs of their own (tmp_path scripts printing torchtitan or jsonl
-lines); the slow one runs the user's FSDP2 script (tests/user_fsdp2_job.py) under torchrun.
+lines); the slow one runs the user's FSDP2 script (examples/fsdp2_train.py) under torchrun.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from bisect_prefetch.experiment import load_experiment
 from bisect_prefetch.init_file import MetricsChoice, find_placeholders, render_experiment
 from bisect_prefetch.metrics.detect import is_timing, readings
 
-USER_JOB = Path(__file__).resolve().parent / "user_fsdp2_job.py"
+USER_JOB = Path(__file__).resolve().parents[1] / "examples" / "fsdp2_train.py"
 TITAN_LINE = ("\x1b[31mstep: {step:2d}  \x1b[32mloss: {loss:8.5f}  \x1b[33mgrad_norm:  0.8131  "
               "\x1b[34mmemory:  0.41GiB(1.05%)  tps: {tps}  tflops: 0.00  mfu: 0.00%\x1b[39m")
 
