@@ -60,10 +60,25 @@ class Fault(_Strict):
     """Planted drift for validating the tool (reference workloads only)."""
 
     edge: str
-    hazard: Annotated[float, Field(ge=0.0, le=1.0)]
+    hazard: Annotated[float, Field(ge=0.0, le=1.0)] | None = None
     # nudge: one ulp when the edge really prefetches; size-one-copy (mindspore
-    # only): only when that prefetch is the redundant local copy into a size-one unit.
-    mode: Literal["nudge", "size-one-copy"] = "nudge"
+    # only): only when that prefetch is the redundant local copy into a size-one unit;
+    # race (fsdp2 only): a real data race, async unshards and the edge's consumer skips
+    # its wait (no hazard: timing decides; workloads/fsdp2.py).
+    mode: Literal["nudge", "size-one-copy", "race"] = "nudge"
+
+    @model_validator(mode="after")
+    def _hazard_fits_mode(self) -> Fault:
+        if self.mode == "race":
+            if self.hazard is not None:
+                raise ValueError("fault mode race takes no hazard: timing decides when it fires")
+            if not self.edge.startswith("fwd:"):
+                raise ValueError(
+                    f"fault mode race plants forward edges only, not {self.edge}: on a backward "
+                    "edge gloo's synchronous reduce-scatter closes the window (never drifts)")
+        elif self.hazard is None:
+            raise ValueError(f"fault mode {self.mode} needs a hazard (per-step chance)")
+        return self
 
 
 class Workload(_Strict):
@@ -76,17 +91,24 @@ class Workload(_Strict):
     checkpoint: bool = False
     backward_prefetch_depth: Annotated[int, Field(ge=1)] = 1
     extra_edges: list[str] = Field(default_factory=list)
+    # fsdp2 only: model width and global batch (the race needs compute to race against).
+    dim: Annotated[int, Field(ge=2)] = 32
+    batch: Annotated[int, Field(ge=1)] = 8
     # mindformers only, a positive control: run k of a group trains with seed + k * seed_step,
     # so a group with seed_step > 0 must be called diverged at step 1.
     seed_step: Annotated[int, Field(ge=0)] = 0
 
     @model_validator(mode="after")
     def _fault_mode_supported(self) -> Workload:
-        if self.builtin == "fsdp2" and self.fault is not None and self.fault.mode != "nudge":
-            raise ValueError(f"the fsdp2 workload plants faults of mode nudge only, not {self.fault.mode}")
+        if (self.builtin == "fsdp2" and self.fault is not None
+                and self.fault.mode not in ("nudge", "race")):
+            raise ValueError(f"the fsdp2 workload plants faults of mode nudge or race, not {self.fault.mode}")
+        if self.builtin != "fsdp2" and self.fault is not None and self.fault.mode == "race":
+            raise ValueError("fault mode race: the fsdp2 workload only")
         if self.builtin != "mindformers" and self.seed_step:
             raise ValueError("seed_step: an option of the mindformers workload only")
-        planted = {"checkpoint", "backward_prefetch_depth", "extra_edges"} & self.model_fields_set
+        planted = ({"checkpoint", "backward_prefetch_depth", "extra_edges", "dim", "batch"}
+                   & self.model_fields_set)
         if self.builtin != "fsdp2" and planted:
             raise ValueError(f"{', '.join(sorted(planted))}: options of the fsdp2 workload only")
         return self

@@ -126,7 +126,8 @@ def _describe_experiment(experiment: Experiment) -> str:
     if w is not None:
         what = f"{w.builtin} workload, {w.layers} layers, {w.world_size} rank(s)"
         if w.fault is not None:
-            what += f", planted fault (hazard {w.fault.hazard:g})"
+            what += (", planted fault (a race)" if w.fault.hazard is None
+                     else f", planted fault (hazard {w.fault.hazard:g})")
     else:
         what = f"command {experiment.command[0]}"
     return f"experiment {experiment.name}: {what}, {experiment.steps} steps, seed {experiment.seed}"
