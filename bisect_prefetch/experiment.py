@@ -38,12 +38,15 @@ from bisect_prefetch.vocab import (
     GUARDS,
     METRIC_FORMATS,
     RECORD_FORMAT,
+    STRESS_MODES,
+    STRESS_OFF,
 )
 from bisect_prefetch.workloads import mindformers as mindformers_workload
 
 # The words come from vocab; pydantic checks a value against them through these types.
 MetricFormat = Literal[METRIC_FORMATS]  # type: ignore[valid-type]
 Guard = Literal[GUARDS]  # type: ignore[valid-type]
+StressMode = Literal[STRESS_MODES]  # type: ignore[valid-type]
 Expectation = Literal[EXPECTATIONS]  # type: ignore[valid-type]
 ModelT = TypeVar("ModelT", bound=BaseModel)
 
@@ -182,6 +185,27 @@ class Record(_Strict):
     order_steps: Annotated[int, Field(ge=0)] = 3
 
 
+def _yaml_switch(value: Any) -> Any:
+    """YAML 1.1 reads a bare off and on as booleans: they mean the words."""
+    if value is True:
+        return "on"
+    if value is False:
+        return "off"
+    return value
+
+
+class Stress(_Strict):
+    """Delays before each prefetch is issued, to make a race show in fewer runs
+    (adapters/stress.py, docs/stress.md). off | on | auto (measure both, keep the better)."""
+
+    mode: StressMode = STRESS_OFF
+
+    @field_validator("mode", mode="before")
+    @classmethod
+    def _switch_words(cls, value: Any) -> Any:
+        return _yaml_switch(value)
+
+
 SLURM_ONLY = ("partition", "nodes", "ntasks_per_node", "gpus_per_node", "gres", "time",
               "account", "qos", "sbatch_args", "expand_env")
 
@@ -253,6 +277,7 @@ class Experiment(_Strict):
     search: Search = Field(default_factory=Search)
     executor: ExecutorConfig = Field(default_factory=ExecutorConfig)
     record: Record = Field(default_factory=Record)
+    stress: Stress = Field(default_factory=Stress)
 
     # The directory of the file it came from: relative paths (config) resolve there.
     _base_dir: Path = PrivateAttr(default_factory=Path.cwd)
@@ -291,6 +316,8 @@ class Experiment(_Strict):
         for word in self.command or []:
             if "\0" in word:
                 raise ValueError(f"command argument {word!r} holds a NUL byte")
+        if self.stress.mode != STRESS_OFF:
+            check_stress_fits(self)
         for key, value in self.env.items():
             if not ENV_NAME.fullmatch(key):
                 raise ValueError(f"env name {key!r} is not a name every executor can pass "
@@ -327,6 +354,30 @@ class Experiment(_Strict):
             data["config_sha256"] = hashlib.sha256(self.config_path().read_bytes()).hexdigest()
         canonical = json.dumps(data, sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(canonical.encode()).hexdigest()[:16]
+
+
+def check_stress_fits(experiment: Experiment) -> None:
+    """ValueError, one line, where the engine cannot take stress (adapters/stress.py)."""
+    w = experiment.workload
+    if w is not None and w.builtin == "mindformers":
+        raise ValueError("stress: the mindformers workload runs MindSpore graph mode, where "
+                         "prefetches are compiled into the graph: no issue to delay (stress: off)")
+    if experiment.graph.source == "static":
+        raise ValueError("stress needs the adapter to see each prefetch at run time (graph: "
+                         "{source: runtime}); a static graph is for jobs whose prefetches are "
+                         "compiled in (MindSpore graph mode): no issue to delay")
+
+
+def with_stress(experiment: Experiment, mode: str | None) -> Experiment:
+    """The experiment with --stress applied (None: its own stress.mode)."""
+    if mode is None or mode == experiment.stress.mode:
+        return experiment
+    if mode != STRESS_OFF:
+        try:
+            check_stress_fits(experiment)
+        except ValueError as e:
+            raise BisectPrefetchError(f"--stress {mode}: {e}") from None
+    return experiment.model_copy(update={"stress": Stress(mode=mode)})
 
 
 class Cell(_Strict):

@@ -203,7 +203,8 @@ def audit_suspects(opened: OpenState, console: Console) -> list[str]:
     The search gives them more prior weight; with no discovery run (a static
     graph) or no order recorded there are none.
     """
-    key = opened.runner.key("discover", mask=None, guard="none", steps=DISCOVERY_STEPS, index=0)
+    key = opened.runner.key("discover", mask=None, guard="none", steps=DISCOVERY_STEPS, index=0,
+                            stress=False)
     found = opened.state.find(key)
     if found is None:
         return []
