@@ -96,6 +96,8 @@ class Workload(_Strict):
     extra_edges: list[str] = Field(default_factory=list)
     # fsdp2 only: model width and global batch (the race needs compute to race against).
     dim: Annotated[int, Field(ge=2)] = 32
+    # fsdp2 only: asynchronous unshards with every wait in place (no race; race mode implies it).
+    async_unshard: bool = False
     batch: Annotated[int, Field(ge=1)] = 8
     # mindformers only, a positive control: run k of a group trains with seed + k * seed_step,
     # so a group with seed_step > 0 must be called diverged at step 1.
@@ -110,7 +112,8 @@ class Workload(_Strict):
             raise ValueError("fault mode race: the fsdp2 workload only")
         if self.builtin != "mindformers" and self.seed_step:
             raise ValueError("seed_step: an option of the mindformers workload only")
-        planted = ({"checkpoint", "backward_prefetch_depth", "extra_edges", "dim", "batch"}
+        planted = ({"checkpoint", "backward_prefetch_depth", "extra_edges", "dim", "batch",
+                    "async_unshard"}
                    & self.model_fields_set)
         if self.builtin != "fsdp2" and planted:
             raise ValueError(f"{', '.join(sorted(planted))}: options of the fsdp2 workload only")

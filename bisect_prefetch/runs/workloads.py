@@ -50,6 +50,8 @@ def _workload_args(experiment: Experiment, steps: int) -> list[str]:
         planted += ["--backward-prefetch-depth", str(w.backward_prefetch_depth)]
     for edge in w.extra_edges:
         planted += ["--extra-edge", edge]
+    if w.async_unshard:
+        planted.append("--async-unshard")
     if "dim" in w.model_fields_set:
         planted += ["--dim", str(w.dim)]
     if "batch" in w.model_fields_set:

@@ -7,8 +7,9 @@ each setting's runs here. Pure: no I/O, no English.
 
 Model: a run of T steps at per-step hazard h diverges at step k with chance
 (1-h)^(k-1) h; a run that first differs at step k was at risk for k steps, a
-clean run for T. With a Beta(1, 3) prior on h (the search's prior on a rate,
-evidence.rate), the posterior is Beta(1 + d, 3 + at_risk - d). Stress is used
+clean run for T. With Jeffreys' Beta(1/2, 1/2) prior on h (a run's steps are many
+trials, so the search's Beta(1, 3) on a per-run rate would claim a hazard of 1/4 a
+step), the posterior is Beta(1/2 + d, 1/2 + at_risk - d). Stress is used
 only when the posterior chance that it raises the hazard is above one half: a
 setting that lowers the hazard (or is not shown to raise it) is never used.
 """
@@ -22,7 +23,7 @@ import numpy as np
 
 from bisect_prefetch.search.stats import log_beta, per_run_chance
 
-PRIOR = (1.0, 3.0)  # Beta(a, b) on the per-step hazard, as evidence.rate on a rate
+PRIOR = (0.5, 0.5)  # Beta(a, b) on the per-step hazard (Jeffreys)
 _GRID = np.linspace(0.0, 1.0, 20_001)[1:-1]  # open interval: the densities are finite there
 
 
@@ -106,5 +107,6 @@ def chance_higher(x: Hazard, y: Hazard) -> float:
 def choose_stress(without: Hazard, with_stress: Hazard) -> StressChoice:
     """Stress only where it more likely raises the hazard than not (module docstring)."""
     raised = chance_higher(with_stress, without)
-    return StressChoice(use=raised > 0.5, chance_raised=raised, without=without,
+    # (the tolerance: two equal posteriors are a tie, whatever the float rounding says)
+    return StressChoice(use=raised > 0.5 + 1e-9, chance_raised=raised, without=without,
                         with_stress=with_stress)

@@ -45,6 +45,10 @@ group, waits behind the all-gather, so the window never opens (checked: no drift
 runs); the loader refuses it. Use a bigger model so there is compute to race against
 (``--dim 64 --batch 384``: 192 a rank).
 
+``--async-unshard`` makes every unshard asynchronous (as race mode does) with every
+wait in place: prefetches overlap compute and nothing races (a job stress can delay
+without changing a number).
+
 Options to plant suspect edges for the audit (``bisect-prefetch audit``):
 ``--checkpoint`` (activation checkpointing around each layer),
 ``--backward-prefetch-depth 2`` (each layer prefetches the two before it:
@@ -278,6 +282,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--fault-hazard", type=float, default=0.0, help="chance per firing")
     parser.add_argument("--fault-mode", choices=("nudge", "race"), default="nudge",
                         help="nudge: one ulp at the chance; race: the edge's copy-out skips its wait")
+    parser.add_argument("--async-unshard", action="store_true",
+                        help="asynchronous unshards (no race): prefetches overlap compute")
     parser.add_argument("--timings", default=None, help="rank 0 writes step timings here")
     parser.add_argument("--checkpoint", action="store_true", help="activation checkpointing")
     parser.add_argument("--backward-prefetch-depth", type=int, default=1,
@@ -320,6 +326,8 @@ def main(argv: list[str] | None = None) -> None:
                             checkpoint=args.checkpoint)
     apply_fsdp(model, init_device_mesh("cpu", (world,)),
                backward_depth=args.backward_prefetch_depth, extra_edges=tuple(args.extra_edge))
+    if args.async_unshard:
+        model._set_unshard_async_op(True)  # the root's and every layer's groups
     race = None
     if fault_edge is not None and mode == "race":  # after fully_shard, before the first forward
         race = Race(model, fault_edge)
