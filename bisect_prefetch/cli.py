@@ -229,6 +229,8 @@ def simulate(
     max_runs: Annotated[int | None, typer.Option("--max-runs", help="Run budget of each search (default: scaled with the graph and the estimated q).")] = None,
     slots: Annotated[int, typer.Option("--slots", help="Runs at once; wall-clock is reported in full runs.")] = 1,
     hint_accuracy: Annotated[float | None, typer.Option("--hint-accuracy", help="Give the first diverged run a localization hint, right with this chance.")] = None,
+    stress_factor: Annotated[float | None, typer.Option("--stress-factor", help="Also simulate the searches under stress, which multiplies the culprit's per-step hazard by this factor, and say whether it pays.")] = None,
+    stress_cost: Annotated[float, typer.Option("--stress-cost", help="Step-time factor under stress (with --stress-factor).")] = 1.0,
     all_off_runs: Annotated[str, typer.Option("--all-off-runs", help="auto (default): all-off runs rule out drift without prefetch as strong as the answer's; or a count of all-off runs after the first divergence (as search.all_off_runs).")] = "auto",
     json_out: JsonOpt = None,
 ) -> None:
@@ -240,6 +242,7 @@ def simulate(
         together=together, trials=trials, seed=seed, background=background,
         startup_cost=startup_cost, confidence=confidence, max_runs=max_runs, slots=slots,
         hint_accuracy=hint_accuracy, all_off_runs=_count(all_off_runs),
+        stress_factor=stress_factor, stress_cost=stress_cost,
     ))
 
 

@@ -22,6 +22,7 @@ SURFACE = {
     "simulate": {
         "--policy", "--layers", "--culprit", "--together", "--hazard", "--steps", "--trials",
         "--seed", "--background", "--startup-cost", "--confidence", "--max-runs", "--slots",
+        "--stress-factor", "--stress-cost",
         "--hint-accuracy", "--all-off-runs", "--json",
     },
 }

@@ -335,3 +335,19 @@ def test_bisect_with_stress_auto_names_the_racing_edge(tmp_path):
     assert data["verdict"] == "culprit-found"
     assert data["minimal_set"] == ["fwd:layers.1->layers.2"]
     assert data["stress"]["mode"] == "auto"
+
+
+# -- simulate ----------------------------------------------------------------------------------
+def test_simulate_says_when_stress_pays():
+    from bisect_prefetch.search.simulate import simulate
+
+    kw = dict(hazard=0.02, steps=20, trials=3, seed=1)
+    pays = simulate("fsdp2-chain", 3, ["fwd:layers.0->layers.1"], stress_factor=20,
+                    stress_cost=1.5, **kw)["stress"]
+    assert pays["used"] and pays["pays"]
+    assert pays["runs_median_with"] < pays["runs_median_without"]
+    too_dear = simulate("fsdp2-chain", 3, ["fwd:layers.0->layers.1"], stress_factor=20,
+                        stress_cost=50, **kw)["stress"]
+    assert too_dear["used"] and not too_dear["pays"]
+    hides = simulate("fsdp2-chain", 3, ["fwd:layers.0->layers.1"], stress_factor=0.5, **kw)
+    assert not hides["stress"]["used"] and not hides["stress"]["pays"]
