@@ -25,6 +25,7 @@ from bisect_prefetch.report.localization import describe as describe_localizatio
 from bisect_prefetch.report.progress import RunProgress
 from bisect_prefetch.report.table import group_table
 from bisect_prefetch.runs.group import GroupResult, stressed_groups
+from bisect_prefetch.runs.signals import describe_stress
 from bisect_prefetch.runs.state import open_state
 from bisect_prefetch.runs.step_time import WARMUP_STEPS, fix_cost_line, fix_costs
 from bisect_prefetch.select import describe, resolve_mask
@@ -126,6 +127,10 @@ def run_aa(
                       "log without ranks, or a resumed run): the last value of each step is "
                       "compared; give each rank its own log (metrics.files) to compare every rank",
                       markup=False, soft_wrap=True)
+    for group in result.stress_groups:
+        if group.stress:  # what the delays were (the signals line said the first run's)
+            console.print(describe_stress((group.signals or {}).get("stress"))
+                          or "stress: no run recorded its delays", markup=False, soft_wrap=True)
     if result.metrics:
         console.print(group_table(result.to_json()))
     for line in result.environment_drift:

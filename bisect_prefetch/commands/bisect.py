@@ -43,6 +43,7 @@ from bisect_prefetch.experiment import Experiment, load_experiment, with_stress
 from bisect_prefetch.files import write_text_atomic
 from bisect_prefetch.report.html import BISECT_FILE, build_report
 from bisect_prefetch.report.localization import in_unit
+from bisect_prefetch.report.stress import stress_line
 from bisect_prefetch.runs.discover import DISCOVERY_STEPS
 from bisect_prefetch.runs.execute import RunOutcome
 from bisect_prefetch.runs.oracle import OnRun, RealOracle
@@ -225,6 +226,9 @@ def _bisect(experiment: Experiment, experiment_path: Path, *, hint: str, resume:
             data["hints"] = [n for n in search.notices if n["event"].startswith("hint")]
             data["run_details"] = run_details  # each run, with where its gradients first differed
             data["stress"] = stress.to_json(run_details, unstressed=unstressed)
+            data["stress"]["record"] = next(  # the delays of the first run under stress
+                (r["signals"]["stress"] for r in opened.state.records()
+                 if r.get("stress") and (r.get("signals") or {}).get("stress")), None)
             # What the runs measured (runs/signals.py), as the signals line said it.
             data["signals"] = next((r["signals"] for r in opened.state.records()
                                     if r.get("signals")), None)
@@ -323,31 +327,6 @@ def stress_choice_words(choice: StressChoice) -> str:
     return (f"stress does not raise the per-run chance ({_chance(choice.without)} without, "
             f"{_chance(choice.with_stress)} with; chance it raises the per-step hazard "
             f"{choice.chance_raised:.2f}); not using it")
-
-
-def stress_line(stress: dict) -> str:
-    """The verdict's stress line: the setting, its step-time cost, the chance with and without."""
-    cost = stress["step_time_ms"]
-    if cost["ratio"] is not None:
-        cost_words = (f"step time {cost['with']:.0f} ms with, {cost['without']:.0f} ms without "
-                      f"(x{cost['ratio']:.2f})")
-    elif cost["with"] is not None:
-        cost_words = f"step time {cost['with']:.0f} ms with (without: not measured)"
-    else:
-        cost_words = "no step time under stress"
-    used = "on" if stress["used"] else "off"
-    line = f"stress: {used} (--stress {stress['mode']}); every run the verdict counts ran with stress {used}"
-    if stress["chance_with"] is not None:
-        without, with_ = stress["chance_without"], stress["chance_with"]
-        line += (f"; per-run chance without {without['per_run_chance']:.2f} "
-                 f"({without['divergences']} of {without['runs']}), with "
-                 f"{with_['per_run_chance']:.2f} ({with_['divergences']} of {with_['runs']})")
-    if stress["used"]:
-        line += f"; {cost_words}"
-    if stress["unstressed_search"] is not None:
-        line += (f"; no drift under stress, so searched again without it: "
-                 f"{stress['unstressed_search']['verdict']}")
-    return line
 
 
 def audit_suspects(opened: OpenState, console: Console) -> list[str]:
