@@ -226,9 +226,11 @@ def _bisect(experiment: Experiment, experiment_path: Path, *, hint: str, resume:
             data["hints"] = [n for n in search.notices if n["event"].startswith("hint")]
             data["run_details"] = run_details  # each run, with where its gradients first differed
             data["stress"] = stress.to_json(run_details, unstressed=unstressed)
-            data["stress"]["record"] = next(  # the delays of the first run under stress
-                (r["signals"]["stress"] for r in opened.state.records()
-                 if r.get("stress") and (r.get("signals") or {}).get("stress")), None)
+            stressed = [r["signals"]["stress"] for r in opened.state.records()
+                        if r.get("stress") and (r.get("signals") or {}).get("stress")]
+            data["stress"]["record"] = next(  # the first stressed run that delayed anything
+                (s for s in stressed if s.get("delays") or s.get("no_window_edges")),
+                stressed[0] if stressed else None)
             # What the runs measured (runs/signals.py), as the signals line said it.
             data["signals"] = next((r["signals"] for r in opened.state.records()
                                     if r.get("signals")), None)

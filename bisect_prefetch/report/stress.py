@@ -25,7 +25,7 @@ def stress_line(stress: dict) -> str:
     if stress["used"]:
         line += f"; {cost_words}"
     if stress["used"] and (record := describe_stress(stress.get("record"))):
-        line += f"; first run's {record}"
+        line += f"; a run's {record}"
     if stress["unstressed_search"] is not None:
         line += (f"; no drift under stress, so searched again without it: "
                  f"{stress['unstressed_search']['verdict']}")
