@@ -351,3 +351,22 @@ def test_simulate_says_when_stress_pays():
     assert too_dear["used"] and not too_dear["pays"]
     hides = simulate("fsdp2-chain", 3, ["fwd:layers.0->layers.1"], stress_factor=0.5, **kw)
     assert not hides["stress"]["used"] and not hides["stress"]["pays"]
+
+
+def test_matrix_cells_take_stress_from_overrides_and_the_command_line(tmp_path):
+    from bisect_prefetch.commands.matrix import cell_request
+    from bisect_prefetch.experiment import load_matrix
+
+    path = tmp_path / "m.yaml"
+    path.write_text(textwrap.dedent("""
+        experiment: {name: x, workload: {builtin: fsdp2}}
+        cells:
+          - {name: plain, mask: all-on, runs: 2, expect: consistent}
+          - {name: stressed, mask: all-on, runs: 2, expect: consistent,
+             overrides: {stress.mode: on}}
+    """))
+    matrix = load_matrix(path)
+    plain, stressed = matrix.cells
+    assert cell_request(matrix, plain).experiment.stress.mode == "off"
+    assert cell_request(matrix, stressed).experiment.stress.mode == "on"
+    assert cell_request(matrix, plain, "auto").experiment.stress.mode == "auto"
