@@ -17,7 +17,7 @@ import typer
 from rich.console import Console
 
 from bisect_prefetch.errors import BisectPrefetchError
-from bisect_prefetch.vocab import GUARD_NONE, GUARD_SIZE_ONE
+from bisect_prefetch.vocab import GUARD_NONE, GUARD_SIZE_ONE, STRESS_AUTO, STRESS_OFF, STRESS_ON
 
 app = typer.Typer(
     add_completion=False,
@@ -61,6 +61,13 @@ class ExecutorKind(StrEnum):
 
 
 ExecutorOpt = Annotated[ExecutorKind | None, typer.Option("--executor", help="Where runs execute: local (this machine) or slurm (one batch job per run); default: the experiment's executor.kind.")]
+class StressMode(StrEnum):
+    off = STRESS_OFF
+    on = STRESS_ON
+    auto = STRESS_AUTO
+
+
+StressOpt = Annotated[StressMode | None, typer.Option("--stress", help="Delays before each prefetch is issued, to make a race show in fewer runs: off, on, auto (measure both, keep the better; default: the experiment's stress.mode).")]
 SlotsOpt = Annotated[int | None, typer.Option("--slots", min=1, help="Most runs in flight at once (default: the experiment's executor.slots).")]
 
 
@@ -112,6 +119,7 @@ def aa(
     state_dir: StateDirOpt = Path(".bisect-prefetch"),
     executor: ExecutorOpt = None,
     slots: SlotsOpt = None,
+    stress: StressOpt = None,
 ) -> None:
     """Run an A/A group under a mask: exit 0 consistent, 1 diverged."""
     from bisect_prefetch.commands.aa import aa as command
@@ -119,7 +127,8 @@ def aa(
     raise typer.Exit(command(experiment, masks=mask or [], runs=runs, steps=steps,
                              guard=guard.value if guard else None, state_dir=state_dir,
                              console=console, json_out=json_out,
-                             executor=executor.value if executor else None, slots=slots))
+                             executor=executor.value if executor else None, slots=slots,
+                             stress=stress.value if stress else None))
 
 
 @app.command()
@@ -132,13 +141,15 @@ def bisect(
     state_dir: StateDirOpt = Path(".bisect-prefetch"),
     executor: ExecutorOpt = None,
     slots: SlotsOpt = None,
+    stress: StressOpt = None,
 ) -> None:
     """Find the smallest edge set whose presence makes A/A runs diverge."""
     from bisect_prefetch.commands.bisect import bisect as command
 
     raise typer.Exit(command(experiment, confidence=confidence, max_runs=max_runs, resume=resume,
                              state_dir=state_dir, console=console, json_out=json_out,
-                             executor=executor.value if executor else None, slots=slots))
+                             executor=executor.value if executor else None, slots=slots,
+                             stress=stress.value if stress else None))
 
 
 @app.command()
@@ -150,13 +161,15 @@ def matrix(
     state_dir: StateDirOpt = Path(".bisect-prefetch"),
     executor: ExecutorOpt = None,
     slots: SlotsOpt = None,
+    stress: StressOpt = None,
 ) -> None:
     """Run an experiment matrix: exit 0 when every cell meets its expectation, 1 otherwise."""
     from bisect_prefetch.commands.matrix import matrix as command
 
     raise typer.Exit(command(matrix_file, state_dir=state_dir, console=console, junit=junit,
                              markdown=markdown, json_out=json_out,
-                             executor=executor.value if executor else None, slots=slots))
+                             executor=executor.value if executor else None, slots=slots,
+                             stress=stress.value if stress else None))
 
 
 @app.command()
@@ -232,6 +245,8 @@ def simulate(
     max_runs: Annotated[int | None, typer.Option("--max-runs", help="Run budget of each search (default: scaled with the graph and the estimated q).")] = None,
     slots: Annotated[int, typer.Option("--slots", help="Runs at once; wall-clock is reported in full runs.")] = 1,
     hint_accuracy: Annotated[float | None, typer.Option("--hint-accuracy", help="Give the first diverged run a localization hint, right with this chance.")] = None,
+    stress_factor: Annotated[float | None, typer.Option("--stress-factor", help="Also simulate the searches under stress, which multiplies the culprit's per-step hazard by this factor, and say whether it pays.")] = None,
+    stress_cost: Annotated[float, typer.Option("--stress-cost", help="Step-time factor under stress (with --stress-factor).")] = 1.0,
     all_off_runs: Annotated[str, typer.Option("--all-off-runs", help="auto (default): all-off runs rule out drift without prefetch as strong as the answer's; or a count of all-off runs after the first divergence (as search.all_off_runs).")] = "auto",
     json_out: JsonOpt = None,
 ) -> None:
@@ -243,6 +258,7 @@ def simulate(
         together=together, trials=trials, seed=seed, background=background,
         startup_cost=startup_cost, confidence=confidence, max_runs=max_runs, slots=slots,
         hint_accuracy=hint_accuracy, all_off_runs=_count(all_off_runs),
+        stress_factor=stress_factor, stress_cost=stress_cost,
     ))
 
 

@@ -38,12 +38,15 @@ from bisect_prefetch.vocab import (
     GUARDS,
     METRIC_FORMATS,
     RECORD_FORMAT,
+    STRESS_MODES,
+    STRESS_OFF,
 )
 from bisect_prefetch.workloads import mindformers as mindformers_workload
 
 # The words come from vocab; pydantic checks a value against them through these types.
 MetricFormat = Literal[METRIC_FORMATS]  # type: ignore[valid-type]
 Guard = Literal[GUARDS]  # type: ignore[valid-type]
+StressMode = Literal[STRESS_MODES]  # type: ignore[valid-type]
 Expectation = Literal[EXPECTATIONS]  # type: ignore[valid-type]
 ModelT = TypeVar("ModelT", bound=BaseModel)
 
@@ -60,10 +63,25 @@ class Fault(_Strict):
     """Planted drift for validating the tool (reference workloads only)."""
 
     edge: str
-    hazard: Annotated[float, Field(ge=0.0, le=1.0)]
+    hazard: Annotated[float, Field(ge=0.0, le=1.0)] | None = None
     # nudge: one ulp when the edge really prefetches; size-one-copy (mindspore
-    # only): only when that prefetch is the redundant local copy into a size-one unit.
-    mode: Literal["nudge", "size-one-copy"] = "nudge"
+    # only): only when that prefetch is the redundant local copy into a size-one unit;
+    # race (fsdp2 only): a real data race, async unshards and the edge's consumer skips
+    # its wait (no hazard: timing decides; workloads/fsdp2.py).
+    mode: Literal["nudge", "size-one-copy", "race"] = "nudge"
+
+    @model_validator(mode="after")
+    def _hazard_fits_mode(self) -> Fault:
+        if self.mode == "race":
+            if self.hazard is not None:
+                raise ValueError("fault mode race takes no hazard: timing decides when it fires")
+            if not self.edge.startswith("fwd:"):
+                raise ValueError(
+                    f"fault mode race plants forward edges only, not {self.edge}: on a backward "
+                    "edge gloo's synchronous reduce-scatter closes the window (never drifts)")
+        elif self.hazard is None:
+            raise ValueError(f"fault mode {self.mode} needs a hazard (per-step chance)")
+        return self
 
 
 class Workload(_Strict):
@@ -76,17 +94,27 @@ class Workload(_Strict):
     checkpoint: bool = False
     backward_prefetch_depth: Annotated[int, Field(ge=1)] = 1
     extra_edges: list[str] = Field(default_factory=list)
+    # fsdp2 only: model width and global batch (the race needs compute to race against).
+    dim: Annotated[int, Field(ge=2)] = 32
+    # fsdp2 only: asynchronous unshards with every wait in place (no race; race mode implies it).
+    async_unshard: bool = False
+    batch: Annotated[int, Field(ge=1)] = 8
     # mindformers only, a positive control: run k of a group trains with seed + k * seed_step,
     # so a group with seed_step > 0 must be called diverged at step 1.
     seed_step: Annotated[int, Field(ge=0)] = 0
 
     @model_validator(mode="after")
     def _fault_mode_supported(self) -> Workload:
-        if self.builtin == "fsdp2" and self.fault is not None and self.fault.mode != "nudge":
-            raise ValueError(f"the fsdp2 workload plants faults of mode nudge only, not {self.fault.mode}")
+        if (self.builtin == "fsdp2" and self.fault is not None
+                and self.fault.mode not in ("nudge", "race")):
+            raise ValueError(f"the fsdp2 workload plants faults of mode nudge or race, not {self.fault.mode}")
+        if self.builtin != "fsdp2" and self.fault is not None and self.fault.mode == "race":
+            raise ValueError("fault mode race: the fsdp2 workload only")
         if self.builtin != "mindformers" and self.seed_step:
             raise ValueError("seed_step: an option of the mindformers workload only")
-        planted = {"checkpoint", "backward_prefetch_depth", "extra_edges"} & self.model_fields_set
+        planted = ({"checkpoint", "backward_prefetch_depth", "extra_edges", "dim", "batch",
+                    "async_unshard"}
+                   & self.model_fields_set)
         if self.builtin != "fsdp2" and planted:
             raise ValueError(f"{', '.join(sorted(planted))}: options of the fsdp2 workload only")
         return self
@@ -160,6 +188,27 @@ class Record(_Strict):
     order_steps: Annotated[int, Field(ge=0)] = 3
 
 
+def _yaml_switch(value: Any) -> Any:
+    """YAML 1.1 reads a bare off and on as booleans: they mean the words."""
+    if value is True:
+        return "on"
+    if value is False:
+        return "off"
+    return value
+
+
+class Stress(_Strict):
+    """Delays before each prefetch is issued, to make a race show in fewer runs
+    (adapters/stress.py, docs/stress.md). off | on | auto (measure both, keep the better)."""
+
+    mode: StressMode = STRESS_OFF
+
+    @field_validator("mode", mode="before")
+    @classmethod
+    def _switch_words(cls, value: Any) -> Any:
+        return _yaml_switch(value)
+
+
 SLURM_ONLY = ("partition", "nodes", "ntasks_per_node", "gpus_per_node", "gres", "time",
               "account", "qos", "sbatch_args", "expand_env")
 
@@ -231,6 +280,7 @@ class Experiment(_Strict):
     search: Search = Field(default_factory=Search)
     executor: ExecutorConfig = Field(default_factory=ExecutorConfig)
     record: Record = Field(default_factory=Record)
+    stress: Stress = Field(default_factory=Stress)
 
     # The directory of the file it came from: relative paths (config) resolve there.
     _base_dir: Path = PrivateAttr(default_factory=Path.cwd)
@@ -269,6 +319,8 @@ class Experiment(_Strict):
         for word in self.command or []:
             if "\0" in word:
                 raise ValueError(f"command argument {word!r} holds a NUL byte")
+        if self.stress.mode != STRESS_OFF:
+            check_stress_fits(self)
         for key, value in self.env.items():
             if not ENV_NAME.fullmatch(key):
                 raise ValueError(f"env name {key!r} is not a name every executor can pass "
@@ -305,6 +357,29 @@ class Experiment(_Strict):
             data["config_sha256"] = hashlib.sha256(self.config_path().read_bytes()).hexdigest()
         canonical = json.dumps(data, sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(canonical.encode()).hexdigest()[:16]
+
+
+def check_stress_fits(experiment: Experiment) -> None:
+    """ValueError, one line, where the engine cannot take stress (adapters/stress.py)."""
+    w = experiment.workload
+    if w is not None and w.builtin == "mindformers":
+        raise ValueError("stress: the mindformers workload runs MindSpore graph mode, where "
+                         "prefetches are compiled into the graph: no issue to delay (stress: off)")
+    if experiment.graph.source == "static" and experiment.graph.policy == "mindformers":
+        raise ValueError("stress: a static mindformers graph is for MindSpore graph mode, where "
+                         "prefetches are compiled into the graph: no issue to delay (stress: off)")
+
+
+def with_stress(experiment: Experiment, mode: str | None) -> Experiment:
+    """The experiment with --stress applied (None: its own stress.mode)."""
+    if mode is None or mode == experiment.stress.mode:
+        return experiment
+    if mode != STRESS_OFF:
+        try:
+            check_stress_fits(experiment)
+        except ValueError as e:
+            raise BisectPrefetchError(f"--stress {mode}: {e}") from None
+    return experiment.model_copy(update={"stress": Stress(mode=mode)})
 
 
 class Cell(_Strict):

@@ -28,6 +28,13 @@ GUARD_NONE = "none"
 GUARD_SIZE_ONE = "size-one"  # skip prefetches into a unit whose shard group has size 1
 GUARDS = (GUARD_NONE, GUARD_SIZE_ONE)
 
+# -- stress (adapters/stress.py): delays before each prefetch is issued --------------
+# auto: the orchestrator measures both and keeps the one that shows drift more often.
+STRESS_OFF = "off"
+STRESS_ON = "on"
+STRESS_AUTO = "auto"
+STRESS_MODES = (STRESS_OFF, STRESS_ON, STRESS_AUTO)
+
 # -- metric log formats ------------------------------------------------------------
 METRIC_FORMATS = ("jsonl", "mindformers", "torchtitan", "megatron", "regex")
 

@@ -9,20 +9,21 @@ from bisect_prefetch.cli import app
 
 SURFACE = {
     "aa": {"experiment", "--mask", "--runs", "--steps", "--guard", "--json", "--state-dir",
-           "--executor", "--slots"},
+           "--executor", "--slots", "--stress"},
     "audit": {"experiment", "--guard", "--kinds", "--json", "--state-dir"},
     "bisect": {"experiment", "--confidence", "--max-runs", "--resume", "--json", "--state-dir",
-               "--executor", "--slots"},
+               "--executor", "--slots", "--stress"},
     "compare": {"a", "b", "--format", "--json", "--allow-truncated"},
     "graph": {"experiment", "--policy", "--layers", "--format", "--out", "--state-dir"},
     "init": {"command", "--out", "--log", "--steps", "--force", "--state-dir"},
     "masks": {"experiment", "--policy", "--layers", "--preset", "--state-dir"},
     "matrix": {"matrix_file", "--junit", "--markdown", "--json", "--state-dir", "--executor",
-               "--slots"},
+               "--slots", "--stress"},
     "report": {"state", "--html"},
     "simulate": {
         "--policy", "--layers", "--culprit", "--together", "--hazard", "--steps", "--trials",
         "--seed", "--background", "--startup-cost", "--confidence", "--max-runs", "--slots",
+        "--stress-factor", "--stress-cost",
         "--hint-accuracy", "--all-off-runs", "--json",
     },
 }

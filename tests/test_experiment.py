@@ -122,6 +122,13 @@ def test_missing_file(tmp_path):
     ("name: ../escape\ncommand: [a]\n", "name"),
     ("name: x\nworkload: {builtin: tensorflow}\n", "workload.builtin"),
     ("name: x\nworkload: {builtin: fsdp2, fault: {edge: e, hazard: 2}}\n", "hazard"),
+    ("name: x\nworkload: {builtin: fsdp2, fault: {edge: e}}\n", "needs a hazard"),
+    ("name: x\nworkload: {builtin: fsdp2, fault: {edge: 'fwd:a->b', mode: race, hazard: 0.1}}\n",
+     "takes no hazard"),
+    ("name: x\nworkload: {builtin: fsdp2, fault: {edge: 'bwd:a->b', mode: race}}\n",
+     "forward edges only"),
+    ("name: x\nworkload: {builtin: mindspore, fault: {edge: 'fwd:a->b', mode: race}}\n",
+     "fsdp2 workload only"),
     ("name: x\ncommand: [a]\nmetrics: {format: regex}\n", "metrics.pattern"),
     ("name: x\ncommand: [a]\ngraph: {source: static}\n", "graph.policy"),
     ("name: x\ncommand: [a]\nguard: always\n", "guard"),
@@ -207,11 +214,11 @@ def test_invalid_matrices(tmp_path, cells, needle):
     assert needle in str(info.value)
 
 
-@pytest.mark.parametrize("name", ["fsdp2.yaml", "fsdp2-fault.yaml"])
+@pytest.mark.parametrize("name", ["fsdp2.yaml", "fsdp2-fault.yaml", "fsdp2-race.yaml"])
 def test_shipped_configs_load(name):
     exp = load_experiment(CONFIGS / name)
     assert exp.workload.builtin == "fsdp2"
-    assert (exp.workload.fault is not None) == ("fault" in name)
+    assert (exp.workload.fault is not None) == (name != "fsdp2.yaml")
 
 
 yaml_values = st.recursive(

@@ -41,6 +41,11 @@ For framework adapters (fsdp2, hyper_parallel, ...), through ``session()``:
   each run's step time comes from it (runs/step_time.py). The probe also says
   ``step_source`` (optimizer, backward, report or null), ``steps_counted`` and
   the clock's ``step_notes``.
+- ``Session.stress`` (adapters/stress.py; None unless the plan's ``stress`` is set):
+  the gate delays each enabled prefetch before it issues; the framework adapters
+  report each unit's use (``stress.used``) while it measures the issue-to-use gaps,
+  and prefetches that left no window (``stress.no_window``). Its record is the
+  probe's ``stress``.
 - ``Session.recorder`` (None when the plan records nothing), ``Session.plan``,
   ``Session.probe_extra`` (a dict merged into probe.rank{R}.json),
   ``Session.write_environment()`` (env.rank{R}.json, adapters/environment.py: written at
@@ -58,7 +63,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from bisect_prefetch.vocab import GUARD_SIZE_ONE, GUARDED, ISSUED, MASKED, NOOP
+from bisect_prefetch.vocab import GUARD_SIZE_ONE, GUARDED, ISSUED, MASKED, NOOP, parse_edge_id
 
 from . import environment
 from .import_hook import when_imported
@@ -66,6 +71,7 @@ from .order import OrderLog
 from .plan import Plan, load_plan
 from .recorder import ProbeTally, Recorder
 from .steps import StepClock
+from .stress import Stress
 
 PrefetchListener = Callable[[str, Any, bool], None]
 
@@ -120,6 +126,10 @@ class Session:
         self.order: OrderLog | None = None
         if self.recorder is not None and plan.order_steps > 0:
             self.order = OrderLog(rank=rank, steps=plan.order_steps, write=self.recorder.order)
+        # Delays before each prefetch is issued (None: no stress in the plan).
+        self.stress: Stress | None = None
+        if plan is not None and plan.stress is not None:
+            self.stress = Stress(**plan.stress)
         # [step, seconds since the previous step ended (step 1: since install)]
         self.step_seconds: list[list[float]] = []
         self.forwards = 0  # root forward passes seen (a job with none shows no step anyway)
@@ -141,6 +151,9 @@ class Session:
         elif self.guard_skips(target_shard_size):
             outcome = GUARDED
         else:
+            stress = self.stress
+            if stress is not None:  # the issuing side waits, never the consumer
+                stress.before_issue(edge_id)
             if order is not None:
                 order.set_running_edge(edge_id)  # unshards inside are this edge's
             try:
@@ -148,6 +161,13 @@ class Session:
             finally:
                 if order is not None:
                     order.set_running_edge(None)
+            if issued and stress is not None and stress.measuring:
+                try:
+                    phase, _, target = parse_edge_id(edge_id)
+                except ValueError:
+                    pass  # no unit to wait for: the edge gets the default gap
+                else:
+                    stress.issued(edge_id, target, phase)
             outcome = ISSUED if issued else NOOP
             for listener in self._prefetch_listeners:
                 listener(edge_id, target_module, issued)
@@ -199,6 +219,8 @@ class Session:
             self.step_seconds.append([step, round(seconds, 6)])
         if self.order is not None:
             self.order.end_step(step)
+        if self.stress is not None:
+            self.stress.end_step(step)
         with self._lock:
             self.tally.end_step(step)
         self.last_step = step
@@ -218,6 +240,8 @@ class Session:
         head = {"plan_hash": self.plan.hash, **self.probe_extra,
                 "step_source": clock.source, "steps_counted": clock.steps,
                 "step_notes": clock.notes, "step_seconds": self.step_seconds}
+        if self.stress is not None:
+            head["stress"] = self.stress.record()
         if self.errors:
             head["errors"] = list(self.errors)
         with self._lock:

@@ -30,7 +30,11 @@ What it patches (class attributes, once per process):
   the order (the first steps), each unshard that starts an all-gather (by the
   group's own hook, or inside a prefetch: the gate names the edge), each use
   (forward or backward pre-hook) and each reshard; afterwards they pass
-  straight through.
+  straight through. Under stress (adapters/stress.py), ``pre_forward`` and
+  ``pre_backward`` also report each use while the gaps are measured, and a
+  prefetch whose all-gather finished before it returned (no work handle on a
+  host device: FSDP2's default synchronous unshard on CPU) is reported as
+  leaving no window.
 
 Step boundaries (adapters/steps.py): the root's ``_pre_forward`` tells the
 clock a forward begins, ``_root_post_backward_final_callback`` that the root's
@@ -246,11 +250,15 @@ class _Fsdp2Adapter(FrameworkAdapter):
             pending_before = target._all_gather_result
             unsharded_before = target.is_unsharded
             original(target, pass_type)
-            return (
+            issued = (
                 not unsharded_before
                 and pending_before is None
                 and target._all_gather_result is not None
             )
+            stress = self.session.stress
+            if issued and stress is not None and _finished_on_return(target):
+                stress.no_window(edge_id)
+            return issued
 
         self.session.prefetch(
             edge_id,
@@ -404,6 +412,7 @@ def _patch_torch() -> None:
             order.unshard(_adapter.group_name(self))
 
     def group_pre_forward(self: FSDPParamGroup, module, args, kwargs):
+        _stress_use(self, vocab.FWD)  # before it waits on a prefetched all-gather
         result = original_group_pre_forward(self, module, args, kwargs)
         order = _recording_order()
         if order is not None:
@@ -414,6 +423,8 @@ def _patch_torch() -> None:
     def group_pre_backward(self: FSDPParamGroup, default_prefetch: bool, *unused: Any):
         order = _recording_order()
         first = order is not None and self._training_state != TrainingState.PRE_BACKWARD
+        if self._training_state != TrainingState.PRE_BACKWARD:
+            _stress_use(self, vocab.BWD)
         result = original_group_pre_backward(self, default_prefetch, *unused)
         if first:
             order.use(_adapter.group_name(self), "bwd")
@@ -440,6 +451,25 @@ def _patch_torch() -> None:
     FSDPState._pre_backward = _pre_backward
     FSDPParamGroup._record_post_forward = _record_post_forward
     FSDPParamGroup._prefetch_unshard = staticmethod(_prefetch_unshard)
+
+
+def _finished_on_return(group: FSDPParamGroup) -> bool:
+    """Whether the group's pending all-gather was already complete when its unshard returned.
+
+    A synchronous collective (no work handle) on a host device: nothing overlaps it.
+    On an accelerator a synchronous one still runs on its own stream.
+    """
+    result = group._all_gather_result
+    return (result is not None and result.all_gather_work is None
+            and getattr(group.device, "type", "cpu") == "cpu")
+
+
+def _stress_use(group: FSDPParamGroup, phase: str) -> None:
+    """Report a use to the stress while it measures the issue-to-use gaps."""
+    adapter = _adapter
+    stress = adapter.session.stress if adapter is not None else None
+    if stress is not None and stress.measuring:
+        stress.used(adapter.group_name(group), phase)
 
 
 def _recording_order() -> Any:

@@ -11,6 +11,7 @@ environment variable ``BISECT_PREFETCH_PLAN``. Version 1::
                 "digests": null | glob over parameter names, "digest_every": int,
                 "order_steps": int},   # steps whose unit order is recorded (0: none; default 3)
      "fault": null | {"edge": str, "hazard": float, "mode": "nudge"},  # reference workloads only
+     "stress": null | {"measure_steps": int, "default_gap_ms": float},  # adapters/stress.py
      "seed": int, "steps": int}
 
 API: ``load_plan(path=None) -> Plan | None`` (None when no plan is set),
@@ -59,6 +60,7 @@ class Plan:
     digest_every: int
     fault: dict[str, Any] | None
     order_steps: int = DEFAULT_ORDER_STEPS
+    stress: dict[str, Any] | None = None  # Stress's keyword arguments; None: no delays
 
     def allows(self, edge_id: str) -> bool:
         """Whether the mask lets this edge prefetch (no mask: every edge)."""
@@ -97,6 +99,18 @@ def parse_plan(data: Any) -> Plan:
     fault = data.get("fault")
     if fault is not None and not (isinstance(fault, dict) and isinstance(fault.get("edge"), str)):
         raise PlanError("plan fault must be null or an object with an 'edge'")
+    stress = data.get("stress")
+    if stress is not None:
+        if not isinstance(stress, dict) or set(stress) - {"measure_steps", "default_gap_ms"}:
+            raise PlanError("plan stress must be null or an object with measure_steps, "
+                            "default_gap_ms")
+        steps = stress.get("measure_steps", 2)
+        gap = stress.get("default_gap_ms", 10.0)
+        if not isinstance(steps, int) or steps < 1:
+            raise PlanError("plan stress.measure_steps must be an integer >= 1")
+        if not isinstance(gap, (int, float)) or not gap > 0:
+            raise PlanError("plan stress.default_gap_ms must be a number > 0")
+        stress = {"measure_steps": steps, "default_gap_ms": float(gap)}
     return Plan(
         raw=data,
         hash=plan_hash(data),
@@ -109,6 +123,7 @@ def parse_plan(data: Any) -> Plan:
         digest_every=digest_every,
         fault=fault,
         order_steps=order_steps,
+        stress=stress,
     )
 
 

@@ -21,14 +21,16 @@ from bisect_prefetch.commands.common import (
     write_json,
 )
 from bisect_prefetch.errors import BisectPrefetchError
-from bisect_prefetch.experiment import Experiment, load_experiment, with_overrides
+from bisect_prefetch.experiment import Experiment, load_experiment, with_overrides, with_stress
 from bisect_prefetch.report.localization import describe as describe_localization
 from bisect_prefetch.report.progress import RunProgress
 from bisect_prefetch.report.table import group_table
-from bisect_prefetch.runs.group import GroupResult, run_group
+from bisect_prefetch.runs.group import GroupResult, stressed_groups
+from bisect_prefetch.runs.signals import describe_stress
 from bisect_prefetch.runs.state import open_state
 from bisect_prefetch.runs.step_time import WARMUP_STEPS, fix_cost_line, fix_costs
 from bisect_prefetch.select import describe, resolve_mask
+from bisect_prefetch.vocab import STRESS_AUTO
 
 
 def aa(
@@ -43,16 +45,20 @@ def aa(
     json_out: Path | None = None,
     executor: str | None = None,
     slots: int | None = None,
+    stress: str | None = None,
 ) -> int:
     """Run (or resume) the A/A group; exit code 0 consistent, 1 diverged."""
     resume = command_line("aa", str(experiment_path), *options(
         mask=list(masks), runs=runs, steps=steps, guard=guard, state_dir=state_dir,
-        executor=executor, slots=slots))
+        executor=executor, slots=slots, stress=stress))
     with resume_hint_on_interrupt(console, resume):
         result = run_aa(experiment_path, masks=masks, runs=runs, steps=steps, guard=guard,
-                        state_dir=state_dir, console=console, executor=executor, slots=slots)
+                        state_dir=state_dir, console=console, executor=executor, slots=slots,
+                        stress=stress)
     if json_out is not None:
-        write_json(json_out, result.to_json(), console)
+        write_json(json_out, result.to_json() | {"stress_groups": [
+            {"stress": "on" if g.stress else "off", "verdict": g.verdict, "runs": len(g.runs)}
+            for g in result.stress_groups]}, console)
     if result.verdict == "error":
         raise BisectPrefetchError(f"no verdict: {result.reason}")
     return 0 if result.verdict == "consistent" else 1
@@ -69,8 +75,15 @@ def run_aa(
     console: Console,
     executor: str | None = None,
     slots: int | None = None,
+    stress: str | None = None,
 ) -> GroupResult:
-    """The group with its narration, table and verdict line."""
+    """The group with its narration, table and verdict line.
+
+    Under ``stress: on`` the runs run under stress (adapters/stress.py). Under ``auto``
+    the group runs without stress first and, if consistent, as many runs again under
+    stress: stress can only add a finding, and a consistent verdict stands on runs
+    without it too. ``result.stress_groups`` holds each group run.
+    """
     if runs < 2:
         raise BisectPrefetchError(f"--runs must be at least 2 for an A/A comparison, got {runs}")
     experiment = load_experiment(experiment_path)
@@ -78,6 +91,8 @@ def run_aa(
         if steps < 1:
             raise BisectPrefetchError(f"--steps must be at least 1, got {steps}")
         experiment = with_overrides(experiment, {"steps": steps})
+    experiment = with_stress(experiment, stress)
+    mode = experiment.stress.mode
     guard = guard or experiment.guard
     console.print(_describe_experiment(experiment), markup=False)
     with open_state(experiment, state_dir, console=console, executor=executor,
@@ -85,11 +100,20 @@ def run_aa(
         edge_ids = opened.graph().edge_ids()
         mask = resolve_mask(list(masks), edge_ids)
         name = describe(mask, edge_ids)
-        console.print(f"A/A under {name} ({len(mask)} of {len(edge_ids)} edges on), "
-                      f"guard {guard}: up to {runs} runs", markup=False)
-        with RunProgress(console) as progress:
-            result = run_group(opened.runner, mask=mask, runs=runs, steps=experiment.steps,
-                               guard=guard, name=name, progress=progress)
+        progress = RunProgress(console)
+
+        def before(on: bool) -> None:
+            if on and mode == STRESS_AUTO:
+                console.print(f"-> consistent without stress; stress auto: {runs} more runs "
+                              "under stress, which can only add a finding", markup=False)
+            console.print(f"A/A under {name} ({len(mask)} of {len(edge_ids)} edges on), "
+                          f"guard {guard}, stress {'on' if on else 'off'}: up to {runs} runs",
+                          markup=False)
+
+        with progress:
+            result = stressed_groups(opened.runner, mode=mode, before=before, mask=mask,
+                                     runs=runs, steps=experiment.steps, guard=guard, name=name,
+                                     progress=progress)
         # Against all-on runs of this experiment in the journal (from aa, bisect or matrix):
         # what dropping the edges this mask leaves out, or the guard, costs.
         against_all_on = fix_cost_line(
@@ -101,6 +125,10 @@ def run_aa(
                        for run in result.runs if run.usable)
     if note := repeated_steps_note(repeated):  # said once for the group, never a difference
         console.print(note, markup=False, soft_wrap=True)
+    for group in result.stress_groups:
+        if group.stress:  # what the delays were (the signals line said the first run's)
+            console.print(describe_stress((group.signals or {}).get("stress"))
+                          or "stress: no run recorded its delays", markup=False, soft_wrap=True)
     if result.metrics:
         console.print(group_table(result.to_json()))
     for line in result.environment_drift:
@@ -124,7 +152,8 @@ def _describe_experiment(experiment: Experiment) -> str:
     if w is not None:
         what = f"{w.builtin} workload, {w.layers} layers, {w.world_size} rank(s)"
         if w.fault is not None:
-            what += f", planted fault (hazard {w.fault.hazard:g})"
+            what += (", planted fault (a race)" if w.fault.hazard is None
+                     else f", planted fault (hazard {w.fault.hazard:g})")
     else:
         what = f"command {experiment.command[0]}"
     return f"experiment {experiment.name}: {what}, {experiment.steps} steps, seed {experiment.seed}"
@@ -135,14 +164,17 @@ def verdict_line(result: GroupResult) -> str:
     usable = sum(run.usable for run in result.runs)
     failed = len(result.runs) - usable
     not_counted = f"; {failed} failed run(s) not counted" if failed else ""
+    stress = " under stress" if result.stress else ""
     if result.verdict == "consistent":
         steps = max((m.get("steps_compared", 0) for m in result.metrics.values()), default=0)
-        return (f"-> consistent ({usable} runs, {result.identical} over {steps} steps"
-                f"{not_counted})")
+        also = "".join(f"; and {group.runs_usable} runs without stress"
+                       for group in result.stress_groups[:-1] if not group.stress)
+        return (f"-> consistent ({usable} runs{stress}, {result.identical} over {steps} steps"
+                f"{not_counted}){also}")
     if result.verdict == "diverged":
         pair = " vs ".join(result.first_pair or [])
         where = describe_localization(result.localization)
-        return (f"-> diverged at step {result.first_diff_step}"
+        return (f"-> diverged at step {result.first_diff_step}{stress}"
                 + (f" ({pair}{not_counted})" if pair else not_counted)
                 + (f"; {where}" if where else ""))
     return f"-> error: {result.reason}"

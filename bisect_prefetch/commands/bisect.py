@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import itertools
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Protocol
 
@@ -39,10 +39,11 @@ from bisect_prefetch.commands.common import (
     write_json,
 )
 from bisect_prefetch.errors import BisectPrefetchError
-from bisect_prefetch.experiment import Experiment, load_experiment
+from bisect_prefetch.experiment import Experiment, load_experiment, with_stress
 from bisect_prefetch.files import write_text_atomic
 from bisect_prefetch.report.html import BISECT_FILE, build_report
 from bisect_prefetch.report.localization import in_unit
+from bisect_prefetch.report.stress import stress_line
 from bisect_prefetch.runs.discover import DISCOVERY_STEPS
 from bisect_prefetch.runs.execute import RunOutcome
 from bisect_prefetch.runs.oracle import OnRun, RealOracle
@@ -52,7 +53,7 @@ from bisect_prefetch.runs.step_time import fix_cost_line, fix_costs
 from bisect_prefetch.runs.store import StateDir
 from bisect_prefetch.runs.workloads import require_prefetch_graph
 from bisect_prefetch.search import verdict as v
-from bisect_prefetch.search.oracle import Oracle
+from bisect_prefetch.search.oracle import Oracle, RunResult
 from bisect_prefetch.search.protocol import Bisection
 from bisect_prefetch.search.runlog import (
     AFTER_DROP_ONLY_DIVERGED,
@@ -61,11 +62,14 @@ from bisect_prefetch.search.runlog import (
     Block,
     mask_name,
 )
+from bisect_prefetch.search.stress import Hazard, StressChoice, choose_stress
 from bisect_prefetch.search.verdict import SearchResult
-from bisect_prefetch.vocab import Mask
+from bisect_prefetch.vocab import STRESS_AUTO, STRESS_OFF, STRESS_ON, Mask
 
 PURPOSE = "search"
 REPRODUCE_RUNS = 4
+# --stress auto: all-on runs with and without stress, interleaved, before the search.
+STRESS_CALIBRATION_RUNS = 4
 # A culprit is a finding (1); so is drift that is not prefetch's, and no answer. No drift: 0.
 EXIT_CODES = {"culprit-found": 1, "not-prefetch": 1, "no-drift-reproduced": 0, "inconclusive": 1}
 
@@ -82,14 +86,15 @@ class BisectOracle(Oracle, Protocol):
     def deterministic_masks(self) -> list[Mask]: ...
 
 
-OracleFor = Callable[[OpenState, OnRun], BisectOracle]
+OracleFor = Callable[..., BisectOracle]  # (opened, on_run, *, stress=False)
 
 
-def real_oracle(opened: OpenState, on_run: OnRun) -> RealOracle:
-    """Real training runs in the state dir, each against the golden all-off trajectory."""
+def real_oracle(opened: OpenState, on_run: OnRun, *, stress: bool = False) -> RealOracle:
+    """Real training runs in the state dir, each against the golden all-off trajectory
+    (under stress: every run, the golden all-off one included)."""
     experiment = opened.experiment
     return RealOracle(opened.runner, steps=experiment.steps, guard=experiment.guard,
-                      purpose=PURPOSE, on_run=on_run)
+                      purpose=PURPOSE, on_run=on_run, stress=stress)
 
 
 # -- the command -------------------------------------------------------------------------
@@ -105,14 +110,17 @@ def bisect(
     oracle_for: OracleFor = real_oracle,
     executor: str | None = None,
     slots: int | None = None,
+    stress: str | None = None,
 ) -> int:
     """Run (or resume) the bisection, print its story and verdict; returns the exit code.
 
     oracle_for makes the oracle once the state dir is open (tests give a simulated one).
+    stress: --stress (off, on, auto), over the experiment's stress.mode.
     """
-    experiment = load_experiment(experiment_path)
+    experiment = with_stress(load_experiment(experiment_path), stress)
     require_prefetch_graph(experiment)
-    hint = resume_command(experiment_path, state_dir, confidence, max_runs, executor, slots)
+    hint = resume_command(experiment_path, state_dir, confidence, max_runs, executor, slots,
+                          stress)
     with resume_hint_on_interrupt(console, hint):
         data = _bisect(
             experiment, experiment_path, hint=hint, resume=resume, state_dir=state_dir,
@@ -151,30 +159,78 @@ def _bisect(experiment: Experiment, experiment_path: Path, *, hint: str, resume:
                           markup=False)
         graph = opened.graph()
         suspects = audit_suspects(opened, console)
-        search = Bisection(graph.edge_ids(), confidence=confidence, max_runs=max_runs,
-                           steps_per_run=experiment.steps, all_off_runs=experiment.search.all_off_runs,
-                           suspects=suspects)  # a soft prior the runs correct (hints.py)
+
+        def new_search() -> Bisection:
+            return Bisection(graph.edge_ids(), confidence=confidence, max_runs=max_runs,
+                             steps_per_run=experiment.steps,
+                             all_off_runs=experiment.search.all_off_runs,
+                             suspects=suspects)  # a soft prior the runs correct (hints.py)
+
+        search = new_search()
         run_details: list[dict] = []
-        oracle = oracle_for(opened, _run_line(console, run_details))
+        mode = experiment.stress.mode
+        oracles: dict[bool, BisectOracle] = {}
+        numbers = itertools.count(1)
+
+        def oracle_of(on: bool) -> BisectOracle:
+            if on not in oracles:
+                on_run = _run_line(console, run_details, stress=on, numbers=numbers)
+                # An oracle of a test may know no stress: it is asked only when stress is.
+                oracles[on] = (oracle_for(opened, on_run, stress=True) if on
+                               else oracle_for(opened, on_run))
+            return oracles[on]
+
+        stress = StressRecord(mode)
         result = None
+        unstressed: SearchResult | None = None
         try:
-            console.print("running the golden reference (all-off, full length)...", markup=False)
-            _ = oracle.golden
-            if isinstance(oracle, RealOracle) and oracle.runner.executor.slots > 1:
-                result = run_bisection_in_slots(search, oracle, console=console)
+            all_on = Mask(graph.edge_ids())
+            if mode == STRESS_AUTO:
+                # step 0: does stress make drift show more often? (search/stress.py)
+                stress.choice, calibration = calibrate_stress(
+                    oracle_of, all_on, steps=experiment.steps, console=console)
+                stress.used = stress.choice.use
+                stress.unstressed_runs = calibration[False]
+                for outcome in calibration[stress.used]:  # the chosen setting's runs count
+                    search.record(all_on, outcome)
             else:
-                result = run_bisection(search, oracle, console=console)
+                stress.used = mode == STRESS_ON
+            oracle = oracle_of(stress.used)
+            console.print("running the golden reference (all-off, full length"
+                          + (", under stress" if stress.used else "") + ")...", markup=False)
+            _ = oracle.golden
+            result = _drive(search, oracle, console)
+            if stress.used and result.verdict == "no-drift-reproduced":
+                # A stress that hides a race must not clear a build: no drift needs its
+                # clean runs without stress too.
+                console.print("no drift reproduced under stress; a stress that hides a race "
+                              "must not clear a build: searching again without stress...",
+                              markup=False)
+                search = new_search()
+                for outcome in stress.unstressed_runs:
+                    search.record(all_on, outcome)
+                plain = oracle_of(False)
+                _ = plain.golden
+                unstressed = result = _drive(search, plain, console)
         finally:
             # Keep what was learned even when interrupted: the report shows it.
             partial = result or search.result()
             data = result_to_json(partial, reproduce_command(experiment_path, partial))
             data["experiment"] = experiment.name
-            data["deterministic_masks"] = [sorted(m) for m in oracle.deterministic_masks()]
-            data["runs_launched"], data["runs_reused"] = oracle.runs_launched, oracle.runs_reused
-            data["runs_lost"] = list(getattr(oracle, "runs_lost", []))
+            every = list(oracles.values())
+            data["deterministic_masks"] = [sorted(m) for o in every for m in o.deterministic_masks()]
+            data["runs_launched"] = sum(o.runs_launched for o in every)
+            data["runs_reused"] = sum(o.runs_reused for o in every)
+            data["runs_lost"] = [lost for o in every for lost in getattr(o, "runs_lost", [])]
             data["suspects"] = suspects
             data["hints"] = [n for n in search.notices if n["event"].startswith("hint")]
             data["run_details"] = run_details  # each run, with where its gradients first differed
+            data["stress"] = stress.to_json(run_details, unstressed=unstressed)
+            stressed = [r["signals"]["stress"] for r in opened.state.records()
+                        if r.get("stress") and (r.get("signals") or {}).get("stress")]
+            data["stress"]["record"] = next(  # the first stressed run that delayed anything
+                (s for s in stressed if s.get("delays") or s.get("no_window_edges")),
+                stressed[0] if stressed else None)
             # What the runs measured (runs/signals.py), as the signals line said it.
             data["signals"] = next((r["signals"] for r in opened.state.records()
                                     if r.get("signals")), None)
@@ -185,16 +241,94 @@ def _bisect(experiment: Experiment, experiment_path: Path, *, hint: str, resume:
             build_report(opened.path)
     console.print()
     render_result(result, console, reproduce=data["reproduce"])
+    if data["stress"]["mode"] != STRESS_OFF:
+        console.print(stress_line(data["stress"]), markup=False, soft_wrap=True)
     cost = fix_cost_line(data["step_time"], result.minimal_set)
     if cost:
         console.print(cost, markup=False, soft_wrap=True)
-    console.print(f"runs launched {oracle.runs_launched}, reused from the journal "
-                  f"{oracle.runs_reused}; report: {opened.path / 'report.html'}", markup=False)
+    console.print(f"runs launched {data['runs_launched']}, reused from the journal "
+                  f"{data['runs_reused']}; report: {opened.path / 'report.html'}", markup=False)
     if data["runs_lost"]:
         console.print(f"runs lost (the scheduler took the job away; retried): "
                       f"{len(data['runs_lost'])}: " + "; ".join(data["runs_lost"]),
                       markup=False, soft_wrap=True)
     return data
+
+
+def _drive(search: Bisection, oracle: BisectOracle, console: Console) -> SearchResult:
+    if isinstance(oracle, RealOracle) and oracle.runner.executor.slots > 1:
+        return run_bisection_in_slots(search, oracle, console=console)
+    return run_bisection(search, oracle, console=console)
+
+
+# -- stress ---------------------------------------------------------------------------------
+class StressRecord:
+    """What the command did about stress, for the JSON, the report and the verdict's line."""
+
+    def __init__(self, mode: str) -> None:
+        self.mode = mode
+        self.used = False
+        self.choice: StressChoice | None = None
+        self.unstressed_runs: list[RunResult] = []  # auto: the calibration runs without stress
+
+    def to_json(self, run_details: list[dict], *,
+                unstressed: SearchResult | None) -> dict:
+        """mode, used, the chance with and without (auto), the step time of each."""
+        times = {on: sorted(d["step_time_ms"] for d in run_details
+                            if d.get("stress") == on and d.get("step_time_ms"))
+                 for on in (False, True)}
+        medians = {on: (t[len(t) // 2] if t else None) for on, t in times.items()}
+        ratio = (medians[True] / medians[False]
+                 if medians[True] and medians[False] else None)
+        out = {"mode": self.mode, "used": self.used,
+               "step_time_ms": {"without": medians[False], "with": medians[True],
+                                "ratio": ratio},
+               "chance_without": None, "chance_with": None, "chance_raised": None,
+               "unstressed_search": None}
+        if self.choice is not None:
+            out["chance_without"] = self.choice.without.to_json()
+            out["chance_with"] = self.choice.with_stress.to_json()
+            out["chance_raised"] = self.choice.chance_raised
+        if unstressed is not None:
+            out["unstressed_search"] = {"verdict": unstressed.verdict,
+                                        "runs_used": unstressed.runs_used}
+        return out
+
+
+def calibrate_stress(oracle_of: Callable[[bool], BisectOracle], all_on: Mask, *, steps: int,
+                     console: Console) -> tuple[StressChoice, dict[bool, list[RunResult]]]:
+    """All-on with and without stress, interleaved so both meet the same machine load;
+    the choice (search/stress.py) and each setting's runs."""
+    n = STRESS_CALIBRATION_RUNS
+    console.print(f"checking whether stress makes drift show more often: all-on, {n} runs "
+                  f"without stress and {n} with, interleaved...", markup=False)
+    runs: dict[bool, list[RunResult]] = {False: [], True: []}
+    for _ in range(n):
+        for on in (False, True):
+            runs[on].append(oracle_of(on).run(all_on))
+    hazards = {on: Hazard.of([r.first_diff_step if r.diverged else None
+                              for r in outcomes if r.completed], steps=steps)
+               for on, outcomes in runs.items()}
+    choice = choose_stress(hazards[False], hazards[True])
+    console.print(f"  -> {stress_choice_words(choice)}", markup=False, soft_wrap=True)
+    return choice, runs
+
+
+def _chance(hazard: Hazard) -> str:
+    low, high = hazard.per_run_interval()
+    return (f"{hazard.per_run_chance():.2f} (95% interval {low:.2f}-{high:.2f}; "
+            f"{hazard.divergences} of {hazard.runs} runs)")
+
+
+def stress_choice_words(choice: StressChoice) -> str:
+    """e.g. "stress raises the per-run chance from 0.42 (...) to 0.97 (...); using it"."""
+    if choice.use:
+        return (f"stress raises the per-run chance from {_chance(choice.without)} to "
+                f"{_chance(choice.with_stress)}; using it (chance it raises the per-step hazard "
+                f"{choice.chance_raised:.2f})")
+    return (f"stress does not raise the per-run chance ({_chance(choice.without)} without, "
+            f"{_chance(choice.with_stress)} with; chance it raises the per-step hazard "
+            f"{choice.chance_raised:.2f}); not using it")
 
 
 def audit_suspects(opened: OpenState, console: Console) -> list[str]:
@@ -203,7 +337,8 @@ def audit_suspects(opened: OpenState, console: Console) -> list[str]:
     The search gives them more prior weight; with no discovery run (a static
     graph) or no order recorded there are none.
     """
-    key = opened.runner.key("discover", mask=None, guard="none", steps=DISCOVERY_STEPS, index=0)
+    key = opened.runner.key("discover", mask=None, guard="none", steps=DISCOVERY_STEPS, index=0,
+                            stress=False)
     found = opened.state.find(key)
     if found is None:
         return []
@@ -232,10 +367,10 @@ def _earlier_search_runs(state: StateDir, experiment: Experiment) -> int:
 
 def resume_command(experiment_path: Path, state_dir: Path, confidence: float | None,
                    max_runs: int | None, executor: str | None = None,
-                   slots: int | None = None) -> str:
+                   slots: int | None = None, stress: str | None = None) -> str:
     return command_line("bisect", str(experiment_path), *options(
         resume=True, state_dir=state_dir, confidence=confidence, max_runs=max_runs,
-        executor=executor, slots=slots))
+        executor=executor, slots=slots, stress=stress))
 
 
 def reproduce_mask(result: SearchResult) -> str | None:
@@ -248,19 +383,22 @@ def reproduce_command(experiment_path: Path, result: SearchResult) -> str:
                         *options(runs=REPRODUCE_RUNS, mask=reproduce_mask(result)))
 
 
-def _run_line(console: Console, details: list[dict] | None = None):
+def _run_line(console: Console, details: list[dict] | None = None, *, stress: bool = False,
+              numbers: Iterator[int] | None = None):
     """One line per run: which, how it ended, how long (or that the journal had it).
 
-    details, when given, gets each run's record for the JSON's run_details.
+    details, when given, gets each run's record for the JSON's run_details; the oracles
+    of one command share it and the run numbers.
     """
-    numbers = itertools.count(1)
+    numbers = numbers if numbers is not None else itertools.count(1)
 
     def on_run(mask: Mask, out: RunOutcome) -> None:
         if details is not None:
             details.append({"run_id": out.run_id, "mask": sorted(mask), "outcome": out.outcome,
                             "steps_done": out.steps_done, "first_diff_step": out.first_diff_step,
                             "localization": out.localization, "fault": out.fault,
-                            "reused": out.reused})
+                            "reused": out.reused, "stress": stress,
+                            "step_time_ms": out.step_time_ms})
         if out.usable and out.diverged:
             how = f"diverged at step {out.first_diff_step}{in_unit(out.localization)}"
         elif out.usable:
@@ -268,7 +406,9 @@ def _run_line(console: Console, details: list[dict] | None = None):
         else:
             how = f"{out.outcome}: {out.why()}"
         when = "from the journal" if out.reused else f"{out.wall_s or 0:.1f}s"
-        console.print(f"    run {next(numbers)} ({len(mask)} edges on): {how} [{when}]", markup=False)
+        under = ", stress" if stress else ""
+        console.print(f"    run {next(numbers)} ({len(mask)} edges on{under}): {how} [{when}]",
+                      markup=False)
 
     return on_run
 

@@ -26,7 +26,14 @@ from bisect_prefetch.commands.common import (
     write_json,
 )
 from bisect_prefetch.errors import BisectPrefetchError
-from bisect_prefetch.experiment import Cell, Experiment, Matrix, expectation_met, load_matrix
+from bisect_prefetch.experiment import (
+    Cell,
+    Experiment,
+    Matrix,
+    expectation_met,
+    load_matrix,
+    with_stress,
+)
 from bisect_prefetch.files import write_text_atomic
 from bisect_prefetch.report.html import MATRIX_FILE, build_report
 from bisect_prefetch.report.junit import write_junit
@@ -34,7 +41,7 @@ from bisect_prefetch.report.localization import in_unit
 from bisect_prefetch.report.markdown import publish_markdown
 from bisect_prefetch.report.progress import RunProgress
 from bisect_prefetch.report.table import print_matrix
-from bisect_prefetch.runs.group import run_group as run_aa_group
+from bisect_prefetch.runs.group import stressed_groups
 from bisect_prefetch.runs.state import open_state
 from bisect_prefetch.runs.step_time import describe_cost, group_cost
 from bisect_prefetch.runs.store import JOURNAL
@@ -150,8 +157,9 @@ class MatrixResult:
         return costs
 
 
-def cell_request(matrix: Matrix, cell: Cell) -> CellRequest:
-    experiment = matrix.experiment_for(cell)
+def cell_request(matrix: Matrix, cell: Cell, stress: str | None = None) -> CellRequest:
+    """stress: --stress, over the cell's own stress.mode."""
+    experiment = with_stress(matrix.experiment_for(cell), stress)
     return CellRequest(
         name=cell.name,
         experiment=experiment,
@@ -183,6 +191,7 @@ def run_matrix(
     name: str = "matrix",
     console: Console | None = None,
     clock: Callable[[], float] = time.monotonic,
+    stress: str | None = None,
 ) -> MatrixResult:
     """Run every cell in file order and collect verdicts and expectations.
 
@@ -190,12 +199,14 @@ def run_matrix(
     """
     result = MatrixResult(name=name, experiment=matrix.experiment.name)
     for number, cell in enumerate(matrix.cells, start=1):
-        request = cell_request(matrix, cell)
+        request = cell_request(matrix, cell, stress)
         if console is not None:
             overrides = ", ".join(f"{k}={v}" for k, v in cell.overrides.items())
+            mode = request.experiment.stress.mode
             console.print(
                 f"cell {number}/{len(matrix.cells)} {cell.name}: mask {' '.join(request.mask)}, "
-                f"guard {request.guard}" + (f", {overrides}" if overrides else "")
+                f"guard {request.guard}" + (f", stress {mode}" if mode != "off" else "")
+                + (f", {overrides}" if overrides else "")
                 + f", up to {cell.runs} runs, expect {cell.expect}", markup=False, soft_wrap=True)
         started = clock()
         group = run_group(request)
@@ -232,10 +243,13 @@ def engine_group_runner(
                 mask = resolve_mask(request.mask, edge_ids)
             except BisectPrefetchError as exc:
                 raise BisectPrefetchError(f"cell {request.name!r}: {exc}") from None
-            group = run_aa_group(opened.runner, mask=mask, runs=request.runs,
-                                 steps=experiment.steps, guard=request.guard,
-                                 purpose=request.purpose, name=request.name, progress=progress)
-        return group.to_json()
+            group = stressed_groups(opened.runner, mode=experiment.stress.mode, mask=mask,
+                                    runs=request.runs, steps=experiment.steps,
+                                    guard=request.guard, purpose=request.purpose,
+                                    name=request.name, progress=progress)
+        return group.to_json() | {"stress_groups": [
+            {"stress": "on" if g.stress else "off", "verdict": g.verdict, "runs": len(g.runs)}
+            for g in group.stress_groups]}
 
     return run
 
@@ -257,6 +271,7 @@ def matrix(
     env: Mapping[str, str] = os.environ,
     executor: str | None = None,
     slots: int | None = None,
+    stress: str | None = None,
 ) -> int:
     """`bisect-prefetch matrix`: run the cells, print the table, write every output asked for.
 
@@ -265,10 +280,10 @@ def matrix(
     the journal of the matrix's experiment.
     """
     resume = command_line("matrix", str(path), *options(state_dir=state_dir, executor=executor,
-                                                         slots=slots))
+                                                         slots=slots, stress=stress))
     with resume_hint_on_interrupt(console, resume):
         result = run_matrix_file(path, state_dir=state_dir, console=console, run_group=run_group,
-                                 executor=executor, slots=slots)
+                                 executor=executor, slots=slots, stress=stress)
     data = result.to_json()
     print_matrix(data, console)
     for cell_name, cost in data["step_time"].items():  # only cells whose runs timed their steps
@@ -291,7 +306,7 @@ def matrix(
 
 def run_matrix_file(path: Path, *, state_dir: Path, console: Console,
                     run_group: GroupRunner | None = None, executor: str | None = None,
-                    slots: int | None = None) -> MatrixResult:
+                    slots: int | None = None, stress: str | None = None) -> MatrixResult:
     """Load the matrix and run its cells with live progress (the real runner unless given one)."""
     loaded = load_matrix(path)
     total = sum(cell.runs for cell in loaded.cells)
@@ -301,4 +316,4 @@ def run_matrix_file(path: Path, *, state_dir: Path, console: Console,
         runner = run_group or engine_group_runner(state_dir=state_dir, console=console,
                                                   progress=progress, executor=executor,
                                                   slots=slots)
-        return run_matrix(loaded, runner, name=matrix_name(path), console=console)
+        return run_matrix(loaded, runner, name=matrix_name(path), console=console, stress=stress)

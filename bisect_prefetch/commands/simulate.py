@@ -39,6 +39,21 @@ def simulate(policy: str, layers: int, culprits: Sequence[str], *, console: Cons
                       markup=False)
     console.print(f"wall-clock on {result['slots']} slot{'s' * (result['slots'] != 1)}: median "
                   f"{result['rounds_median']:.1f}, p90 {result['rounds_p90']:.1f} full runs", markup=False)
+    if (stress := result.get("stress")) is not None:
+        console.print(
+            f"stress x{stress['factor']:g} on the hazard, x{stress['step_cost']:g} on step time: "
+            f"per-run chance {stress['per_run_chance_without']:.3f} -> "
+            f"{stress['per_run_chance_with']:.3f}; runs median {stress['runs_median_without']:g} "
+            f"-> {stress['runs_median_with']:g}; steps median {stress['steps_median_without']:g} -> "
+            f"{stress['steps_median_with']:g}; time median (in unstressed steps) "
+            f"{stress['time_median_without']:g} -> {stress['time_median_with']:g}", markup=False)
+        if not stress["used"]:
+            verdict = "stress lowers the hazard: --stress auto would not use it"
+        elif stress["pays"]:
+            verdict = "stress pays"
+        else:
+            verdict = "stress does not pay: its step-time cost outweighs the runs it saves"
+        console.print(f"-> {verdict}", markup=False)
     if json_out is not None:
         write_json(json_out, result, console)
     return 0

@@ -24,6 +24,7 @@ from bisect_prefetch.errors import BisectPrefetchError
 from bisect_prefetch.experiment import expectation_met
 from bisect_prefetch.files import write_text_atomic
 from bisect_prefetch.report import plots
+from bisect_prefetch.report.stress import stress_line
 from bisect_prefetch.report.table import fmt_step, matrix_rows, matrix_summary
 from bisect_prefetch.runs.faults import fault_lines
 from bisect_prefetch.runs.merge import GRAPH_FILE
@@ -399,6 +400,8 @@ def _summary(records, groups, edge_ids, bisect, matrix):
         if bisect.get("confidence") is not None:
             facts.append(f"confidence {bisect['confidence']:.3f}")
         facts += list(bisect.get("facts", []))
+        if (bisect.get("stress") or {}).get("mode", "off") != "off":
+            facts.append(stress_line(bisect["stress"]))
         reproduce = [bisect["reproduce"]] if bisect.get("reproduce") else []
         return (bisect.get("verdict", "?"), facts, _bisect_evidence(bisect, groups, edge_ids),
                 reproduce)

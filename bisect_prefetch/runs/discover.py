@@ -41,7 +41,8 @@ def discover_graph(runner: Runner, console: Console | None = None) -> graphs.Pre
         if console is not None:
             console.print(f"-> {mindformers.NO_PREFETCH_GRAPH}", markup=False)
         return graphs.PrefetchGraph()
-    key = runner.key("discover", mask=None, guard="none", steps=DISCOVERY_STEPS, index=0)
+    key = runner.key("discover", mask=None, guard="none", steps=DISCOVERY_STEPS, index=0,
+                     stress=False)
     if console is not None and runner.state.find(key) is None:
         console.print(f"discovering the prefetch graph: one {DISCOVERY_STEPS}-step run "
                       "under the recorder...", markup=False)

@@ -201,13 +201,19 @@ class Runner:
             argv_template(experiment, steps=experiment.steps), cwd=Path.cwd(),
             env_path={**os.environ, **experiment.env}.get("PATH"))
         self.reused_finished_at: list[float | None] = []  # runs taken from the journal
+        # Whether runs keyed from now on run under stress (adapters/stress.py); a key can
+        # also say it itself (the stress calibration of `bisect --stress auto`).
+        self.stress = False
 
     # -- keys -------------------------------------------------------------
     def key(self, purpose: str, *, mask: Iterable[str] | None, guard: str, steps: int,
-            index: int, attempt: int = 0) -> RunKey:
-        """A run's identity; the experiment's fingerprint keeps edited experiments apart."""
+            index: int, attempt: int = 0, stress: bool | None = None) -> RunKey:
+        """A run's identity; the experiment's fingerprint keeps edited experiments apart.
+
+        stress None: the runner's setting."""
         return RunKey.of(variant=f"{purpose}+{self.code}@{self.experiment.fingerprint()}", mask=mask,
-                         guard=guard, steps=steps, index=index, attempt=attempt)
+                         guard=guard, steps=steps, index=index, attempt=attempt,
+                         stress=self.stress if stress is None else stress)
 
     # -- trajectories -----------------------------------------------------
     def trajectory(self, run_id: str) -> Trajectory:
@@ -347,7 +353,7 @@ class Runner:
         exp, steps = self.experiment, key.steps
         if fresh:
             plan = build_plan(experiment=exp, run_id=run_id, out_dir=run_dir, mask=mask,
-                              guard=key.guard, steps=steps)
+                              guard=key.guard, steps=steps, stress=key.stress)
             plan_path = write_plan(run_dir, plan)
         else:
             plan_path = run_dir / PLAN_FILE
@@ -398,7 +404,11 @@ class Runner:
         _, probe_problems = merge_probes(run_dir, expected_hash)
         out.signals = self._signals(run_dir)
         out.environment = envprint.summary(envprint.add_job_print(run_dir))
-        out.problems = graph_problems + probe_problems + signal_problems(out.signals)
+        # A job we stopped at its first difference was killed mid-step: its ranks may
+        # have counted different numbers of steps without anything being wrong.
+        stopped = out.outcome == STOPPED_EARLY
+        out.problems = (graph_problems + probe_problems
+                        + ([] if stopped else signal_problems(out.signals)))
         out.step_time_ms = run_step_time_ms(run_dir)
         self._read_metrics(out, run_dir, steps, ref, comparator)
         if out.outcome == ERROR and out.steps_done == 0:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -27,7 +28,16 @@ from bisect_prefetch.runs.merge import GRAPH_FILE
 from bisect_prefetch.runs.signals import identical_wording
 from bisect_prefetch.runs.slots import RunRequest, keep_slots_busy
 from bisect_prefetch.runs.step_time import group_cost
-from bisect_prefetch.vocab import CONSISTENT, DIVERGED, ERROR, RUN_OUTCOMES, SAME, Mask
+from bisect_prefetch.vocab import (
+    CONSISTENT,
+    DIVERGED,
+    ERROR,
+    RUN_OUTCOMES,
+    SAME,
+    STRESS_AUTO,
+    STRESS_ON,
+    Mask,
+)
 
 LOST_RETRIES = 2  # runs of a group whose job the scheduler took away are run again this often
 STAT_FIELDS = ("first_diff_step", "mae", "p95", "max_abs", "steps_compared", "steps_differing")
@@ -60,11 +70,18 @@ class GroupResult:
     mask_name: str = ""
     # The earliest divergence read back to a unit (metrics.localize.Localization's JSON).
     localization: dict[str, Any] | None = None
+    stress: bool = False  # the runs ran under stress (adapters/stress.py)
+    # aa --stress auto: the groups run, without stress and then with it (the last decides)
+    stress_groups: list[GroupResult] = field(default_factory=list)
 
     @property
     def signals(self) -> dict[str, Any] | None:
         """What the group's first usable run measured (runs/signals.py)."""
         return next((run.signals for run in self.runs if run.usable and run.signals), None)
+
+    @property
+    def runs_usable(self) -> int:
+        return sum(run.usable for run in self.runs)
 
     @property
     def identical(self) -> str:
@@ -83,6 +100,7 @@ class GroupResult:
             "mask": self.mask,
             "mask_name": self.mask_name,
             "guard": self.guard,
+            "stress": "on" if self.stress else "off",
             "steps": self.steps,
             "runs": len(self.runs),
             "runs_requested": self.runs_requested,
@@ -178,6 +196,7 @@ def judge(runner: Runner, done: list[RunOutcome], *, mask: Mask | None, guard: s
     result = GroupResult(
         verdict=ERROR, mask=None if mask is None else sorted(mask), guard=guard, steps=steps,
         runs_requested=runs_requested, runs=done, experiment=runner.experiment.name,
+        stress=runner.stress,
     )
     usable = [run for run in done if run.usable]
     result.environment_drift = envprint.drift(
@@ -268,3 +287,25 @@ def _graph_drift(runner: Runner, usable: list[RunOutcome]) -> list[str]:
 
 
 __all__ = ["GroupResult", "judge", "run_group"]
+
+
+def stressed_groups(runner: Runner, *, mode: str, before: Callable[[bool], None] | None = None,
+                    **group: Any) -> GroupResult:
+    """The A/A group under a stress mode (adapters/stress.py); ``group``: run_group's arguments.
+
+    on: the runs run under stress. auto: without stress first and, when that group is
+    consistent, as many runs again under stress: stress can only add a finding, and a
+    consistent verdict stands on runs without it too. The result is the last group run,
+    with every group run in ``stress_groups``. before(stress) is called before each group.
+    """
+    groups: list[GroupResult] = []
+    for on in {STRESS_ON: [True], STRESS_AUTO: [False, True]}.get(mode, [False]):
+        if groups and groups[-1].verdict != CONSISTENT:
+            break  # a divergence (or an error) without stress decides
+        runner.stress = on
+        if before is not None:
+            before(on)
+        groups.append(run_group(runner, **group))
+    result = groups[-1]
+    result.stress_groups = groups
+    return result

@@ -40,8 +40,10 @@ class RealOracle:
         max_retries: int = 1,
         purpose: str = "search",
         on_run: OnRun | None = None,
+        stress: bool = False,
     ) -> None:
         self.runner = runner
+        self.stress = stress  # every run of this oracle, golden included, under stress or not
         self.steps = steps
         self.guard = guard
         self.max_retries = max_retries
@@ -68,7 +70,7 @@ class RealOracle:
         failures = []
         for attempt in range(self.max_retries + 1):
             key = self.runner.key(purpose, mask=mask, guard=self.guard, steps=self.steps,
-                                  index=0, attempt=attempt)
+                                  index=0, attempt=attempt, stress=self.stress)
             out = self._count(self.runner.run(key, label=f"{purpose}-a{attempt}"))
             if out.usable:
                 return out.run_id
@@ -85,7 +87,7 @@ class RealOracle:
         reference = self._mask_reference.get(mask) or self.golden
         for attempt in range(self.max_retries + 1):
             key = self.runner.key(self.purpose, mask=mask, guard=self.guard, steps=self.steps,
-                                  index=index, attempt=attempt)
+                                  index=index, attempt=attempt, stress=self.stress)
             label = f"{self.purpose}-k{index}" + (f"-a{attempt}" if attempt else "")
             out = self._count(self.runner.run(key, label=label, reference=reference))
             if self.on_run is not None:
@@ -103,7 +105,7 @@ class RealOracle:
             index = self._requests[mask]
             self._requests[mask] += 1
         key = self.runner.key(self.purpose, mask=mask, guard=self.guard, steps=self.steps,
-                              index=index, attempt=attempt)
+                              index=index, attempt=attempt, stress=self.stress)
         label = f"{self.purpose}-k{index}" + (f"-a{attempt}" if attempt else "")
         return RunRequest(key, label=label, tag=(mask, index, attempt),
                           reference=self._mask_reference.get(mask) or self.golden)

@@ -12,6 +12,8 @@ from pathlib import Path
 from typing import Any
 
 from bisect_prefetch.adapters.plan import PLAN_ENV, PLAN_VERSION, plan_hash
+from bisect_prefetch.adapters.stress import DEFAULT_GAP_MS as STRESS_DEFAULT_GAP_MS
+from bisect_prefetch.adapters.stress import DEFAULT_MEASURE_STEPS as STRESS_MEASURE_STEPS
 from bisect_prefetch.experiment import Experiment
 from bisect_prefetch.files import write_text_atomic
 from bisect_prefetch.vocab import Mask
@@ -29,8 +31,11 @@ def build_plan(
     mask: Mask | None,
     guard: str,
     steps: int,
+    stress: bool = False,
 ) -> dict[str, Any]:
     """The plan of one run. mask None: change nothing, only record.
+
+    stress: delays before each prefetch is issued (adapters/stress.py, docs/stress.md).
 
     What it records comes from the experiment's ``record`` (digests on by default).
     """
@@ -49,6 +54,8 @@ def build_plan(
                    "digests": record.params if record.digests else None,
                    "digest_every": record.every, "order_steps": record.order_steps},
         "fault": fault,
+        "stress": {"measure_steps": STRESS_MEASURE_STEPS, "default_gap_ms": STRESS_DEFAULT_GAP_MS}
+        if stress else None,
         "seed": experiment.seed,
         "steps": steps,
     }

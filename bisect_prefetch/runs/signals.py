@@ -10,7 +10,12 @@ A run's signals (``run_signals(run_dir, ...)``, journaled with the run and in st
 - ``order_steps``: steps of unit order recorded (rank 0);
 - ``step_time``: whether step times were recorded;
 - ``precision``: per metric, the precision the job printed it at (metrics/precision.py);
-- ``notes``: what the adapter said about the job's steps (an optimizer stepping twice, ...).
+- ``notes``: what the adapter said about the job's steps (an optimizer stepping twice, ...);
+- ``stress``: None for a run without stress; else the delays before prefetches were issued
+  (adapters/stress.py), summed over ranks: ``delays``, ``delay_total_ms``,
+  ``delay_median_ms`` (the largest rank median), per edge (``edges``: delays, total,
+  gap and whether it was measured), ``no_window_edges`` (prefetches that finished
+  before they returned: nothing to widen) and ``notes``.
 
 ``signal_problems(signals)`` is what makes a run an error: ranks that counted different
 numbers of steps. ``describe_signals`` is the command's one line; ``identical_wording``
@@ -101,6 +106,7 @@ def run_signals(run_dir: Path, *, metric_files: Sequence[Path], fmt: str,
             if isinstance(note, str) and note not in notes:
                 notes.append(note)
     return {
+        "stress": _stress(probes),
         "step_source": sources[0] if sources else None,
         "steps_counted": {str(r): p.get("steps_counted") for r, p in sorted(probes.items())
                           if isinstance(p.get("steps_counted"), int)},
@@ -110,6 +116,69 @@ def run_signals(run_dir: Path, *, metric_files: Sequence[Path], fmt: str,
         "precision": printed_precision(metric_files, fmt, names, pattern),
         "notes": notes,
     }
+
+
+def _stress(probes: dict[int, dict[str, Any]]) -> dict[str, Any] | None:
+    """The ranks' stress records summed (see the module docstring); None without stress."""
+    records = [p["stress"] for _, p in sorted(probes.items()) if isinstance(p.get("stress"), dict)]
+    if not records:
+        return None
+    edges: dict[str, dict[str, Any]] = {}
+    notes: list[str] = []
+    no_window: list[str] = []
+    for record in records:
+        for edge, row in (record.get("edges") or {}).items():
+            if not isinstance(row, dict):
+                continue
+            out = edges.setdefault(edge, {"delays": 0, "delay_total_ms": 0.0, "gap_ms": [],
+                                          "gap_source": row.get("gap_source")})
+            out["delays"] += int(row.get("delays") or 0)
+            out["delay_total_ms"] = round(out["delay_total_ms"]
+                                          + float(row.get("delay_total_ms") or 0.0), 3)
+            out["gap_ms"].append(row.get("gap_ms"))
+            if row.get("gap_source") == "default":
+                out["gap_source"] = "default"
+        for note in record.get("notes") or []:
+            if isinstance(note, str) and note not in notes:
+                notes.append(note)
+        for edge in record.get("no_window_edges") or []:
+            if isinstance(edge, str) and edge not in no_window:
+                no_window.append(edge)
+    medians = [float(r["delay_median_ms"]) for r in records
+               if isinstance(r.get("delay_median_ms"), int | float)]
+    return {
+        "delays": sum(int(r.get("delays") or 0) for r in records),
+        "delay_total_ms": round(sum(float(r.get("delay_total_ms") or 0.0) for r in records), 3),
+        "delay_median_ms": max(medians) if medians else None,
+        "ranks": len(records),
+        "edges": edges,
+        "no_window_edges": no_window,
+        "notes": notes,
+    }
+
+
+def describe_stress(stress: dict[str, Any] | None) -> str | None:
+    """The stress part of the signals line, or None for a run without stress."""
+    if not stress:
+        return None
+    if stress.get("no_window_edges") and not stress.get("delays"):
+        return ("stress: no window to widen (every prefetch finished before it returned: a "
+                "synchronous unshard, nothing overlaps its use); no delay applied")
+    median = stress.get("delay_median_ms")
+    line = (f"stress: {stress.get('delays', 0)} delays before prefetches were issued "
+            f"(median {median:.3g} ms, total {stress.get('delay_total_ms', 0.0) / 1000:.3g} s, "
+            f"{len(stress.get('edges') or {})} edges, {stress.get('ranks', 0)} rank(s))"
+            if median is not None else "stress: no delay applied (no prefetch after the "
+            "gap-measuring steps)")
+    if stress.get("no_window_edges"):
+        line += (f"; no window to widen on {len(stress['no_window_edges'])} edge(s) "
+                 "(synchronous unshards: they finished before they returned)")
+    default = [e for e, row in (stress.get("edges") or {}).items()
+               if row.get("gap_source") == "default"]
+    if default:
+        line += (f"; no issue-to-use gap measured for {', '.join(sorted(default))}: "
+                 "delays scaled to the default gap")
+    return line
 
 
 def signal_problems(signals: dict[str, Any] | None) -> list[str]:
@@ -152,6 +221,9 @@ def describe_signals(signals: dict[str, Any] | None) -> str:
     line += f"; comparing the printed {describe_precision(signals.get('precision') or {})}"
     for note in signals.get("notes") or []:
         line += f"; {note}"
+    stress = describe_stress(signals.get("stress"))
+    if stress:
+        line += f"; {stress}"
     return line
 
 

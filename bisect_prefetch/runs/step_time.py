@@ -84,12 +84,15 @@ def fix_costs(records: Iterable[Mapping[str, Any]], *, edge_ids: Iterable[str],
     ``all_on``: runs with every edge on (or no mask) and no guard; ``drop``:
     runs of drop-only(fix), every edge on but the fix's, against all-on;
     ``guard``: all-on runs under the size-one guard, against all-on. Each is
-    a group_cost or None when no such run timed its steps.
+    a group_cost or None when no such run timed its steps. Runs under stress are
+    left out.
     """
     every, dropped = frozenset(edge_ids), frozenset(fix)
     groups: dict[str, list[float | None]] = {"all_on": [], "drop": [], "guard": []}
     for record in records:
         if not str(record.get("variant", "")).endswith(variant_suffix):
+            continue
+        if record.get("stress"):  # stress's delays are no cost of a fix
             continue
         mask = record.get("mask")
         mask = every if mask is None else frozenset(mask)

@@ -50,22 +50,27 @@ class RunKey:
     steps: int
     index: int
     attempt: int = 0
+    stress: bool = False  # delays before each prefetch is issued (adapters/stress.py)
 
     @classmethod
     def of(cls, *, variant: str, mask: Iterable[str] | None, guard: str, steps: int,
-           index: int, attempt: int = 0) -> RunKey:
-        return cls(variant, None if mask is None else Mask(mask), guard, steps, index, attempt)
+           index: int, attempt: int = 0, stress: bool = False) -> RunKey:
+        return cls(variant, None if mask is None else Mask(mask), guard, steps, index, attempt,
+                   stress)
 
     def to_json(self) -> dict[str, Any]:
-        return {"variant": self.variant, "mask": None if self.mask is None else sorted(self.mask),
-                "guard": self.guard, "steps": self.steps, "index": self.index,
-                "attempt": self.attempt}
+        out = {"variant": self.variant, "mask": None if self.mask is None else sorted(self.mask),
+               "guard": self.guard, "steps": self.steps, "index": self.index,
+               "attempt": self.attempt}
+        if self.stress:  # written only when on: journals from before stress read the same
+            out["stress"] = True
+        return out
 
     @classmethod
     def from_record(cls, record: dict[str, Any]) -> RunKey:
         return cls.of(variant=record["variant"], mask=record["mask"], guard=record["guard"],
                       steps=record["steps"], index=record["index"],
-                      attempt=record.get("attempt", 0))
+                      attempt=record.get("attempt", 0), stress=record.get("stress") is True)
 
 
 @dataclass

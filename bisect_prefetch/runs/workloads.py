@@ -33,8 +33,10 @@ def _fault_args(experiment: Experiment) -> list[str]:
     fault = experiment.workload.fault
     if fault is None:
         return []
-    args = ["--fault-edge", fault.edge, "--fault-hazard", repr(fault.hazard)]
-    if experiment.workload.builtin == "mindspore":
+    args = ["--fault-edge", fault.edge]
+    if fault.hazard is not None:
+        args += ["--fault-hazard", repr(fault.hazard)]
+    if experiment.workload.builtin == "mindspore" or fault.mode == "race":
         args += ["--fault-mode", fault.mode]
     return args
 
@@ -48,6 +50,12 @@ def _workload_args(experiment: Experiment, steps: int) -> list[str]:
         planted += ["--backward-prefetch-depth", str(w.backward_prefetch_depth)]
     for edge in w.extra_edges:
         planted += ["--extra-edge", edge]
+    if w.async_unshard:
+        planted.append("--async-unshard")
+    if "dim" in w.model_fields_set:
+        planted += ["--dim", str(w.dim)]
+    if "batch" in w.model_fields_set:
+        planted += ["--batch", str(w.batch)]
     return ["--layers", str(w.layers), "--steps", str(steps), "--seed", str(experiment.seed),
             *_fault_args(experiment), *planted]
 

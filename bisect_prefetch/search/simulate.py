@@ -198,6 +198,53 @@ def simulate(
     layers: int,
     culprits: Sequence[str],
     *,
+    hazard: float,
+    stress_factor: float | None = None,
+    stress_cost: float = 1.0,
+    **settings,
+) -> dict:
+    """`_simulate`, and with a stress factor the same searches (same seeds) under stress too.
+
+    Stress model: it multiplies the culprit's per-step hazard by ``stress_factor`` (below 1:
+    a stress that hides the race; capped at 0.99) and each step's time by ``stress_cost``;
+    background drift (no race) stays. The result is the stressed searches', with ``stress``:
+    both settings' medians and costs (steps x step-time factor, plus the start-ups) and
+    whether stress pays; `bisect --stress auto` would use it only where it raises the hazard.
+    """
+    if stress_factor is None:
+        return _simulate(policy, layers, culprits, hazard=hazard, **settings)
+    if stress_factor <= 0:
+        raise BisectPrefetchError(f"--stress-factor must be above 0, got {stress_factor}")
+    if stress_cost < 1.0:
+        raise BisectPrefetchError(f"--stress-cost is a step-time factor of at least 1, got {stress_cost}")
+    without = _simulate(policy, layers, culprits, hazard=hazard, **settings)
+    stressed_hazard = min(hazard * stress_factor, 0.99)
+    stressed = _simulate(policy, layers, culprits, hazard=stressed_hazard, **settings)
+    startup = settings.get("startup_cost", 0.0)
+    time_without = _percentile([r["steps"] + startup * r["runs"] for r in without["results"]], 50)
+    time_with = _percentile([r["steps"] * stress_cost + startup * r["runs"]
+                             for r in stressed["results"]], 50)
+    stressed["stress"] = {
+        "factor": stress_factor, "step_cost": stress_cost,
+        "hazard_without": hazard, "hazard_with": stressed_hazard,
+        "per_run_chance_without": without["per_run_chance"],
+        "per_run_chance_with": stressed["per_run_chance"],
+        "accuracy_without": without["accuracy"], "accuracy_with": stressed["accuracy"],
+        "runs_median_without": without["runs_median"], "runs_median_with": stressed["runs_median"],
+        "steps_median_without": without["steps_median"],
+        "steps_median_with": stressed["steps_median"],
+        "time_median_without": time_without, "time_median_with": time_with,
+        "used": stressed_hazard > hazard,  # what --stress auto would keep
+        "pays": stressed_hazard > hazard and time_with < time_without,
+    }
+    return stressed
+
+
+def _simulate(
+    policy: str,
+    layers: int,
+    culprits: Sequence[str],
+    *,
     together: bool = False,
     hazard: float,
     steps: int,

@@ -29,6 +29,26 @@ nudges one randomly chosen element of the target unit's local shard by one ulp
 (torch.nextafter, random direction). Runs then diverge at random steps, as a
 race would make them; masking EDGE off removes the fault.
 
+``--fault-mode race`` (or the plan's ``fault.mode: race``) plants a real data race
+instead, with no entropy draw: every unit's unshards become asynchronous
+(``FSDPModule._set_unshard_async_op(True)``: on gloo a prefetch then returns a work
+handle and gloo's worker thread fills the peer's chunk of the all-gather output at
+the very end), and the copy-out of an all-gather that edge EDGE's prefetch issued
+skips ``work.wait()``: the handle is hidden from ``foreach_all_gather_copy_out`` (wrapped
+in ``torch.distributed.fsdp._fully_shard._fsdp_param_group``'s namespace, where
+``wait_for_unshard`` looks it up) and waited on after the optimizer step. The target
+layer may then read a half-filled buffer: drift at a random step (a NaN from stale
+memory), more often the longer the peer takes to issue. Masking EDGE off removes the
+race (the target's own unshard waits). Forward edges only: on a backward edge gloo's
+synchronous reduce-scatter, issued between the prefetch and its use on the same process
+group, waits behind the all-gather, so the window never opens (checked: no drift in 30
+runs); the loader refuses it. Use a bigger model so there is compute to race against
+(``--dim 64 --batch 384``: 192 a rank).
+
+``--async-unshard`` makes every unshard asynchronous (as race mode does) with every
+wait in place: prefetches overlap compute and nothing races (a job stress can delay
+without changing a number).
+
 Options to plant suspect edges for the audit (``bisect-prefetch audit``):
 ``--checkpoint`` (activation checkpointing around each layer),
 ``--backward-prefetch-depth 2`` (each layer prefetches the two before it:
@@ -56,7 +76,7 @@ import torch.nn.functional as F
 import torch.utils.checkpoint
 from torch import nn
 from torch.distributed.device_mesh import init_device_mesh
-from torch.distributed.fsdp import fully_shard
+from torch.distributed.fsdp import FSDPModule, fully_shard
 from torch.distributed.tensor import DTensor
 
 from bisect_prefetch.vocab import parse_edge_id
@@ -187,6 +207,51 @@ def make_fault(edge: str, hazard: float):
     return nudge
 
 
+class Race:
+    """A planted race on one forward prefetch edge (``--fault-mode race``; module docstring).
+
+    ``listen`` is a prefetch listener: it marks the all-gathers ``edge`` issued.
+    ``after_step`` waits on the work handles the copy-out did not wait on.
+    """
+
+    def __init__(self, model: nn.Module, edge: str) -> None:
+        from torch.distributed.fsdp._fully_shard import _fsdp_param_group
+
+        self.edge = edge
+        self.marked: list[object] = []  # AllGatherResults the racing edge issued, not yet copied
+        self.hidden: list[object] = []  # their work handles, waited on after the step
+        self.fired = 0
+        for module in model.modules():
+            if isinstance(module, FSDPModule):
+                module._set_unshard_async_op(True)
+        original = _fsdp_param_group.foreach_all_gather_copy_out
+
+        def copy_out(result, fsdp_params, group) -> None:
+            for k, marked in enumerate(self.marked):
+                if marked is result and result.all_gather_work is not None:
+                    del self.marked[k]
+                    self.hidden.append(result.all_gather_work)
+                    self.fired += 1
+                    result = result._replace(all_gather_work=None)  # the missing wait
+                    break
+            original(result, fsdp_params, group)
+
+        # wait_for_unshard looks the function up in its module's globals at each call.
+        _fsdp_param_group.foreach_all_gather_copy_out = copy_out
+
+    def listen(self, edge_id: str, target_module: nn.Module, issued: bool) -> None:
+        if edge_id != self.edge or not issued or target_module is None:
+            return
+        for group in target_module._get_fsdp_state()._fsdp_param_groups:
+            if group._all_gather_result is not None:
+                self.marked.append(group._all_gather_result)
+
+    def after_step(self) -> None:
+        while self.hidden:
+            self.hidden.pop().wait()
+        self.marked.clear()
+
+
 def train_step(model: TinyTransformer, optimizer, tokens: torch.Tensor) -> tuple[float, float]:
     """One optimizer step on a batch; returns (local loss, global grad norm before clipping)."""
     optimizer.zero_grad(set_to_none=True)  # grads stay until the next step: digests read them
@@ -215,6 +280,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--fault-edge", default=None, help="FAULT INJECTION: edge to plant drift on"
     )
     parser.add_argument("--fault-hazard", type=float, default=0.0, help="chance per firing")
+    parser.add_argument("--fault-mode", choices=("nudge", "race"), default="nudge",
+                        help="nudge: one ulp at the chance; race: the edge's copy-out skips its wait")
+    parser.add_argument("--async-unshard", action="store_true",
+                        help="asynchronous unshards (no race): prefetches overlap compute")
     parser.add_argument("--timings", default=None, help="rank 0 writes step timings here")
     parser.add_argument("--checkpoint", action="store_true", help="activation checkpointing")
     parser.add_argument("--backward-prefetch-depth", type=int, default=1,
@@ -238,13 +307,18 @@ def main(argv: list[str] | None = None) -> None:
     if args.batch % world:
         raise SystemExit(f"--batch {args.batch} must be divisible by the world size {world}")
 
-    fault_edge, hazard = args.fault_edge, args.fault_hazard
+    fault_edge, hazard, mode = args.fault_edge, args.fault_hazard, args.fault_mode
     plan = adapters.current_plan() if adapters is not None else None
     if fault_edge is None and plan and plan.get("fault"):
-        fault_edge, hazard = plan["fault"]["edge"], float(plan["fault"].get("hazard", 0.0))
-    if fault_edge is not None and hazard > 0:
-        if adapters is None:
-            raise SystemExit("fault injection needs bisect_prefetch.adapters")
+        fault_edge = plan["fault"]["edge"]
+        hazard = float(plan["fault"].get("hazard") or 0.0)
+        mode = plan["fault"].get("mode") or "nudge"
+    if fault_edge is not None and adapters is None and (hazard > 0 or mode == "race"):
+        raise SystemExit("fault injection needs bisect_prefetch.adapters")
+    if fault_edge is not None and mode == "race" and not fault_edge.startswith("fwd:"):
+        raise SystemExit(f"--fault-mode race plants forward edges only, not {fault_edge}: "
+                         "on gloo the synchronous reduce-scatter closes a backward edge's window")
+    if fault_edge is not None and mode == "nudge" and hazard > 0:
         adapters.add_prefetch_listener(make_fault(fault_edge, hazard))
 
     torch.manual_seed(args.seed)
@@ -252,6 +326,12 @@ def main(argv: list[str] | None = None) -> None:
                             checkpoint=args.checkpoint)
     apply_fsdp(model, init_device_mesh("cpu", (world,)),
                backward_depth=args.backward_prefetch_depth, extra_edges=tuple(args.extra_edge))
+    if args.async_unshard:
+        model._set_unshard_async_op(True)  # the root's and every layer's groups
+    race = None
+    if fault_edge is not None and mode == "race":  # after fully_shard, before the first forward
+        race = Race(model, fault_edge)
+        adapters.add_prefetch_listener(race.listen)
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.01)
     batches = synthetic_batches(
         seed=args.seed, count=4, batch=args.batch, seq=args.seq, vocab=args.vocab
@@ -263,6 +343,8 @@ def main(argv: list[str] | None = None) -> None:
         started = time.perf_counter()
         tokens = batches[(step - 1) % len(batches)][rank * per_rank : (rank + 1) * per_rank]
         loss_value, grad_norm_value = train_step(model, optimizer, tokens)
+        if race is not None:
+            race.after_step()
         if adapters is not None:
             adapters.report_step(step, loss=loss_value, grad_norm=grad_norm_value)
         if rank == 0:

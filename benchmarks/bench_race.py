@@ -1,0 +1,162 @@
+"""The race workload's per-run chance of drift without and with stress, side by side.
+
+configs/fsdp2-race.yaml (real torch FSDP2, 2 ranks over gloo, 4 layers; the copy-out of
+the all-gather that fwd:layers.1->layers.2 prefetched skips its wait) runs all-on
+through the tool's own Runner, without stress and with it, interleaved so both meet
+the same machine load; each run is compared with one golden all-off run (the racing
+edge does not fire there) and stops at its first differing digest. Then the same
+workload without the fault (asynchronous unshards with every wait in place) runs A/A
+without and with stress against its own reference: every run must be bitwise
+identical (digests).
+
+Printed: per setting, runs, divergences, the per-run chance (95% Clopper-Pearson
+interval), the median first differing step, the median step time; the A/A counts; and
+what a bisection of the 7 edges would cost at these figures (simulate, same seeds),
+in runs x steps, with and without stress. The machine's load average is printed:
+timing decides a race.
+
+Run: ``python -m benchmarks.bench_race [--runs N] [--stress-runs N] [--aa-runs N] [--json FILE]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import tempfile
+from pathlib import Path
+
+from bisect_prefetch.experiment import load_experiment, with_overrides
+from bisect_prefetch.runs.execute import Runner
+from bisect_prefetch.runs.store import StateDir
+from bisect_prefetch.search.simulate import simulate
+from bisect_prefetch.search.stats import clopper_pearson
+from bisect_prefetch.search.stress import Hazard
+from bisect_prefetch.vocab import Mask
+
+REPO = Path(__file__).resolve().parents[1]
+CONFIG = REPO / "configs" / "fsdp2-race.yaml"
+RACING_EDGE = "fwd:layers.1->layers.2"
+
+
+def _median(values: list[float]) -> float | None:
+    return statistics.median(values) if values else None
+
+
+def race(runs: int, stress_runs: int) -> dict:
+    experiment = load_experiment(CONFIG)
+    steps = experiment.steps
+    outcomes: dict[bool, list] = {False: [], True: []}
+    with tempfile.TemporaryDirectory() as tmp, StateDir(tmp, experiment.name) as state:
+        runner = Runner(experiment, state)
+        golden = runner.run(runner.key("golden", mask=Mask(), guard="none", steps=steps, index=0),
+                            label="golden")
+        if not golden.usable:
+            raise SystemExit(f"golden run {golden.run_id}: {golden.outcome} ({golden.reason})")
+        counts = {False: runs, True: stress_runs}
+        index = 0
+        while any(len(outcomes[on]) < counts[on] for on in (False, True)):
+            for on in (False, True):  # interleaved: both settings meet the same load
+                if len(outcomes[on]) >= counts[on]:
+                    continue
+                key = runner.key("race", mask=None, guard="none", steps=steps, index=index,
+                                 stress=on)
+                out = runner.run(key, label=f"race-{'on' if on else 'off'}",
+                                 reference=golden.run_id)
+                outcomes[on].append(out)
+                print(f"  stress {'on ' if on else 'off'} run {len(outcomes[on]):>3}: "
+                      + (f"diverged at step {out.first_diff_step}" if out.usable and out.diverged
+                         else "clean" if out.usable else f"{out.outcome} ({out.reason[:80]})"),
+                      flush=True)
+            index += 1
+    figures = {}
+    for on, outs in outcomes.items():
+        usable = [o for o in outs if o.usable]
+        diverged = [o for o in usable if o.diverged]
+        low, high = clopper_pearson(len(diverged), len(usable)) if usable else (0.0, 1.0)
+        hazard = Hazard.of([o.first_diff_step if o.diverged else None for o in usable], steps=steps)
+        figures["with" if on else "without"] = {
+            "runs": len(usable), "failed": len(outs) - len(usable), "divergences": len(diverged),
+            "per_run_chance": len(diverged) / len(usable) if usable else None,
+            "interval": [low, high], "hazard_per_step": hazard.mean,
+            "first_diff_step_median": _median([o.first_diff_step for o in diverged]),
+            "step_time_ms_median": _median([o.step_time_ms for o in usable if o.step_time_ms]),
+        }
+    return figures
+
+
+def aa_without_fault(runs: int) -> dict:
+    """The race workload without its fault: A/A without and with stress, bitwise identical."""
+    experiment = load_experiment(CONFIG)
+    experiment = with_overrides(experiment, {"workload.fault": None,
+                                             "workload.async_unshard": True,
+                                             "name": "fsdp2-async"})
+    identical = {False: 0, True: 0}
+    total = {False: 0, True: 0}
+    with tempfile.TemporaryDirectory() as tmp, StateDir(tmp, experiment.name) as state:
+        runner = Runner(experiment, state)
+        steps = experiment.steps
+        reference = runner.run(runner.key("ref", mask=None, guard="none", steps=steps, index=0),
+                               label="ref")
+        for index in range(runs):
+            on = index % 2 == 1
+            out = runner.run(runner.key("aa", mask=None, guard="none", steps=steps, index=index,
+                                        stress=on), label="aa", reference=reference.run_id)
+            total[on] += 1
+            identical[on] += int(out.usable and not out.diverged)
+    return {"without": [identical[False], total[False]], "with": [identical[True], total[True]]}
+
+
+def bisect_cost(figures: dict) -> dict | None:
+    """A bisection of the 7 edges at the measured hazards (simulate, same seeds)."""
+    without, with_ = figures["without"], figures["with"]
+    if not without["divergences"] or not with_["divergences"]:
+        return None
+    cost = ((with_["step_time_ms_median"] or 1.0) / (without["step_time_ms_median"] or 1.0))
+    result = simulate("fsdp2-chain", 4, [RACING_EDGE], hazard=without["hazard_per_step"],
+                      steps=20, trials=40, seed=0,
+                      stress_factor=with_["hazard_per_step"] / without["hazard_per_step"],
+                      stress_cost=cost)["stress"]
+    return {"runs_x_steps_without": result["steps_median_without"],
+            "runs_x_steps_with": result["steps_median_with"],
+            "ratio": result["steps_median_with"] / result["steps_median_without"],
+            "step_cost": cost, "accuracy_without": result["accuracy_without"],
+            "accuracy_with": result["accuracy_with"]}
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--runs", type=int, default=60, help="runs without stress")
+    parser.add_argument("--stress-runs", type=int, default=30, help="runs with stress")
+    parser.add_argument("--aa-runs", type=int, default=8,
+                        help="A/A runs without the fault (half with stress)")
+    parser.add_argument("--json", type=Path, default=None)
+    args = parser.parse_args(argv)
+    load = os.getloadavg()
+    print(f"race workload {CONFIG.name}, {os.cpu_count()} CPU(s), load average "
+          f"{load[0]:.1f} {load[1]:.1f} {load[2]:.1f}", flush=True)
+    figures = race(args.runs, args.stress_runs)
+    for name, f in figures.items():
+        chance = "-" if f["per_run_chance"] is None else f"{f['per_run_chance']:.2f}"
+        print(f"{name + ' stress':<15} {f['divergences']:>3} of {f['runs']:>3} runs diverged: "
+              f"per-run chance {chance} (95% {f['interval'][0]:.2f}-{f['interval'][1]:.2f}), "
+              f"median first differing step {f['first_diff_step_median']}, "
+              f"median step time {f['step_time_ms_median'] or 0:.0f} ms"
+              + (f", {f['failed']} failed" if f["failed"] else ""), flush=True)
+    figures["aa_without_fault"] = aa = aa_without_fault(args.aa_runs)
+    print(f"A/A without the fault: {aa['without'][0]} of {aa['without'][1]} runs bitwise "
+          f"identical without stress, {aa['with'][0]} of {aa['with'][1]} with", flush=True)
+    figures["bisect"] = cost = bisect_cost(figures)
+    if cost is not None:
+        print(f"bisect at these figures (simulate, 40 searches): runs x steps median "
+              f"{cost['runs_x_steps_without']:g} without stress, {cost['runs_x_steps_with']:g} "
+              f"with (x{cost['ratio']:.2f}); step time x{cost['step_cost']:.2f}; accuracy "
+              f"{cost['accuracy_without']:.2f} / {cost['accuracy_with']:.2f}", flush=True)
+    figures["load_average"] = [round(x, 2) for x in (load, os.getloadavg())[1]]
+    if args.json is not None:
+        args.json.write_text(json.dumps(figures, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()

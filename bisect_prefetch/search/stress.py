@@ -1,0 +1,112 @@
+"""Whether stress pays: the per-step hazard of drift with and without it, and the choice.
+
+Stress (adapters/stress.py) changes only timing, so it may raise the chance that a
+race shows, leave it, or lower it (a delay in the wrong place hides a race). The
+`bisect --stress auto` calibration runs all-on with and without stress and hands
+each setting's runs here. Pure: no I/O, no English.
+
+Model: a run of T steps at per-step hazard h diverges at step k with chance
+(1-h)^(k-1) h; a run that first differs at step k was at risk for k steps, a
+clean run for T. With Jeffreys' Beta(1/2, 1/2) prior on h (a run's steps are many
+trials, so the search's Beta(1, 3) on a per-run rate would claim a hazard of 1/4 a
+step), the posterior is Beta(1/2 + d, 1/2 + at_risk - d). Stress is used
+only when the posterior chance that it raises the hazard is above one half: a
+setting that lowers the hazard (or is not shown to raise it) is never used.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from bisect_prefetch.search.stats import log_beta, per_run_chance
+
+PRIOR = (0.5, 0.5)  # Beta(a, b) on the per-step hazard (Jeffreys)
+_GRID = np.linspace(0.0, 1.0, 20_001)[1:-1]  # open interval: the densities are finite there
+
+
+@dataclass(frozen=True)
+class Hazard:
+    """What a setting's calibration runs show: counts and the Beta posterior of h."""
+
+    runs: int
+    divergences: int
+    steps_at_risk: int
+    steps: int  # steps a run asks for (T)
+
+    @classmethod
+    def of(cls, first_diff_steps: Sequence[int | None], *, steps: int) -> Hazard:
+        """From each usable run's first differing step (None: clean over all steps)."""
+        diverged = [min(max(int(k), 1), steps) for k in first_diff_steps if k is not None]
+        clean = sum(1 for k in first_diff_steps if k is None)
+        return cls(runs=len(first_diff_steps), divergences=len(diverged),
+                   steps_at_risk=sum(diverged) + clean * steps, steps=steps)
+
+    @property
+    def a(self) -> float:
+        return PRIOR[0] + self.divergences
+
+    @property
+    def b(self) -> float:
+        return PRIOR[1] + self.steps_at_risk - self.divergences
+
+    def density(self) -> np.ndarray:
+        """The posterior density of h on the grid (normalised to sum to 1)."""
+        log_pdf = ((self.a - 1) * np.log(_GRID) + (self.b - 1) * np.log1p(-_GRID)
+                   - log_beta(self.a, self.b))
+        weights = np.exp(log_pdf - log_pdf.max())
+        return weights / weights.sum()
+
+    @property
+    def mean(self) -> float:
+        return self.a / (self.a + self.b)
+
+    def interval(self, confidence: float = 0.95) -> tuple[float, float]:
+        """Central posterior interval of h."""
+        cdf = np.cumsum(self.density())
+        tail = (1 - confidence) / 2
+        low = _GRID[min(int(np.searchsorted(cdf, tail)), len(_GRID) - 1)]
+        high = _GRID[min(int(np.searchsorted(cdf, 1 - tail)), len(_GRID) - 1)]
+        return float(low), float(high)
+
+    def per_run_chance(self) -> float:
+        """The per-run chance at the posterior mean hazard."""
+        return per_run_chance(self.mean, self.steps)
+
+    def per_run_interval(self, confidence: float = 0.95) -> tuple[float, float]:
+        low, high = self.interval(confidence)
+        return per_run_chance(low, self.steps), per_run_chance(high, self.steps)
+
+    def to_json(self, confidence: float = 0.95) -> dict:
+        low, high = self.per_run_interval(confidence)
+        h_low, h_high = self.interval(confidence)
+        return {"runs": self.runs, "divergences": self.divergences,
+                "steps_at_risk": self.steps_at_risk, "hazard_per_step": self.mean,
+                "hazard_interval": [h_low, h_high], "per_run_chance": self.per_run_chance(),
+                "interval": [low, high], "interval_confidence": confidence}
+
+
+@dataclass(frozen=True)
+class StressChoice:
+    """The calibration's answer: use stress or not, and why."""
+
+    use: bool
+    chance_raised: float  # posterior P(h with stress > h without)
+    without: Hazard
+    with_stress: Hazard
+
+
+def chance_higher(x: Hazard, y: Hazard) -> float:
+    """Posterior P(h_x > h_y), the two posteriors independent."""
+    cdf_y = np.cumsum(y.density())
+    return float(np.sum(x.density() * (cdf_y - y.density() / 2)))
+
+
+def choose_stress(without: Hazard, with_stress: Hazard) -> StressChoice:
+    """Stress only where it more likely raises the hazard than not (module docstring)."""
+    raised = chance_higher(with_stress, without)
+    # (the tolerance: two equal posteriors are a tie, whatever the float rounding says)
+    return StressChoice(use=raised > 0.5 + 1e-9, chance_raised=raised, without=without,
+                        with_stress=with_stress)

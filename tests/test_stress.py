@@ -1,0 +1,372 @@
+"""Stress: delays before prefetches are issued (adapters/stress.py), the choice to use them
+(search/stress.py), how commands carry and say them; real FSDP2 runs marked slow."""
+
+from __future__ import annotations
+
+import io
+import json
+import math
+import random
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from bisect_prefetch.adapters.plan import PlanError, parse_plan
+from bisect_prefetch.adapters.stress import HIGH, LOW, Stress
+from bisect_prefetch.cli import main
+from bisect_prefetch.commands import bisect as bisect_command
+from bisect_prefetch.errors import BisectPrefetchError
+from bisect_prefetch.experiment import load_experiment, with_stress
+from bisect_prefetch.runs.execute import RunOutcome
+from bisect_prefetch.runs.signals import describe_stress
+from bisect_prefetch.search.oracle import RunResult
+from bisect_prefetch.search.stress import Hazard, choose_stress
+from tests.conftest import console, read_jsonl
+
+
+# -- the adapter's delays ------------------------------------------------------------------
+class _Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _stress(**kw) -> tuple[Stress, _Clock, list[float]]:
+    clock, slept = _Clock(), []
+    stress = Stress(measure_steps=2, clock=clock, sleep=slept.append,
+                    entropy=random.Random(7), **kw)
+    return stress, clock, slept
+
+
+def _step(stress: Stress, clock: _Clock, step: int, gap: float) -> None:
+    """One step: the edge issues, its target is used gap seconds later."""
+    stress.before_issue("fwd:layers.0->layers.1")
+    stress.issued("fwd:layers.0->layers.1", "layers.1", "fwd")
+    clock.now += gap
+    stress.used("layers.1", "fwd")
+    clock.now += 1.0
+    stress.end_step(step)
+
+
+def test_delays_start_after_the_measured_gap_and_stay_in_its_range():
+    stress, clock, slept = _stress()
+    for step in (1, 2):
+        _step(stress, clock, step, 0.010)
+    assert slept == []  # nothing is delayed while the gap is measured
+    for step in range(3, 203):
+        _step(stress, clock, step, 0.010)
+    assert len(slept) == 200
+    assert all(0.010 * LOW <= d <= 0.010 * HIGH for d in slept)
+    # log-uniform: the median delay sits at the geometric middle of the range
+    median = sorted(slept)[100]
+    assert abs(math.log(median) - math.log(0.010 * math.sqrt(LOW * HIGH))) < 0.4
+    record = stress.record()
+    assert record["delays"] == 200
+    edge = record["edges"]["fwd:layers.0->layers.1"]
+    assert edge["gap_source"] == "measured" and edge["gap_ms"] == pytest.approx(10.0)
+    assert record["notes"] == []
+
+
+def test_an_edge_with_no_measured_gap_gets_the_default_and_a_note():
+    stress, clock, slept = _stress(default_gap_ms=4.0)
+    for step in (1, 2):
+        stress.end_step(step)
+    stress.before_issue("bwd:layers.1->layers.0")
+    assert 0.004 * LOW <= slept[0] <= 0.004 * HIGH
+    record = stress.record()
+    assert record["default_gap_edges"] == ["bwd:layers.1->layers.0"]
+    assert record["edges"]["bwd:layers.1->layers.0"]["gap_source"] == "default"
+    line = describe_stress({**record, "ranks": 1})
+    assert "no issue-to-use gap measured for bwd:layers.1->layers.0" in line
+
+
+def test_a_synchronous_prefetch_is_not_delayed_and_is_said():
+    stress, clock, slept = _stress()
+    stress.no_window("fwd:layers.0->layers.1")
+    for step in range(1, 6):
+        _step(stress, clock, step, 0.010)
+    assert slept == []
+    record = stress.record()
+    assert record["no_window_edges"] == ["fwd:layers.0->layers.1"]
+    assert describe_stress({**record, "ranks": 2}).startswith("stress: no window to widen")
+
+
+def test_the_plan_carries_stress():
+    base = {"version": 1, "mask": None}
+    assert parse_plan(base).stress is None
+    plan = parse_plan({**base, "stress": {"measure_steps": 3, "default_gap_ms": 5}})
+    assert plan.stress == {"measure_steps": 3, "default_gap_ms": 5.0}
+    for bad in ({"measure_steps": 0}, {"default_gap_ms": -1}, {"where": 1}, "on"):
+        with pytest.raises(PlanError):
+            parse_plan({**base, "stress": bad})
+
+
+# -- the choice -------------------------------------------------------------------------------
+def test_stress_is_used_only_where_it_raises_the_hazard():
+    without = Hazard.of([None, 9, None, 14], steps=20)
+    raised = Hazard.of([2, 1, 3, 2], steps=20)
+    lowered = Hazard.of([None, None, None, None], steps=20)
+    assert choose_stress(without, raised).use
+    assert choose_stress(without, raised).chance_raised > 0.99
+    assert not choose_stress(without, lowered).use
+    assert not choose_stress(lowered, lowered).use  # not shown to raise it: not used
+    assert raised.per_run_chance() > 0.95
+    low, high = without.per_run_interval()
+    assert low < without.per_run_chance() < high
+
+
+def test_stress_choice_words():
+    choice = choose_stress(Hazard.of([None, 9, None, 14], steps=20),
+                           Hazard.of([2, 1, 3, 2], steps=20))
+    words = bisect_command.stress_choice_words(choice)
+    assert words.startswith("stress raises the per-run chance from 0.")
+    assert words.count("95% interval") == 2 and "; using it" in words
+
+
+# -- experiments and bad input ------------------------------------------------------------------
+def _write(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "exp.yaml"
+    path.write_text(textwrap.dedent(text))
+    return path
+
+
+@pytest.mark.parametrize("word, mode", [("off", "off"), ("on", "on"), ("auto", "auto")])
+def test_stress_mode_in_the_file(tmp_path, word, mode):
+    exp = load_experiment(_write(tmp_path, f"""
+        name: x
+        workload: {{builtin: fsdp2}}
+        stress: {{mode: {word}}}
+    """))
+    assert exp.stress.mode == mode
+
+
+def test_an_engine_that_cannot_take_stress_is_one_line(tmp_path):
+    with pytest.raises(BisectPrefetchError) as info:
+        load_experiment(_write(tmp_path, """
+            name: x
+            workload: {builtin: mindformers}
+            stress: {mode: on}
+        """))
+    assert "graph mode" in str(info.value) and "\n" not in str(info.value)
+    exp = load_experiment(_write(tmp_path, """
+        name: x
+        command: [a]
+        graph: {source: static, policy: mindformers, layers: 2}
+    """))
+    with pytest.raises(BisectPrefetchError, match="--stress auto: stress: a static mindformers"):
+        with_stress(exp, "auto")
+
+
+# -- bisect --stress auto against simulated runs ------------------------------------------------
+class _StressOracle:
+    """Simulated runs, journaled as the real oracle does: the culprit's runs diverge at a
+    per-step hazard that stress raises; every other run is clean."""
+
+    def __init__(self, opened, on_run, *, culprit: str, hazard: float, stress: bool) -> None:
+        self.runner, self.on_run, self.stress = opened.runner, on_run, stress
+        self.culprit, self.hazard = culprit, hazard
+        self.random = random.Random(3 + stress)
+        self.requests: dict = {}
+        self.runs_launched = self.runs_reused = 0
+
+    @property
+    def golden(self) -> str:
+        return self._run(frozenset(), "search-golden").run_id
+
+    def run(self, mask) -> RunResult:
+        out = self._run(mask, "search")
+        self.on_run(mask, out)
+        return out.result()
+
+    def _run(self, mask, purpose):
+        index = self.requests.get((mask, purpose), 0)
+        self.requests[(mask, purpose)] = index + 1
+        key = self.runner.key(purpose, mask=mask, guard="none", steps=20, index=index,
+                              stress=self.stress)
+        first = None
+        if self.culprit in mask:
+            first = next((k for k in range(1, 21) if self.random.random() < self.hazard), None)
+        run_id, _ = self.runner.state.new_run_dir("sim")
+        out = RunOutcome(run_id=run_id, outcome="stopped-early" if first else "ok", reason="",
+                         first_diff_step=first, steps_done=first or 20, wall_s=0.25)
+        out.step_time_ms = 30.0 if self.stress else 10.0
+        self.runner.state.append(key, out.to_record())
+        self.runs_launched += 1
+        return out
+
+    def deterministic_masks(self):
+        return []
+
+
+def test_bisect_stress_auto_uses_stress_where_it_raises_the_chance(tmp_path):
+    culprit = "fwd:layers.1->layers.2"
+    experiment = _write(tmp_path, """
+        name: sim
+        command: [python, -c, "pass"]
+        metrics: {format: jsonl, names: [loss]}
+        graph: {source: static, policy: fsdp2-chain, layers: 4}
+        steps: 20
+        stress: {mode: auto}
+    """)
+    made = []
+
+    def oracle_for(opened, on_run, *, stress=False):
+        made.append(stress)
+        return _StressOracle(opened, on_run, culprit=culprit, hazard=0.3 if stress else 0.01,
+                             stress=stress)
+
+    out = io.StringIO()
+    code = bisect_command.bisect(experiment, confidence=None, max_runs=None, resume=False,
+                                 state_dir=tmp_path / "state", console=console(out),
+                                 json_out=tmp_path / "out.json", oracle_for=oracle_for)
+    text = out.getvalue()
+    data = json.loads((tmp_path / "out.json").read_text())
+    assert code == 1 and data["verdict"] == "culprit-found"
+    assert data["minimal_set"] == [culprit]
+    assert "checking whether stress makes drift show more often" in text
+    assert "stress raises the per-run chance from" in text and "; using it" in text
+    assert data["stress"]["mode"] == "auto" and data["stress"]["used"] is True
+    assert data["stress"]["chance_with"]["per_run_chance"] > data["stress"]["chance_without"][
+        "per_run_chance"]
+    assert made == [False, True]
+    assert "stress: on (--stress auto); every run the verdict counts ran with stress on" in text
+    assert "(x3.00)" in text
+
+
+def test_no_drift_under_stress_is_checked_without_stress(tmp_path):
+    experiment = _write(tmp_path, """
+        name: sim
+        command: [python, -c, "pass"]
+        metrics: {format: jsonl, names: [loss]}
+        graph: {source: static, policy: fsdp2-chain, layers: 2}
+        steps: 20
+        search: {max_runs: 12}
+    """)
+    out = io.StringIO()
+    bisect_command.bisect(
+        experiment, confidence=None, max_runs=None, resume=False, state_dir=tmp_path / "state",
+        console=console(out), json_out=tmp_path / "out.json", stress="on",
+        oracle_for=lambda opened, on_run, stress=False: _StressOracle(
+            opened, on_run, culprit="none", hazard=0.0, stress=stress))
+    data = json.loads((tmp_path / "out.json").read_text())
+    assert data["verdict"] == "no-drift-reproduced"
+    assert "searching again without stress" in out.getvalue()
+    assert data["stress"]["unstressed_search"]["verdict"] == "no-drift-reproduced"
+
+
+# -- real FSDP2 runs ------------------------------------------------------------------------------
+def _fsdp2_experiment(tmp_path: Path, name: str, workload: str, *, steps: int) -> Path:
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(textwrap.dedent(f"""
+        name: {name}
+        workload: {{builtin: fsdp2, world_size: 2, {workload}}}
+        metrics: {{format: jsonl, names: [loss, grad_norm]}}
+        steps: {steps}
+        timeout_s: 300
+        no_progress_timeout_s: 120
+    """))
+    return path
+
+
+def _aa(tmp_path: Path, experiment: Path, *args: str) -> dict:
+    out = tmp_path / "aa.json"
+    out.unlink(missing_ok=True)
+    main(["aa", str(experiment), "--state-dir", str(tmp_path / "state"), "--json", str(out),
+          *args])
+    return json.loads(out.read_text())
+
+
+def _digests(tmp_path: Path, name: str, run_id: str) -> dict:
+    rows = read_jsonl(tmp_path / "state" / name / "runs" / run_id / "digests.jsonl")
+    return {(r["step"], r["rank"], r["param"]): r["digest"] for r in rows}
+
+
+@pytest.mark.slow
+def test_stress_on_a_job_without_a_race_changes_no_number(tmp_path):
+    """Asynchronous prefetches with every wait in place: stress delays them and every
+    digest of all-on and all-off stays what it is without stress."""
+    name = "async"
+    experiment = _fsdp2_experiment(tmp_path, name, "layers: 3, async_unshard: true", steps=6)
+    plain = _aa(tmp_path, experiment, "--runs", "2", "--mask", "all-on")
+    assert plain["verdict"] == "consistent" and plain["stress"] == "off"
+    reference = _digests(tmp_path, name, plain["run_details"][0]["run_id"])
+    assert reference
+    for mask in ("all-on", "all-off"):
+        stressed = _aa(tmp_path, experiment, "--runs", "2", "--mask", mask, "--stress", "on")
+        assert stressed["verdict"] == "consistent" and stressed["stress"] == "on"
+        for run in stressed["run_details"]:
+            assert _digests(tmp_path, name, run["run_id"]) == reference
+        if mask == "all-on":
+            record = stressed["signals"]["stress"]
+            assert record["delays"] > 0 and not record["no_window_edges"]
+
+
+@pytest.mark.slow
+def test_stress_on_a_synchronous_job_says_it_has_no_window(tmp_path, capsys):
+    experiment = _fsdp2_experiment(tmp_path, "sync", "layers: 2", steps=4)
+    result = _aa(tmp_path, experiment, "--runs", "2", "--stress", "on")
+    assert result["verdict"] == "consistent"
+    assert result["signals"]["stress"]["delays"] == 0
+    assert "stress: no window to widen" in capsys.readouterr().out
+
+
+@pytest.mark.slow
+def test_the_race_workload_diverges_under_stress(tmp_path):
+    experiment = _fsdp2_experiment(
+        tmp_path, "race", 'layers: 4, dim: 64, batch: 384, '
+        'fault: {edge: "fwd:layers.1->layers.2", mode: race}', steps=12)
+    result = _aa(tmp_path, experiment, "--runs", "4", "--stress", "on")
+    assert result["verdict"] == "diverged" and result["stress"] == "on"
+
+
+@pytest.mark.slow
+def test_bisect_with_stress_auto_names_the_racing_edge(tmp_path):
+    experiment = _fsdp2_experiment(
+        tmp_path, "race-bisect", 'layers: 4, dim: 64, batch: 384, '
+        'fault: {edge: "fwd:layers.1->layers.2", mode: race}', steps=12)
+    out = tmp_path / "bisect.json"
+    code = main(["bisect", str(experiment), "--state-dir", str(tmp_path / "state"),
+                 "--stress", "auto", "--json", str(out), "--max-runs", "60"])
+    data = json.loads(out.read_text())
+    assert code == 1, data["facts"]
+    assert data["verdict"] == "culprit-found"
+    assert data["minimal_set"] == ["fwd:layers.1->layers.2"]
+    assert data["stress"]["mode"] == "auto"
+
+
+# -- simulate ----------------------------------------------------------------------------------
+def test_simulate_says_when_stress_pays():
+    from bisect_prefetch.search.simulate import simulate
+
+    kw = dict(hazard=0.02, steps=20, trials=3, seed=1)
+    pays = simulate("fsdp2-chain", 3, ["fwd:layers.0->layers.1"], stress_factor=20,
+                    stress_cost=1.5, **kw)["stress"]
+    assert pays["used"] and pays["pays"]
+    assert pays["runs_median_with"] < pays["runs_median_without"]
+    too_dear = simulate("fsdp2-chain", 3, ["fwd:layers.0->layers.1"], stress_factor=20,
+                        stress_cost=50, **kw)["stress"]
+    assert too_dear["used"] and not too_dear["pays"]
+    hides = simulate("fsdp2-chain", 3, ["fwd:layers.0->layers.1"], stress_factor=0.5, **kw)
+    assert not hides["stress"]["used"] and not hides["stress"]["pays"]
+
+
+def test_matrix_cells_take_stress_from_overrides_and_the_command_line(tmp_path):
+    from bisect_prefetch.commands.matrix import cell_request
+    from bisect_prefetch.experiment import load_matrix
+
+    path = tmp_path / "m.yaml"
+    path.write_text(textwrap.dedent("""
+        experiment: {name: x, workload: {builtin: fsdp2}}
+        cells:
+          - {name: plain, mask: all-on, runs: 2, expect: consistent}
+          - {name: stressed, mask: all-on, runs: 2, expect: consistent,
+             overrides: {stress.mode: on}}
+    """))
+    matrix = load_matrix(path)
+    plain, stressed = matrix.cells
+    assert cell_request(matrix, plain).experiment.stress.mode == "off"
+    assert cell_request(matrix, stressed).experiment.stress.mode == "on"
+    assert cell_request(matrix, plain, "auto").experiment.stress.mode == "auto"
