@@ -150,6 +150,16 @@ def test_aa_all_on_is_consistent_with_digests_in_torchtitans_own_venv(clean, cap
         assert "torchtitan version: 0.3.0" in (run_dir / "stdout.log").read_text()
 
 
+def test_audit_reads_torchtitans_run(clean, capsys):
+    code, result = _run(clean.parent, "audit", str(clean))
+    out = capsys.readouterr().out
+    assert code == 0 and result["ok"], out
+    assert {e["id"] for e in result["edges"]} == set(from_policy("torchtitan", LAYERS).edge_ids())
+    assert all(e["target_shard_size"] == 2 and not e["size_one"] and e["async_unshards"]
+               for e in result["edges"]), result["edges"]
+    assert result["findings"] == []
+
+
 def test_the_wrappers_fault_diverges_aa_and_is_localized_to_its_unit(faulty, capsys):
     code, result = _run(faulty.parent, "aa", str(faulty), "--runs", "2")
     out = capsys.readouterr().out
