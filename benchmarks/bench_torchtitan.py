@@ -58,7 +58,8 @@ def _experiment(folder: Path, assets: Path) -> Path:
     path.write_text(textwrap.dedent(f"""
         name: titan-bench
         command: {json.dumps(command)}
-        env: {{HF_HUB_OFFLINE: "1", HF_DATASETS_OFFLINE: "1"}}
+        env: {{HF_HUB_OFFLINE: "1", HF_DATASETS_OFFLINE: "1",
+              HF_DATASETS_CACHE: {json.dumps(str(assets / "datasets-cache"))}}}
         metrics: {{format: torchtitan, names: [loss, grad_norm]}}
         graph: {{source: static, policy: torchtitan, layers: 6}}
         seed: 7

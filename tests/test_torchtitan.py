@@ -68,7 +68,8 @@ def _experiment(folder: Path, assets: Path, *, name: str, steps: int, graph: str
     path.write_text(textwrap.dedent(f"""
         name: {name}
         command: {json.dumps(_command(assets, *wrapper_args))}
-        env: {{HF_HUB_OFFLINE: "1", HF_DATASETS_OFFLINE: "1"}}
+        env: {{HF_HUB_OFFLINE: "1", HF_DATASETS_OFFLINE: "1",
+              HF_DATASETS_CACHE: {json.dumps(str(assets / "datasets-cache"))}}}
         metrics: {{format: torchtitan, names: [loss, grad_norm]}}
         graph: {graph}
         steps: {steps}
