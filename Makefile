@@ -7,10 +7,10 @@ STAMP := $(VENV)/.installed
 # (the main venv has 2.10). About 80-170 s and 3.4 GB.
 MF_VENV := .venv-mindformers
 MF_STAMP := $(MF_VENV)/.installed
-# Real torchtitan 0.3.0 as a client job, in a venv of its own (the tool's venv is never on its
-# path; `make torchtitan-venv`, not yet used by `make test`). torchtitan declares neither torch
-# nor triton but imports triton unconditionally;
-# torch goes first so pip keeps the CPU wheel. About 2.5 GB.
+# Real torchtitan 0.3.0 as a client job (tests/test_torchtitan.py, benchmarks/bench_torchtitan.py),
+# in a venv of its own: the tool's venv is never on its path. torchtitan declares neither torch
+# nor triton but imports triton unconditionally; torch goes first so pip keeps the CPU wheel.
+# About 2.5 GB.
 TT_VENV := .venv-torchtitan
 TT_STAMP := $(TT_VENV)/.installed
 
@@ -46,7 +46,7 @@ slurm:
 	.ci/install-slurm
 
 # A skipped test fails here (tests/conftest.py): `make test` means the real engines ran.
-test: $(STAMP) slurm $(MF_STAMP)
+test: $(STAMP) slurm $(MF_STAMP) $(TT_STAMP)
 	BISECT_PREFETCH_NO_SKIPS=1 $(BIN)/python -m pytest -q
 
 # The fast tests alone (no real training runs), for iteration: about a minute.
@@ -60,7 +60,7 @@ demo: $(STAMP)
 	$(BIN)/bisect-prefetch bisect configs/fsdp2-fault.yaml --resume --state-dir .bisect-prefetch/demo \
 		--json .bisect-prefetch/demo/bisect-result.json; rc=$$?; [ $$rc -le 1 ]
 
-bench: $(STAMP) $(MF_STAMP) slurm
+bench: $(STAMP) $(MF_STAMP) $(TT_STAMP) slurm
 	$(BIN)/python -m benchmarks
 
 lint: $(STAMP)
