@@ -212,8 +212,8 @@ def _template_commands() -> dict[str, list[str]]:
 
     readme = (HERE.parent / "README.md").read_text()
     blocks = [b.split("```", 1)[0] for b in readme.split("```yaml")[1:]]
-    commands = {"README": yaml.safe_load(next(b for b in blocks if "torchtitan.train" in b))[
-        "command"]}
+    commands = {f"README {k}": yaml.safe_load(block)["command"]
+                for k, block in enumerate(b for b in blocks if "torchtitan.train" in b)}
     lines = (HERE.parent / "configs" / "slurm-fsdp2.yaml").read_text().splitlines()
     start = next(i for i, line in enumerate(lines) if line.startswith("#   command:"))
     end = next(i for i in range(start, len(lines)) if "]" in lines[i].split("#", 2)[1])
@@ -224,8 +224,7 @@ def _template_commands() -> dict[str, list[str]]:
 
 def test_the_torchtitan_templates_parse_on_030_as_written():
     """torchrun's and torchtitan's own parsers (tyro) read the README's and
-    configs/slurm-fsdp2.yaml's torchtitan command; its assets path is absolute (a job starts
-    in its run dir, where torchtitan's relative default is not)."""
+    configs/slurm-fsdp2.yaml's torchtitan commands as written."""
     commands = {}
     for where, command in _template_commands().items():
         assert command[0] == "torchrun", where
@@ -236,8 +235,7 @@ def test_the_torchtitan_templates_parse_on_030_as_written():
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     parsed = json.loads(done.stdout.splitlines()[-1])
-    assert set(parsed) == {"README", "configs/slurm-fsdp2.yaml"}
+    assert set(parsed) == {"README 0", "README 1", "configs/slurm-fsdp2.yaml"}
     for where, got in parsed.items():
         assert got["module"] and got["script"] == "torchtitan.train", where
         assert (got["steps"], got["seed"], got["deterministic"]) == (10, 1234, True), where
-        assert got["assets"].startswith("/"), (where, got)
