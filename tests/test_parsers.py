@@ -248,6 +248,13 @@ def test_regex_format(tmp_path):
         parse_file(path, "regex", pattern=r"L=(?P<loss>\S+)")
 
 
+def test_a_regex_ending_in_dollar_reads_crlf_lines(tmp_path):
+    path = tmp_path / "crlf.log"
+    path.write_bytes(b"step 1 loss 2.5\r\nstep 2 loss 2.25\r\n")
+    result = parse_file(path, "regex", pattern=r"step (?P<step>\d+) loss (?P<loss>\S+)$")
+    assert dict(result.series[0]["loss"]) == {1: 2.5, 2: 2.25}
+
+
 def test_no_metrics_names_the_file_and_format(tmp_path):
     path = write(tmp_path / "empty.log", ["hello", "world"])
     with pytest.raises(BisectPrefetchError, match=r"empty\.log.*mindformers"):

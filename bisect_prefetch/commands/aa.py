@@ -14,6 +14,7 @@ from pathlib import Path
 from rich.console import Console
 
 from bisect_prefetch.commands.common import (
+    check_outputs,
     command_line,
     options,
     resume_hint_on_interrupt,
@@ -49,7 +50,8 @@ def aa(
         executor=executor, slots=slots))
     with resume_hint_on_interrupt(console, resume):
         result = run_aa(experiment_path, masks=masks, runs=runs, steps=steps, guard=guard,
-                        state_dir=state_dir, console=console, executor=executor, slots=slots)
+                        state_dir=state_dir, console=console, executor=executor, slots=slots,
+                        outputs=(json_out,))
     if json_out is not None:
         write_json(json_out, result.to_json(), console)
     if result.verdict == "error":
@@ -68,6 +70,7 @@ def run_aa(
     console: Console,
     executor: str | None = None,
     slots: int | None = None,
+    outputs: Sequence[Path | None] = (),
 ) -> GroupResult:
     """The group with its narration, table and verdict line."""
     if runs < 2:
@@ -77,6 +80,7 @@ def run_aa(
         if steps < 1:
             raise BisectPrefetchError(f"--steps must be at least 1, got {steps}")
         experiment = with_overrides(experiment, {"steps": steps})
+    check_outputs(*outputs, state_dir=state_dir, name=experiment.name)
     guard = guard or experiment.guard
     console.print(_describe_experiment(experiment), markup=False)
     with open_state(experiment, state_dir, console=console, executor=executor,

@@ -20,6 +20,7 @@ from typing import Any
 from rich.console import Console
 
 from bisect_prefetch.commands.common import (
+    check_outputs,
     command_line,
     options,
     resume_hint_on_interrupt,
@@ -268,7 +269,7 @@ def matrix(
                                                          slots=slots))
     with resume_hint_on_interrupt(console, resume):
         result = run_matrix_file(path, state_dir=state_dir, console=console, run_group=run_group,
-                                 executor=executor, slots=slots)
+                                 executor=executor, slots=slots, outputs=(junit, markdown, json_out))
     data = result.to_json()
     print_matrix(data, console)
     for cell_name, cost in data["step_time"].items():  # only cells whose runs timed their steps
@@ -291,9 +292,11 @@ def matrix(
 
 def run_matrix_file(path: Path, *, state_dir: Path, console: Console,
                     run_group: GroupRunner | None = None, executor: str | None = None,
-                    slots: int | None = None) -> MatrixResult:
+                    slots: int | None = None,
+                    outputs: tuple[Path | None, ...] = ()) -> MatrixResult:
     """Load the matrix and run its cells with live progress (the real runner unless given one)."""
     loaded = load_matrix(path)
+    check_outputs(*outputs, state_dir=state_dir, name=loaded.experiment.name)
     total = sum(cell.runs for cell in loaded.cells)
     console.print(f"matrix {matrix_name(path)}: {len(loaded.cells)} cells, up to {total} runs, "
                   f"experiment {loaded.experiment.name}", markup=False)

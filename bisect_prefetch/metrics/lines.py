@@ -118,7 +118,8 @@ def regex_reader(pattern: str, rank: int | None):
     metric_groups = [g for g in groups if g not in ("step", "rank")]
 
     def read_line(raw: bytes):
-        m = compiled.search(raw.decode("utf-8", "replace"))
+        # Without its line ending, so `$` matches before a CRLF as before an LF.
+        m = compiled.search(raw.decode("utf-8", "replace").rstrip("\r\n"))
         if m is None:
             return None
         try:
