@@ -264,3 +264,39 @@ def test_output_paths_are_checked_before_any_run(tmp_path, capsys, where):
         out = tmp_path / "state" / "hostile" / "journal.jsonl"
     line = _fails_at_load(tmp_path, capsys, _experiment(tmp_path), "--json", str(out))
     assert str(out) in line
+
+
+# -- a malformed probe record (issue 26, item 5) -----------------------------------------
+PROBE_JOB = """
+import json, os, sys
+out = json.load(open(os.environ["BISECT_PREFETCH_PLAN"]))["out_dir"]
+with open(os.path.join(out, "metrics.jsonl"), "w") as f:
+    for step in range(1, 4):
+        f.write(json.dumps({"step": step, "loss": 1.0}) + "\\n")
+with open(os.path.join(out, "probe.rank0.json"), "w") as f:
+    f.write(sys.argv[1])
+"""
+
+
+@pytest.mark.parametrize("probe", [
+    "[1, 2]", "{not json", '{"step_seconds": "x"}', '{"step_seconds": [[1]]}',
+    '{"edges": {"fwd:a->b": 5}}', '{"steps": [{"step": "x"}]}', '{"digests": {"steps": "x"}}',
+    '{"hyper_parallel": {"units": {"u": {"params": "x"}}}}', '{"rank": "zero"}', "[" * 100_000,
+])
+def test_a_malformed_probe_makes_the_run_unreadable_never_a_crash(tmp_path, capsys, probe):
+    from bisect_prefetch.audit import audit_run_dir
+    from bisect_prefetch.errors import BisectPrefetchError
+
+    script = tmp_path / "probe_job.py"
+    script.write_text(textwrap.dedent(PROBE_JOB))
+    experiment = _experiment(tmp_path, argv=[sys.executable, str(script), probe])
+    state = tmp_path / "state"
+    code = main(["aa", str(experiment), "--mask", "all-off", "--state-dir", str(state)])
+    out, err = capsys.readouterr()
+    assert code == 2 and "Traceback" not in err + out, err
+    assert "probe of rank(s) 0 unreadable" in out + err
+    assert main(["report", str(state / "hostile")]) == 0, capsys.readouterr().err
+    run_dir = next((state / "hostile" / "runs").iterdir())
+    (run_dir / "graph.json").write_text('{"nodes": [], "edges": []}')
+    with pytest.raises(BisectPrefetchError, match="unreadable probe record"):
+        audit_run_dir(run_dir)

@@ -9,11 +9,12 @@ none.
 
 from __future__ import annotations
 
-import json
 import statistics
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
+
+from bisect_prefetch.audit import read_probe
 
 WARMUP_STEPS = 2  # the first step builds and initializes; the second still warms caches
 
@@ -22,10 +23,9 @@ def run_step_time_ms(run_dir: Path) -> float | None:
     """The run's median step time in ms after warm-up (see the module docstring), or None."""
     per_step: dict[int, float] = {}
     for path in Path(run_dir).glob("probe.rank*.json"):
-        try:
-            probe = json.loads(path.read_text())
-        except (OSError, ValueError):
-            continue
+        probe, _ = read_probe(path)
+        if probe is None:
+            continue  # unreadable: the run is an error, said by runs/merge.py
         for step, seconds in probe.get("step_seconds") or []:
             per_step[int(step)] = max(per_step.get(int(step), 0.0), float(seconds))
     kept = [s for step, s in per_step.items() if step > WARMUP_STEPS]
