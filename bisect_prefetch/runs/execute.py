@@ -27,7 +27,12 @@ from bisect_prefetch.errors import BisectPrefetchError
 from bisect_prefetch.experiment import Experiment
 from bisect_prefetch.files import write_text_atomic
 from bisect_prefetch.metrics.compare import StreamingComparator, compare_trajectories, earliest
-from bisect_prefetch.metrics.completeness import missing_data, short_series, unlike_ranks
+from bisect_prefetch.metrics.completeness import (
+    ZERO_BASED_HINT,
+    missing_data,
+    short_series,
+    unlike_ranks,
+)
 from bisect_prefetch.metrics.live import DIGEST_FILE, LiveMetrics
 from bisect_prefetch.metrics.loading import load_files, load_run, run_files
 from bisect_prefetch.metrics.localize import judge_digests, units_in_graph
@@ -407,7 +412,7 @@ class Runner:
         if ended_by_itself and 0 < out.steps_done < steps:
             how = "" if out.exit_code == 0 else f", {out.reason}"
             out.outcome, out.reason = TRUNCATED, f"stopped at step {out.steps_done} of {steps}{how}"
-            if "from 0" in (short := short_series(trajectory, self.names, steps) or ""):
+            if ZERO_BASED_HINT in (short := short_series(trajectory, self.names, steps) or ""):
                 out.reason += f": {short}"  # the hint why a whole log is one step short
         if not out.usable:
             return
