@@ -278,7 +278,8 @@ def _state_dir_with_a_bisection(root: Path) -> Path:
                             index=index)
             state.append(key, {"run_id": run_id, "outcome": "ok", "reason": "",
                                "first_diff_step": nudge, "wall_s": 3.0, "reference": golden,
-                               "step_time_ms": [8.0, 10.0, 12.5][index]})
+                               "step_times_ms": [[step, [8.0, 10.0, 12.5][index]]
+                                                 for step in range(3, 11)]})
             golden = golden or run_id
     drop_only = frozenset(graph.edge_ids()) - {culprit}
     (root / "demo" / "bisect.json").write_text(json.dumps({
@@ -355,7 +356,7 @@ def test_html_matrix_cells_show_step_time_against_all_on_and_the_first_differing
                             index=index)
             state.append(key, {"run_id": run_id, "outcome": "ok", "reason": "", "wall_s": 1.0,
                                "first_diff_step": nudge, "reference": "golden",
-                               "step_time_ms": ms})
+                               "step_times_ms": [[step, ms] for step in range(3, 11)]})
     (tmp_path / "grid" / "matrix.json").write_text(json.dumps({"matrix": "grid", "cells": [
         {"name": "on", "expect": "diverged", "verdict": "diverged",
          "metrics": {"loss": {"mae": 1e-7, "p95": 1e-7, "max_abs": 1e-7, "first_diff_rank": 1}}},

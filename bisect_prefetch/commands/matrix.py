@@ -37,7 +37,7 @@ from bisect_prefetch.report.progress import RunProgress
 from bisect_prefetch.report.table import print_matrix
 from bisect_prefetch.runs.group import run_group as run_aa_group
 from bisect_prefetch.runs.state import open_state
-from bisect_prefetch.runs.step_time import describe_cost, group_cost
+from bisect_prefetch.runs.step_time import compare_runs, describe_cost, group_cost
 from bisect_prefetch.runs.store import JOURNAL
 from bisect_prefetch.select import resolve_mask
 from bisect_prefetch.vocab import USABLE_OUTCOMES
@@ -143,9 +143,15 @@ class MatrixResult:
         for cell in self.cells:
             base = next((c for c in self.cells if c.mask_spec == ["all-on"]
                          and c.overrides == cell.overrides), None)
-            base_cost = base.group.get("step_time") if base is not None else None
-            times = [r.get("step_time_ms") for r in cell.group.get("run_details") or []]
-            cost = group_cost(times, base_cost["median_ms"] if base_cost else None)
+            details = cell.group.get("run_details") or []
+            if base is None or base is cell:
+                own = group_cost([r.get("step_time_ms") for r in details], None)
+                cost = group_cost([r.get("step_time_ms") for r in details],
+                                  own["median_ms"] if own and base is cell else None)
+            else:  # over the steps both cells' runs timed (runs/step_time.py)
+                cost = compare_runs([r.get("step_times_ms") for r in
+                                     base.group.get("run_details") or []],
+                                    [r.get("step_times_ms") for r in details])
             if cost is not None:
                 costs[cell.name] = cost
         return costs

@@ -55,7 +55,7 @@ from bisect_prefetch.runs.merge import GRAPH_FILE, merge_graphs, merge_probes
 from bisect_prefetch.runs.plan import PLAN_ENV, PLAN_FILE, build_plan, plan_hash, write_plan
 from bisect_prefetch.runs.procs import kill_leftovers
 from bisect_prefetch.runs.signals import run_signals, signal_problems
-from bisect_prefetch.runs.step_time import run_step_time_ms
+from bisect_prefetch.runs.step_time import run_step_time_ms, run_step_times_ms
 from bisect_prefetch.runs.store import RunKey, StateDir
 from bisect_prefetch.runs.workloads import argv_template, render_argv, render_config, workload_env
 from bisect_prefetch.search.oracle import RunResult
@@ -93,6 +93,9 @@ class RunOutcome:
     problems: list[str] = field(default_factory=list)
     fault: dict[str, Any] | None = None  # runs.faults record of a failed run, if a log names one
     step_time_ms: float | None = None  # median step time after warm-up (runs/step_time.py)
+    # [step, ms] of every step after warm-up (the slowest rank's): costs compare runs over
+    # the steps they all ran (runs/step_time.compare_runs).
+    step_times_ms: list[list[float]] | None = None
     # Where the digests first differ from the reference: metrics.localize.Localization's JSON.
     localization: dict[str, Any] | None = None
     # What the run measured (runs/signals.py): step boundaries, digests, order, precision.
@@ -385,6 +388,7 @@ class Runner:
         _, probe_problems = merge_probes(run_dir, expected_hash)
         out.signals = self._signals(run_dir)
         out.problems = graph_problems + probe_problems + signal_problems(out.signals)
+        out.step_times_ms = run_step_times_ms(run_dir) or None
         out.step_time_ms = run_step_time_ms(run_dir)
         self._read_metrics(out, run_dir, steps, ref, comparator)
         if out.outcome == ERROR and out.steps_done == 0:
