@@ -141,3 +141,8 @@ def test_fsdp2_aa_reports_each_runs_step_time(tmp_path):
     assert data["step_time"]["runs"] == 2
     assert data["step_time"]["min_ms"] == min(times)
     assert "step time: " in out.getvalue()
+
+
+def test_step_times_that_are_no_positive_number_time_nothing():
+    assert compare_runs([[[3, 0.0], [4, -1.0], [5, float("nan")]]], [_timed(10.0)]) is None
+    assert compare_runs([[["x", 1.0]], "junk", None], [_timed(10.0)]) is None

@@ -16,6 +16,7 @@ runs than for others) is said as no measurable difference, not as a cost.
 
 from __future__ import annotations
 
+import math
 import statistics
 from collections.abc import Iterable, Mapping
 from pathlib import Path
@@ -53,9 +54,11 @@ def _per_step(times: Any) -> dict[int, float] | None:
     if not isinstance(times, list) or not times:
         return None
     try:
-        return {int(step): float(ms) for step, ms in times}
+        per_step = {int(step): float(ms) for step, ms in times}
     except (TypeError, ValueError):
         return None
+    # A time that is no positive number (a job's own probe may say anything) times nothing.
+    return {step: ms for step, ms in per_step.items() if math.isfinite(ms) and ms > 0} or None
 
 
 def compare_runs(base_runs: Iterable[Any], runs: Iterable[Any]) -> dict[str, Any] | None:
