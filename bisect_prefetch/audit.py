@@ -349,6 +349,74 @@ def _read_json(path: Path) -> dict[str, Any]:
         raise BisectPrefetchError(f"{path}: not JSON ({exc.msg}, line {exc.lineno})") from None
 
 
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def _counts_problem(edges: Any, where: str) -> str | None:
+    if not isinstance(edges, dict):
+        return f"{where} is not a mapping"
+    for edge, counts in edges.items():
+        if not isinstance(counts, dict) or not all(_is_int(v) for v in counts.values()):
+            return f"{where}[{edge!r}] is not a mapping of counts"
+    return None
+
+
+def probe_problem(probe: Any) -> str | None:
+    """What makes a probe record (probe.rank{R}.json) unreadable, or None when every field
+    the tool reads has the shape the adapter writes (a job may write anything there)."""
+    if not isinstance(probe, dict):
+        return "not a JSON object"
+    if "rank" in probe and not _is_int(probe["rank"]):
+        return "rank is not an integer"
+    if "edges" in probe and (problem := _counts_problem(probe["edges"], "edges")):
+        return problem
+    hyper = probe.get("hyper_parallel", {})
+    if not isinstance(hyper, dict):
+        return "hyper_parallel is not a mapping"
+    if "edges" in hyper and (problem := _counts_problem(hyper["edges"], "hyper_parallel.edges")):
+        return problem
+    units = hyper.get("units", {})
+    if not isinstance(units, dict) or not all(
+            isinstance(u, dict) and all(_is_number(u.get(k, 0)) for k in
+                                        ("shard_size", "params", "params_with_shard_size"))
+            for u in units.values()):
+        return "hyper_parallel.units is not a mapping of units"
+    steps = probe.get("steps", [])
+    if not isinstance(steps, list) or not all(
+            isinstance(e, dict) and _is_int(e.get("step")) and isinstance(e.get("issued", []), list)
+            for e in steps):
+        return "steps is not a list of {step, issued}"
+    seconds = probe.get("step_seconds") or []
+    if not isinstance(seconds, list) or not all(
+            isinstance(pair, list) and len(pair) == 2 and _is_int(pair[0]) and _is_number(pair[1])
+            for pair in seconds):
+        return "step_seconds is not a list of [step, seconds]"
+    digests = probe.get("digests")
+    if digests is not None and not (isinstance(digests, dict) and all(
+            _is_int(digests.get(k, 0)) for k in ("parameters", "gradients", "steps"))):
+        return "digests is not a summary of counts"
+    if not isinstance(probe.get("step_notes") or [], list):
+        return "step_notes is not a list"
+    return None
+
+
+def read_probe(path: Path) -> tuple[dict[str, Any] | None, str | None]:
+    """A probe file's record, or None and why it cannot be read (never an exception)."""
+    try:
+        probe = json.loads(path.read_bytes())
+    except OSError as exc:
+        return None, f"cannot read it ({exc.strerror or exc})"
+    except (ValueError, RecursionError):
+        return None, "not JSON"
+    problem = probe_problem(probe)
+    return (None, problem) if problem else (probe, None)
+
+
 def read_order(run_dir: Path) -> list[dict[str, Any]] | None:
     """Every rank's recorded steps (order.rank*.jsonl); None when the run recorded none."""
     paths = sorted(run_dir.glob("order.rank*.jsonl"))
@@ -380,5 +448,10 @@ def audit_run_dir(run_dir: str | Path, *, kinds: Sequence[str] = KINDS) -> dict[
         raise BisectPrefetchError(
             f"{run_dir}: no recorded graph and probe (did the adapter run in the job?)"
         )
-    return audit(_read_json(graph_path), [_read_json(p) for p in probe_paths],
-                 read_order(run_dir), kinds)
+    probes = []
+    for path in probe_paths:
+        probe, problem = read_probe(path)
+        if probe is None:
+            raise BisectPrefetchError(f"{path}: unreadable probe record: {problem}")
+        probes.append(probe)
+    return audit(_read_json(graph_path), probes, read_order(run_dir), kinds)

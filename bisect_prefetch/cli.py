@@ -233,9 +233,9 @@ def audit(
 def simulate(
     policy: Annotated[str, typer.Option("--policy", help="Static policy for the graph: mindformers, fsdp2-chain, torchtitan.")],
     layers: Annotated[int, typer.Option("--layers", help="Layer count.")],
-    culprit: Annotated[list[str], typer.Option("--culprit", help="Culprit edge selector (repeatable; a glob draws one matching edge per trial).")],
-    hazard: Annotated[float, typer.Option("--hazard", help="Per-step chance of drift while the culprit rule holds.")],
     steps: Annotated[int, typer.Option("--steps", help="Steps per run.")],
+    culprit: Annotated[list[str] | None, typer.Option("--culprit", help="Culprit edge selector (repeatable; a glob draws one matching edge per trial). None: drift without prefetch only (give --background); a trial is right when it says not-prefetch.")] = None,
+    hazard: Annotated[float | None, typer.Option("--hazard", help="Per-step chance of drift while the culprit rule holds (needed with --culprit).")] = None,
     together: Annotated[bool, typer.Option("--together", help="The culprits cause drift only together (default: any one suffices).")] = False,
     trials: Annotated[int, typer.Option("--trials", help="Simulated searches.")] = 100,
     seed: Annotated[int, typer.Option("--seed", help="Seed of the simulated noise.")] = 0,
@@ -254,7 +254,7 @@ def simulate(
     from bisect_prefetch.commands.simulate import simulate as command
 
     raise typer.Exit(command(
-        policy, layers, culprit, console=console, json_out=json_out, hazard=hazard, steps=steps,
+        policy, layers, culprit or [], console=console, json_out=json_out, hazard=hazard, steps=steps,
         together=together, trials=trials, seed=seed, background=background,
         startup_cost=startup_cost, confidence=confidence, max_runs=max_runs, slots=slots,
         hint_accuracy=hint_accuracy, all_off_runs=_count(all_off_runs),

@@ -15,6 +15,7 @@ from __future__ import annotations
 import copy
 import hashlib
 import json
+import os
 import re
 from pathlib import Path
 from typing import Annotated, Any, Literal, TypeVar
@@ -36,6 +37,8 @@ from bisect_prefetch.vocab import (
     DIVERGED,
     EXPECTATIONS,
     GUARDS,
+    MAX_INNER,
+    MAX_LAYERS,
     METRIC_FORMATS,
     RECORD_FORMAT,
     STRESS_MODES,
@@ -53,6 +56,27 @@ ModelT = TypeVar("ModelT", bound=BaseModel)
 # A name becomes a directory under the state dir: keep it to one safe path part.
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]*$"
 ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+# exec's limits (Linux): one argument or environment entry at most 32 pages, all of them
+# together at most ARG_MAX. Room is left for the placeholders' values (run dir paths).
+MAX_ARG_BYTES = 32 * 4096 - 4096
+_PLACEHOLDER_ROOM = 64 * 1024
+
+
+def arg_max() -> int:
+    """What exec takes for argv and environment together, less room for placeholders."""
+    try:
+        limit = os.sysconf("SC_ARG_MAX")
+    except (ValueError, OSError):
+        limit = 2 * 1024 * 1024
+    return max(limit, 256 * 1024) - _PLACEHOLDER_ROOM
+
+
+def exec_bytes(argv: list[str], env: dict[str, str]) -> int:
+    """The bytes exec copies for argv and env (strings, their NULs and pointers)."""
+    words = [*argv, *(f"{k}={v}" for k, v in env.items())]
+    return sum(len(word.encode(errors="surrogateescape")) + 1 + 8 for word in words)
 
 
 class _Strict(BaseModel):
@@ -86,7 +110,7 @@ class Fault(_Strict):
 
 class Workload(_Strict):
     builtin: Literal["fsdp2", "mindspore", "mindformers"]
-    layers: Annotated[int, Field(ge=1)] = 8
+    layers: Annotated[int, Field(ge=1, le=MAX_LAYERS)] = 8
     world_size: Annotated[int, Field(ge=1, le=8)] = 2
     fault: Fault | None = None
     # fsdp2 only, to plant suspect edges for the audit: activation checkpointing,
@@ -132,6 +156,18 @@ class Metrics(_Strict):
     def _regex_needs_pattern(self) -> Metrics:
         if self.format == "regex" and not self.pattern:
             raise ValueError("metrics format regex needs metrics.pattern")
+        if self.pattern is not None:
+            # Compiled now, so a bad pattern stops here and not after a job was launched.
+            try:
+                groups = set(re.compile(self.pattern).groupindex)
+            except re.error as exc:
+                raise ValueError(f"metrics.pattern does not compile: {exc}") from None
+            if "step" not in groups:
+                raise ValueError("metrics.pattern needs a named group (?P<step>...)")
+            missing = [name for name in self.names if name not in groups]
+            if missing:
+                raise ValueError(f"metrics.pattern has no group for {', '.join(missing)} "
+                                 "(each metric name is a named group: (?P<loss>...))")
         return self
 
     @field_validator("files")
@@ -151,8 +187,8 @@ class Metrics(_Strict):
 class GraphSource(_Strict):
     source: Literal["runtime", "static"] = "runtime"
     policy: str | None = None
-    layers: Annotated[int, Field(ge=1)] | None = None
-    inner: list[str] = Field(default_factory=list)
+    layers: Annotated[int, Field(ge=1, le=MAX_LAYERS)] | None = None
+    inner: list[str] = Field(default_factory=list, max_length=MAX_INNER)
 
     @model_validator(mode="after")
     def _static_needs_policy(self) -> GraphSource:
@@ -319,6 +355,12 @@ class Experiment(_Strict):
         for word in self.command or []:
             if "\0" in word:
                 raise ValueError(f"command argument {word!r} holds a NUL byte")
+            if len(word.encode()) > MAX_ARG_BYTES:
+                raise ValueError(f"a command argument of {len(word.encode()):,} bytes is longer than "
+                                 f"exec takes ({MAX_ARG_BYTES:,})")
+        uses_config = any("{config}" in word for word in self.command or [])
+        if uses_config and not self.config:
+            raise ValueError("the command uses {config} but the experiment gives no config: file")
         if self.stress.mode != STRESS_OFF:
             check_stress_fits(self)
         for key, value in self.env.items():
@@ -327,6 +369,10 @@ class Experiment(_Strict):
                                  "(letters, digits and _, not starting with a digit)")
             if "\0" in value:
                 raise ValueError(f"env {key} holds a NUL byte")
+        size = exec_bytes(self.command or [], {**os.environ, **self.env})
+        if size > arg_max():
+            raise ValueError(f"the command and its environment take {size:,} bytes, more than "
+                             f"exec takes on this machine ({arg_max():,})")
         return self
 
     @property

@@ -50,6 +50,23 @@ def protect(path: str | Path, what: str) -> None:
     _protected[Path(path).resolve()] = what
 
 
+def check_writable(path: str | Path) -> None:
+    """Refuse now an output file that could not be written later: on a protected file, a
+    directory, or in a directory this process cannot write (checked before any run starts)."""
+    path = Path(path)
+    if (what := _protected.get(path.resolve())) is not None:
+        raise BisectPrefetchError(f"refusing to write {path}: it is {what}")
+    if path.is_dir():
+        raise BisectPrefetchError(f"cannot write {path}: it is a directory")
+    ancestor = path.parent
+    while not ancestor.exists() and ancestor != ancestor.parent:
+        ancestor = ancestor.parent
+    if not ancestor.is_dir():
+        raise BisectPrefetchError(f"cannot write {path}: {ancestor} is not a directory")
+    if not os.access(ancestor, os.W_OK | os.X_OK):
+        raise BisectPrefetchError(f"cannot write {path}: {ancestor} is not writable")
+
+
 def write_bytes_atomic(path: str | Path, data: bytes) -> None:
     path = Path(path)
     if (what := _protected.get(path.resolve())) is not None:

@@ -9,6 +9,7 @@ writes; both render as text, json, dot, mermaid and png.
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 from collections.abc import Callable, Iterable
@@ -18,7 +19,7 @@ from pathlib import Path
 import networkx as nx
 
 from bisect_prefetch.errors import BisectPrefetchError
-from bisect_prefetch.vocab import BWD, FWD, PHASES, edge_id, parse_edge_id
+from bisect_prefetch.vocab import BWD, FWD, MAX_INNER, MAX_LAYERS, PHASES, edge_id, parse_edge_id
 
 NODE_KINDS = ("embedding", "layer", "inner", "tail", "root")
 
@@ -166,7 +167,7 @@ def _mindformers(layers: int, inner: Iterable[str] = ()) -> PrefetchGraph:
     """
     inner = list(inner)
     g = PrefetchGraph()
-    order = iter(range(10**6))
+    order = itertools.count()
     g.add_node("embedding", kind="embedding", order=next(order))
     layer_names = [f"decoder.layers.{i}" for i in range(layers)]
     for name in layer_names:
@@ -238,8 +239,11 @@ POLICIES: dict[str, Callable[..., PrefetchGraph]] = {
 def from_policy(name: str, layers: int, *, inner: Iterable[str] = ()) -> PrefetchGraph:
     if name not in POLICIES:
         raise BisectPrefetchError(f"unknown policy {name!r} (one of {', '.join(POLICIES)})")
-    if layers < 1:
-        raise BisectPrefetchError(f"--layers must be at least 1, got {layers}")
+    if not 1 <= layers <= MAX_LAYERS:
+        raise BisectPrefetchError(f"--layers must be between 1 and {MAX_LAYERS}, got {layers}")
+    inner = list(inner)
+    if len(inner) > MAX_INNER:
+        raise BisectPrefetchError(f"at most {MAX_INNER} inner units a layer, got {len(inner)}")
     if name == "mindformers":
         return _mindformers(layers, inner)
     if inner:

@@ -89,6 +89,11 @@ Mask = frozenset[str]
 FWD = "fwd"
 BWD = "bwd"
 PHASES = (FWD, BWD)
+# The most layers a static policy builds: far above any model trained today (a few
+# hundred), far below what exhausts memory (100,000,000 layers took 9 GB).
+MAX_LAYERS = 4096
+# The most inner units a layer of the mindformers policy holds.
+MAX_INNER = 64
 
 
 def edge_id(phase: str, src: str, dst: str) -> str:

@@ -105,7 +105,7 @@ def test_preset_selector_that_matches_nothing(capsys):
 
 # -- commands and places ------------------------------------------------------
 def test_command_that_does_not_exist(tmp_path, capsys, state):
-    experiment = write_experiment(tmp_path, ["no-such-trainer-xyz", "--config", "{config}"])
+    experiment = write_experiment(tmp_path, ["no-such-trainer-xyz", "--steps", "{steps}"])
     message = _aa_fails_leaving_state(capsys, experiment, state)
     assert message == "error: command not found: no-such-trainer-xyz (not on PATH)"
 

@@ -119,7 +119,8 @@ def test_a_log_counting_steps_from_zero_says_so(tmp_path, capsys):
     code = main(["aa", str(path), "--mask", "all-off", "--state-dir", str(tmp_path / "state")])
     out = capsys.readouterr()
     assert code == 2
-    assert "counts steps from 0" in out.out + out.err
+    assert "the job's steps start at 0, the tool's at 1: log step + 1" in out.err
+    assert "stops at step 4 of 5" in out.err
 
 
 # Any loss of a step, a rank's step or a metric in the second run: aa never exits 0.

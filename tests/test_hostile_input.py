@@ -43,9 +43,9 @@ def _experiment(tmp_path: Path, extra: str = "", *, argv: list[str] | None = Non
     return path
 
 
-def _fails_at_load(tmp_path: Path, capsys, experiment: Path) -> str:
+def _fails_at_load(tmp_path: Path, capsys, experiment: Path, *extra: str) -> str:
     state = tmp_path / "state"
-    code = main(["aa", str(experiment), "--mask", "all-off", "--state-dir", str(state)])
+    code = main(["aa", str(experiment), "--mask", "all-off", "--state-dir", str(state), *extra])
     err = capsys.readouterr().err
     assert code == 2, err
     lines = [line for line in err.splitlines() if line.strip()]
@@ -200,3 +200,103 @@ def test_steps_true_is_not_one_step(tmp_path, capsys):
     path = _experiment(tmp_path)
     path.write_text(path.read_text().replace("steps: 3", "steps: true"))
     assert "steps" in _fails_at_load(tmp_path, capsys, path)
+
+
+# -- found at load, before any run dir (issue 26, items 3 and 10) -------------------------
+@pytest.mark.parametrize(("metrics", "said"), [
+    ("{format: regex, names: [loss], pattern: 'step (?P<step>\\d+'}", "does not compile"),
+    ("{format: regex, names: [loss], pattern: 'loss (?P<loss>\\S+)'}", "(?P<step>"),
+    ("{format: regex, names: [loss, grad_norm], pattern: 'step (?P<step>\\d+) (?P<loss>\\S+)'}",
+     "no group for grad_norm"),
+])
+def test_a_regex_pattern_is_compiled_at_load_with_its_groups(tmp_path, capsys, metrics, said):
+    path = _experiment(tmp_path)
+    path.write_text(path.read_text().replace("{format: jsonl, names: [loss]}", metrics))
+    assert said in _fails_at_load(tmp_path, capsys, path)
+
+
+def test_a_config_placeholder_without_a_config_is_found_at_load(tmp_path, capsys):
+    path = _experiment(tmp_path, argv=[sys.executable, str(tmp_path / "job.py"), "--config", "{config}"])
+    assert "{config}" in _fails_at_load(tmp_path, capsys, path)
+
+
+def test_an_argument_too_long_for_exec_is_found_at_load(tmp_path, capsys):
+    path = _experiment(tmp_path, argv=[sys.executable, "-c", "pass", "x" * 200_000])
+    assert "longer than exec takes" in _fails_at_load(tmp_path, capsys, path)
+
+
+def test_many_arguments_too_long_for_exec_together_are_found_at_load(tmp_path, capsys):
+    from bisect_prefetch.experiment import arg_max
+
+    words = ["x" * 100_000] * (arg_max() // 100_000 + 2)
+    path = _experiment(tmp_path, argv=[sys.executable, "-c", "pass", *words])
+    assert "more than exec takes" in _fails_at_load(tmp_path, capsys, path)
+
+
+@pytest.mark.parametrize("layers", ["999999", "100000000"])
+def test_static_policy_layers_are_bounded(tmp_path, capsys, layers):
+    assert main(["graph", "--policy", "mindformers", "--layers", layers]) == 2
+    err = capsys.readouterr().err
+    assert "--layers must be between 1 and" in err and "Traceback" not in err
+    path = _experiment(tmp_path)
+    path.write_text(path.read_text().replace("layers: 2", f"layers: {layers}"))
+    assert "graph.layers" in _fails_at_load(tmp_path, capsys, path)
+
+
+@pytest.mark.parametrize(("extra", "said"), [
+    ('executor: {kind: slurm, partition: "gpu\\nsrun rm"}\n', "control character"),
+    ('executor: {kind: slurm, sbatch_args: ["--comment=a\\u0007"]}\n', "control character"),
+    ('executor: {kind: slurm, time: "01:00\\r"}\n', "control character"),
+])
+def test_executor_strings_with_control_characters_are_refused(tmp_path, capsys, extra, said):
+    assert said in _fails_at_load(tmp_path, capsys, _experiment(tmp_path, extra))
+
+
+@pytest.mark.parametrize("where", ["directory", "under-a-file", "journal"])
+def test_output_paths_are_checked_before_any_run(tmp_path, capsys, where):
+    if where == "directory":
+        out = tmp_path / "a-dir"
+        out.mkdir()
+    elif where == "under-a-file":
+        (tmp_path / "a-file").write_text("")
+        out = tmp_path / "a-file" / "out.json"
+    else:
+        out = tmp_path / "state" / "hostile" / "journal.jsonl"
+    line = _fails_at_load(tmp_path, capsys, _experiment(tmp_path), "--json", str(out))
+    assert str(out) in line
+
+
+# -- a malformed probe record (issue 26, item 5) -----------------------------------------
+PROBE_JOB = """
+import json, os, sys
+out = json.load(open(os.environ["BISECT_PREFETCH_PLAN"]))["out_dir"]
+with open(os.path.join(out, "metrics.jsonl"), "w") as f:
+    for step in range(1, 4):
+        f.write(json.dumps({"step": step, "loss": 1.0}) + "\\n")
+with open(os.path.join(out, "probe.rank0.json"), "w") as f:
+    f.write(sys.argv[1])
+"""
+
+
+@pytest.mark.parametrize("probe", [
+    "[1, 2]", "{not json", '{"step_seconds": "x"}', '{"step_seconds": [[1]]}',
+    '{"edges": {"fwd:a->b": 5}}', '{"steps": [{"step": "x"}]}', '{"digests": {"steps": "x"}}',
+    '{"hyper_parallel": {"units": {"u": {"params": "x"}}}}', '{"rank": "zero"}', "[" * 100_000,
+])
+def test_a_malformed_probe_makes_the_run_unreadable_never_a_crash(tmp_path, capsys, probe):
+    from bisect_prefetch.audit import audit_run_dir
+    from bisect_prefetch.errors import BisectPrefetchError
+
+    script = tmp_path / "probe_job.py"
+    script.write_text(textwrap.dedent(PROBE_JOB))
+    experiment = _experiment(tmp_path, argv=[sys.executable, str(script), probe])
+    state = tmp_path / "state"
+    code = main(["aa", str(experiment), "--mask", "all-off", "--state-dir", str(state)])
+    out, err = capsys.readouterr()
+    assert code == 2 and "Traceback" not in err + out, err
+    assert "probe of rank(s) 0 unreadable" in out + err
+    assert main(["report", str(state / "hostile")]) == 0, capsys.readouterr().err
+    run_dir = next((state / "hostile" / "runs").iterdir())
+    (run_dir / "graph.json").write_text('{"nodes": [], "edges": []}')
+    with pytest.raises(BisectPrefetchError, match="unreadable probe record"):
+        audit_run_dir(run_dir)

@@ -252,6 +252,33 @@ def test_workers_in_their_own_session_are_killed_too(tmp_path):
     assert not _alive(child), "a worker in its own session survived"
 
 
+SCRUBBED_CHILD = """
+import json, os, subprocess, sys, time
+# A child that leaves every trace but the process tree: a session of its own (setsid), an
+# empty environment (env -i, so no plan entry), its parent gone at once (sh exits).
+sleeper = "import os, time; open('pids', 'w').write(str(os.getpid())); time.sleep(120)"
+subprocess.run(["sh", "-c", 'setsid env -i "$0" -c "$1" &', sys.executable, sleeper], check=True)
+while not (os.path.exists("pids") and open("pids").read()):
+    time.sleep(0.02)
+with open("metrics.jsonl", "a") as f:
+    f.write(json.dumps({"step": 1, "rank": 0, "loss": 1.0}) + "\\n")
+"""
+
+
+@pytest.mark.parametrize("how", ["finished", "timeout"])
+def test_a_child_in_its_own_session_with_a_scrubbed_environment_does_not_outlive_the_run(
+        tmp_path, how):
+    body = SCRUBBED_CHILD + ("time.sleep(120)\n" if how == "timeout" else "")
+    spec = _with_plan(_job(tmp_path, body, no_progress_timeout_s=2.0, grace_s=0.3))
+    result = run_job(spec, progress=_pids_written(spec))
+    assert result.outcome == ("ok" if how == "finished" else "timeout"), result
+    child = int((spec.run_dir / "pids").read_text())
+    survived = _alive(child)
+    if survived:
+        os.kill(child, signal.SIGKILL)  # leave nothing behind for the next test
+    assert not survived, "a child in its own session, with no environment, survived"
+
+
 ORCHESTRATOR = """
 import os, sys
 from pathlib import Path

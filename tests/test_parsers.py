@@ -249,6 +249,13 @@ def test_regex_format(tmp_path):
         parse_file(path, "regex", pattern=r"L=(?P<loss>\S+)")
 
 
+def test_a_regex_ending_in_dollar_reads_crlf_lines(tmp_path):
+    path = tmp_path / "crlf.log"
+    path.write_bytes(b"step 1 loss 2.5\r\nstep 2 loss 2.25\r\n")
+    result = parse_file(path, "regex", pattern=r"step (?P<step>\d+) loss (?P<loss>\S+)$")
+    assert dict(result.series[0]["loss"]) == {1: 2.5, 2: 2.25}
+
+
 def test_no_metrics_names_the_file_and_format(tmp_path):
     path = write(tmp_path / "empty.log", ["hello", "world"])
     with pytest.raises(BisectPrefetchError, match=r"empty\.log.*mindformers"):
@@ -395,3 +402,58 @@ def test_fuzz_binary_garbage_never_crashes(tmp_path_factory, data, fmt):
     except BisectPrefetchError:
         return
     assert r.lines_read >= 1 and r.lines_read + r.lines_unread + r.lines_skipped == count_lines(path.read_bytes())
+
+
+# -- memory per log line (issue 26, item 4) -------------------------------------------------
+def _with_long_line(path: Path, before: list[str], after: list[str], *, size: int) -> Path:
+    with open(path, "wb") as f:
+        f.write(("\n".join(before) + "\n").encode())
+        f.write(b"x" * size + b"\n")
+        f.write(("\n".join(after) + "\n").encode())
+    return path
+
+
+def _peak_bytes(fn) -> tuple[object, int]:
+    import tracemalloc
+
+    tracemalloc.start()
+    try:
+        result = fn()
+        return result, tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+
+
+@pytest.mark.parametrize("fmt", ["jsonl", "mindformers", "regex"])
+def test_a_line_over_the_limit_is_one_unread_line_never_held_whole(tmp_path, fmt):
+    lines = {"jsonl": [json.dumps({"step": s, "loss": 1.0 + s}) for s in (1, 2, 3)],
+             "mindformers": [mf_line(s) for s in (1, 2, 3)],
+             "regex": [f"step {s} loss {1.0 + s}" for s in (1, 2, 3)]}[fmt]
+    path = _with_long_line(tmp_path / "log", lines[:1], lines[1:], size=48 << 20)
+    pattern = r"step (?P<step>\d+) loss (?P<loss>\S+)$"
+    result, peak = _peak_bytes(lambda: parse_file(path, fmt, pattern=pattern))
+    assert sorted(result.series[0]["loss"]) == [1, 2, 3]
+    assert result.lines_unread == 1 and result.lines_read == 3
+    assert peak < 8 << 20, f"peak {peak / 2**20:.1f} MiB for a 48 MiB line"
+
+
+def test_format_detection_reads_past_long_lines(tmp_path):
+    path = _with_long_line(tmp_path / "log", ["hello"], [json.dumps({"step": 1, "loss": 1.0})],
+                           size=12 << 20)
+    fmt, peak = _peak_bytes(lambda: detect_format(path))
+    assert fmt == "jsonl" and peak < 8 << 20
+
+
+def test_a_followed_log_never_holds_a_long_line(tmp_path):
+    from bisect_prefetch.metrics.live import NewLines
+    from bisect_prefetch.metrics.trajectory import LONG_LINE
+
+    path = tmp_path / "log"
+    path.write_bytes(b'{"step": 1}\n' + b"x" * (3 << 20))  # a long line still being written
+    lines = NewLines(path)
+    assert lines.read() == b'{"step": 1}\n' + LONG_LINE + b"\n"
+    with open(path, "ab") as f:
+        f.write(b"y" * (2 << 20) + b'\n{"step": 2}\n')
+    block, peak = _peak_bytes(lines.read)
+    assert block == b'{"step": 2}\n' and peak < 4 << 20
+    assert lines.offset == path.stat().st_size

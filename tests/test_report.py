@@ -278,7 +278,8 @@ def _state_dir_with_a_bisection(root: Path) -> Path:
                             index=index)
             state.append(key, {"run_id": run_id, "outcome": "ok", "reason": "",
                                "first_diff_step": nudge, "wall_s": 3.0, "reference": golden,
-                               "step_time_ms": [8.0, 10.0, 12.5][index]})
+                               "step_times_ms": [[step, [8.0, 10.0, 12.5][index]]
+                                                 for step in range(3, 11)]})
             golden = golden or run_id
     drop_only = frozenset(graph.edge_ids()) - {culprit}
     (root / "demo" / "bisect.json").write_text(json.dumps({
@@ -355,7 +356,7 @@ def test_html_matrix_cells_show_step_time_against_all_on_and_the_first_differing
                             index=index)
             state.append(key, {"run_id": run_id, "outcome": "ok", "reason": "", "wall_s": 1.0,
                                "first_diff_step": nudge, "reference": "golden",
-                               "step_time_ms": ms})
+                               "step_times_ms": [[step, ms] for step in range(3, 11)]})
     (tmp_path / "grid" / "matrix.json").write_text(json.dumps({"matrix": "grid", "cells": [
         {"name": "on", "expect": "diverged", "verdict": "diverged",
          "metrics": {"loss": {"mae": 1e-7, "p95": 1e-7, "max_abs": 1e-7, "first_diff_rank": 1}}},
@@ -367,3 +368,33 @@ def test_html_matrix_cells_show_step_time_against_all_on_and_the_first_differing
     text = " ".join(page.text)
     assert "first diff rank" in text and "loss: 1" in text
     assert "1.000x (20.0 ms; 1.00-1.00x)" in text and "1.500x (30.0 ms; 1.50-1.50x)" in text
+
+
+# -- hostile text from job logs and cell names (issue 26) ------------------------------------
+HOSTILE = "evil\x1b[31m<img src=x onerror=alert(1)>\x1b]0;title\x07 & `code`\x00\x0b\r\nrow"
+
+
+def _hostile_result(result):
+    result["cells"][0]["name"] = HOSTILE
+    result["cells"][2]["name"] = "bell\x07\x1b[0m"
+    result["cells"][2]["group"] = {"run_details": [{"run_id": "0001", "fault": {
+        "kind": "gloo-timeout", "rank": 0, "file": "stderr.log", "line_no": 3,
+        "line": "\x1b[1;31m</table><script>alert(1)</script>\x1b[0m"}}]}
+    return result
+
+
+def test_markdown_holds_no_raw_html_or_terminal_bytes_from_job_logs(tmp_path, result):
+    text = markdown.matrix_markdown(_hostile_result(result))
+    assert "<" not in text and ">" not in text.replace("&gt;", "")
+    assert not any(ord(c) < 32 and c != "\n" or 0x7f <= ord(c) <= 0x9f for c in text), repr(text)
+    rows = parse_markdown_table(text)
+    assert len(rows) == 4  # no row split or ended by the name's newline or pipe
+    assert rows[0]["cell"].startswith("evil&lt;img")
+    assert "&lt;/table&gt;&lt;script&gt;" in text
+
+
+def test_junit_with_control_characters_in_names_parses(tmp_path, result):
+    path = tmp_path / "junit.xml"
+    junit.write_junit(_hostile_result(result), path)
+    cases = [c.get("name") for c in ET.parse(path).getroot().iter("testcase")]
+    assert cases[0].startswith("evil\\x1b[31m<img") and cases[2] == "bell\\x07\\x1b[0m"

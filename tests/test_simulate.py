@@ -195,3 +195,31 @@ def test_stated_confidence_is_calibrated_over_a_thousand_searches():
     assert len(found) > 950
     assert report["accuracy"] >= report["claimed_confidence"]
     assert min(r["confidence"] for r in found) >= 0.95
+
+
+def test_simulate_without_a_culprit_runs_from_the_command_line(tmp_path, capsys):
+    import json
+
+    from bisect_prefetch.cli import main
+
+    out = tmp_path / "sim.json"
+    code = main(["simulate", "--policy", "fsdp2-chain", "--layers", "3", "--background", "0.5",
+                 "--steps", "5", "--trials", "3", "--seed", "1", "--json", str(out)])
+    said = capsys.readouterr().out
+    assert code == 0 and "no culprit, drift without prefetch in 0.5 of runs" in said
+    report = json.loads(out.read_text())
+    assert report["background"] == 0.5
+    assert all(r["culprits"] == [] for r in report["results"])
+    assert all(r["correct"] == (r["verdict"] == "not-prefetch") for r in report["results"])
+
+
+@pytest.mark.parametrize(("args", "said"), [
+    (["--culprit", "bwd:layers.1->layers.0"], "--culprit needs --hazard"),
+    (["--hazard", "0.1"], "give --culprit with it"),
+    (["--together"], "--together needs --culprit"),
+])
+def test_simulate_says_which_culprit_option_is_missing(capsys, args, said):
+    from bisect_prefetch.cli import main
+
+    code = main(["simulate", "--policy", "fsdp2-chain", "--layers", "3", "--steps", "5", *args])
+    assert code == 2 and said in capsys.readouterr().err

@@ -23,6 +23,7 @@ from pathlib import Path
 
 import pytest
 
+from bisect_prefetch.errors import BisectPrefetchError
 from bisect_prefetch.experiment import load_experiment
 from bisect_prefetch.runs.execute import Runner
 from bisect_prefetch.runs.executors.slurm import SlurmExecutor, SlurmOptions
@@ -321,3 +322,52 @@ def test_executor_strings_that_would_break_the_script_are_refused(tmp_path, exec
     done = bad_input(tmp_path, executor)
     assert done.returncode == 2, done.stdout + done.stderr
     assert len(done.stderr.strip().splitlines()) == 1
+
+
+ARGV_JOB = """
+import json, os, sys
+out = json.load(open(os.environ["BISECT_PREFETCH_PLAN"]))["out_dir"]
+with open(os.path.join(out, "argv.json"), "w") as f:
+    json.dump(sys.argv[1:], f)
+with open(os.path.join(out, "metrics.jsonl"), "w") as f:
+    for step in (1, 2):
+        f.write(json.dumps({"step": step, "loss": 1.0}) + "\\n")
+"""
+ARGV_WORDS = [*HOSTILE_WORDS, "--out={run_dir}/out dir", "tab\there", "back\\\\slash\\",
+              "$HOME ${HOME} $(id) `id` $$ $? $!", "*", "~", "a;b&&c|d>e", "'", '"', "\\"]
+
+
+def test_a_job_under_slurm_receives_exactly_the_argv_a_local_run_receives(slurm_cluster, tmp_path):
+    """Issue 26: the same words (`$`, `$(...)`, `${...}`, quotes, backslashes, spaces,
+    newlines) reach the job under Slurm as locally, and so does a state dir path full of
+    them, through {run_dir}: nothing runs or expands on the node."""
+    script = tmp_path / "argv_job.py"
+    script.write_text(ARGV_JOB)
+    received = {}
+    for kind in ("local", "slurm"):
+        root = tmp_path / kind / "state $(touch pwned) 'q' \"d\" ${HOME} `id` #x 100%j"
+        path = tmp_path / f"{kind}.yaml"
+        path.write_text(
+            f"name: argv\ncommand: {json.dumps([sys.executable, str(script), *ARGV_WORDS])}\n"
+            "metrics: {format: jsonl, names: [loss]}\n"
+            "graph: {source: static, policy: fsdp2-chain, layers: 2}\n"
+            f"steps: 2\ntimeout_s: 120\nexecutor: {{kind: {kind}}}\n")
+        exp = load_experiment(path)
+        with StateDir(root, exp.name) as state:
+            runner = Runner(exp, state)
+            out = runner.run(runner.key("aa", mask=None, guard="none", steps=2, index=0),
+                             label=kind)
+            assert out.outcome == "ok", out
+            run_dir = str(state.run_dir(out.run_id).resolve())
+            got = json.loads((state.run_dir(out.run_id) / "argv.json").read_text())
+        received[kind] = [word.replace(run_dir, "<run_dir>") for word in got]
+    assert received["local"] == [w.replace("{run_dir}", "<run_dir>") for w in ARGV_WORDS]
+    assert received["slurm"] == received["local"]
+    assert not list(tmp_path.rglob("pwned"))
+
+
+def test_a_state_dir_slurm_cannot_take_is_one_line(tmp_path):
+    # slurmd fails a job whose --output path holds a backslash: said before any job.
+    executor = SlurmExecutor(SlurmOptions())
+    with pytest.raises(BisectPrefetchError, match="holds a backslash"):
+        executor.check(tmp_path / "back\\slash")

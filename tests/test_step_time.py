@@ -10,6 +10,8 @@ from rich.console import Console
 
 from bisect_prefetch.adapters.order import OrderLog
 from bisect_prefetch.runs.step_time import (
+    compare_runs,
+    describe_cost,
     fix_cost_line,
     fix_costs,
     group_cost,
@@ -50,14 +52,21 @@ def test_mask_costs_against_all_on_with_spread():
     assert group_cost([None], 10.0) is None
 
 
+def _timed(ms: float, last: int = 10, *, jitter: float = 0.0) -> list[list[float]]:
+    """[step, ms] after warm-up, steps 3..last, each step ms (alternately +- jitter)."""
+    return [[step, ms + (jitter if step % 2 else -jitter)] for step in range(3, last + 1)]
+
+
 def test_fix_costs_from_the_journal():
     every = ["fwd:a->b", "bwd:b->a"]
     records = [
-        {"variant": "search@f", "mask": every, "guard": "none", "step_time_ms": 10.0},
-        {"variant": "search@f", "mask": None, "guard": "none", "step_time_ms": 10.0},
-        {"variant": "search@f", "mask": ["fwd:a->b"], "guard": "none", "step_time_ms": 11.0},
-        {"variant": "aa@f", "mask": every, "guard": "size-one", "step_time_ms": 10.1},
-        {"variant": "search@other", "mask": ["fwd:a->b"], "guard": "none", "step_time_ms": 99.0},
+        {"variant": "search@f", "mask": every, "guard": "none", "step_times_ms": _timed(10.0)},
+        {"variant": "search@f", "mask": None, "guard": "none", "step_times_ms": _timed(10.0)},
+        {"variant": "search@f", "mask": ["fwd:a->b"], "guard": "none",
+         "step_times_ms": _timed(11.0)},
+        {"variant": "aa@f", "mask": every, "guard": "size-one", "step_times_ms": _timed(10.1)},
+        {"variant": "search@other", "mask": ["fwd:a->b"], "guard": "none",
+         "step_times_ms": _timed(99.0)},
     ]
     costs = fix_costs(records, edge_ids=every, fix=["bwd:b->a"], variant_suffix="@f")
     assert costs["drop"]["ratio"] == pytest.approx(1.1)
@@ -66,6 +75,32 @@ def test_fix_costs_from_the_journal():
     assert line.startswith("dropping bwd:b->a costs +10.0% step time")
     assert "; the size-one guard costs +1.0% step time" in line
     assert fix_cost_line(fix_costs([], edge_ids=every, fix=[]), []) is None
+
+
+def test_a_cost_compares_runs_over_the_steps_they_all_ran():
+    # make demo: all-on runs diverged and stopped at steps 4-19, their slow first steps
+    # against whole clean runs: once "-39.5%". Over steps 3-6, which all ran: the same.
+    slow_start = [[s, 100.0 if s < 8 else 60.0] for s in range(3, 31)]
+    all_on = [slow_start[:4], slow_start[:17]]  # stopped at steps 6 and 19
+    drop = [slow_start, slow_start]
+    cost = compare_runs(all_on, drop)
+    assert cost["steps"] == [3, 6] and cost["ratio"] == pytest.approx(1.0)
+    assert "-39" not in describe_cost(cost)
+
+
+def test_no_cost_figure_from_too_few_common_steps_or_within_the_spread():
+    short = compare_runs([_timed(10.0, last=4)], [_timed(6.0)])
+    assert short["ratio"] is None and short["meaningful"] is False
+    assert describe_cost(short).startswith("no step time figure: the runs share 2 timed step(s)")
+    # all-on runs 8-12 ms apart (a busier machine for some): a 5% difference says nothing.
+    noisy = compare_runs([_timed(8.0), _timed(12.0)], [_timed(10.5), _timed(10.5)])
+    assert noisy["meaningful"] is False
+    assert describe_cost(noisy).startswith("no measurable difference in step time (+5.0% is "
+                                           "within the runs' own spread")
+    line = fix_cost_line({"drop": noisy, "guard": None}, ["bwd:b->a"])
+    assert line.startswith("dropping bwd:b->a: no measurable difference")
+    clear = compare_runs([_timed(10.0, jitter=0.1), _timed(10.2)], [_timed(13.0), _timed(13.1)])
+    assert clear["meaningful"] is True and describe_cost(clear).startswith("+29.2% step time")
 
 
 def test_order_log_keeps_only_the_first_steps():
@@ -106,3 +141,8 @@ def test_fsdp2_aa_reports_each_runs_step_time(tmp_path):
     assert data["step_time"]["runs"] == 2
     assert data["step_time"]["min_ms"] == min(times)
     assert "step time: " in out.getvalue()
+
+
+def test_step_times_that_are_no_positive_number_time_nothing():
+    assert compare_runs([[[3, 0.0], [4, -1.0], [5, float("nan")]]], [_timed(10.0)]) is None
+    assert compare_runs([[["x", 1.0]], "junk", None], [_timed(10.0)]) is None

@@ -14,6 +14,7 @@ from pathlib import Path
 from rich.console import Console
 
 from bisect_prefetch.commands.common import (
+    check_outputs,
     command_line,
     options,
     repeated_steps_note,
@@ -54,7 +55,7 @@ def aa(
     with resume_hint_on_interrupt(console, resume):
         result = run_aa(experiment_path, masks=masks, runs=runs, steps=steps, guard=guard,
                         state_dir=state_dir, console=console, executor=executor, slots=slots,
-                        stress=stress)
+                        stress=stress, outputs=(json_out,))
     if json_out is not None:
         write_json(json_out, result.to_json() | {"stress_groups": [
             {"stress": "on" if g.stress else "off", "verdict": g.verdict, "runs": len(g.runs)}
@@ -76,6 +77,7 @@ def run_aa(
     executor: str | None = None,
     slots: int | None = None,
     stress: str | None = None,
+    outputs: Sequence[Path | None] = (),
 ) -> GroupResult:
     """The group with its narration, table and verdict line.
 
@@ -91,6 +93,7 @@ def run_aa(
         if steps < 1:
             raise BisectPrefetchError(f"--steps must be at least 1, got {steps}")
         experiment = with_overrides(experiment, {"steps": steps})
+    check_outputs(*outputs, state_dir=state_dir, name=experiment.name)
     experiment = with_stress(experiment, stress)
     mode = experiment.stress.mode
     guard = guard or experiment.guard

@@ -17,7 +17,7 @@ from rich.console import Console
 from rich.table import Table
 
 from bisect_prefetch.audit import FAILING_KINDS, KINDS, audit_run_dir
-from bisect_prefetch.commands.common import write_json
+from bisect_prefetch.commands.common import check_outputs, write_json
 from bisect_prefetch.errors import BisectPrefetchError
 from bisect_prefetch.experiment import load_experiment
 from bisect_prefetch.runs.state import open_state
@@ -42,6 +42,7 @@ def audit(experiment_path: Path, *, guard: str | None, kinds: str | None, state_
           console: Console, json_out: Path | None = None) -> int:
     """Run the audit and print it; exit code 0 when the build is right, 1 otherwise."""
     result = run_audit(experiment_path, guard=guard, state_dir=state_dir, console=console,
+                       outputs=(json_out,),
                        kinds=parse_kinds(kinds))
     console.print(audit_table(result))
     for line in verdict_lines(result):
@@ -53,10 +54,11 @@ def audit(experiment_path: Path, *, guard: str | None, kinds: str | None, state_
 
 def run_audit(
     experiment_path: str | Path, *, guard: str | None, state_dir: str | Path, console: Console,
-    kinds: list[str] | None = None,
+    kinds: list[str] | None = None, outputs: tuple[Path | None, ...] = (),
 ) -> dict:
     experiment = load_experiment(experiment_path)
     require_prefetch_graph(experiment)
+    check_outputs(*outputs, state_dir=Path(state_dir), name=experiment.name)
     guard = guard or experiment.guard
     with open_state(experiment, state_dir, console=console) as opened:
         runner, state = opened.runner, opened.state

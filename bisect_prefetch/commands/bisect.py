@@ -33,6 +33,7 @@ from rich.table import Table
 
 from bisect_prefetch.audit import FAILING_KINDS, audit_run_dir
 from bisect_prefetch.commands.common import (
+    check_outputs,
     command_line,
     options,
     resume_hint_on_interrupt,
@@ -119,6 +120,7 @@ def bisect(
     """
     experiment = with_stress(load_experiment(experiment_path), stress)
     require_prefetch_graph(experiment)
+    check_outputs(json_out, state_dir=state_dir, name=experiment.name)
     hint = resume_command(experiment_path, state_dir, confidence, max_runs, executor, slots,
                           stress)
     with resume_hint_on_interrupt(console, hint):

@@ -13,7 +13,8 @@ from typing import Any
 
 from rich.console import Console
 
-from bisect_prefetch.files import write_text_atomic
+from bisect_prefetch.files import check_writable, write_text_atomic
+from bisect_prefetch.runs.store import StateDir
 
 PROGRAM = "bisect-prefetch"
 INTERRUPTED_LINE = "interrupted: finished runs are in the journal; to resume, run again:"
@@ -23,6 +24,16 @@ def write_text(path: Path, text: str, console: Console) -> None:
     """Write an output file the user asked for, and say so."""
     write_text_atomic(path, text)
     console.print(f"wrote {path}", markup=False)
+
+
+def check_outputs(*paths: Path | None, state_dir: Path | None = None, name: str | None = None) -> None:
+    """Every output file asked for, checked before any run starts: a run's hours are not
+    lost to a `--json` that cannot be written (or that would replace the journal)."""
+    if state_dir is not None and name is not None:
+        StateDir(state_dir, name)  # its journal and lock are no output's place
+    for path in paths:
+        if path is not None:
+            check_writable(path)
 
 
 def write_json(path: Path, data: Any, console: Console) -> None:

@@ -20,6 +20,7 @@ from typing import Any
 from rich.console import Console
 
 from bisect_prefetch.commands.common import (
+    check_outputs,
     command_line,
     options,
     resume_hint_on_interrupt,
@@ -43,7 +44,7 @@ from bisect_prefetch.report.progress import RunProgress
 from bisect_prefetch.report.table import print_matrix
 from bisect_prefetch.runs.group import stressed_groups
 from bisect_prefetch.runs.state import open_state
-from bisect_prefetch.runs.step_time import describe_cost, group_cost
+from bisect_prefetch.runs.step_time import compare_runs, describe_cost, group_cost
 from bisect_prefetch.runs.store import JOURNAL
 from bisect_prefetch.select import resolve_mask
 from bisect_prefetch.vocab import USABLE_OUTCOMES
@@ -149,9 +150,15 @@ class MatrixResult:
         for cell in self.cells:
             base = next((c for c in self.cells if c.mask_spec == ["all-on"]
                          and c.overrides == cell.overrides), None)
-            base_cost = base.group.get("step_time") if base is not None else None
-            times = [r.get("step_time_ms") for r in cell.group.get("run_details") or []]
-            cost = group_cost(times, base_cost["median_ms"] if base_cost else None)
+            details = cell.group.get("run_details") or []
+            if base is None or base is cell:
+                own = group_cost([r.get("step_time_ms") for r in details], None)
+                cost = group_cost([r.get("step_time_ms") for r in details],
+                                  own["median_ms"] if own and base is cell else None)
+            else:  # over the steps both cells' runs timed (runs/step_time.py)
+                cost = compare_runs([r.get("step_times_ms") for r in
+                                     base.group.get("run_details") or []],
+                                    [r.get("step_times_ms") for r in details])
             if cost is not None:
                 costs[cell.name] = cost
         return costs
@@ -283,7 +290,8 @@ def matrix(
                                                          slots=slots, stress=stress))
     with resume_hint_on_interrupt(console, resume):
         result = run_matrix_file(path, state_dir=state_dir, console=console, run_group=run_group,
-                                 executor=executor, slots=slots, stress=stress)
+                                 executor=executor, slots=slots, stress=stress,
+                                 outputs=(junit, markdown, json_out))
     data = result.to_json()
     print_matrix(data, console)
     for cell_name, cost in data["step_time"].items():  # only cells whose runs timed their steps
@@ -306,9 +314,11 @@ def matrix(
 
 def run_matrix_file(path: Path, *, state_dir: Path, console: Console,
                     run_group: GroupRunner | None = None, executor: str | None = None,
-                    slots: int | None = None, stress: str | None = None) -> MatrixResult:
+                    slots: int | None = None, stress: str | None = None,
+                    outputs: tuple[Path | None, ...] = ()) -> MatrixResult:
     """Load the matrix and run its cells with live progress (the real runner unless given one)."""
     loaded = load_matrix(path)
+    check_outputs(*outputs, state_dir=state_dir, name=loaded.experiment.name)
     total = sum(cell.runs for cell in loaded.cells)
     console.print(f"matrix {matrix_name(path)}: {len(loaded.cells)} cells, up to {total} runs, "
                   f"experiment {loaded.experiment.name}", markup=False)

@@ -9,6 +9,7 @@ from typing import Any
 from rich.console import Console
 
 from bisect_prefetch.commands.common import write_json
+from bisect_prefetch.errors import BisectPrefetchError
 from bisect_prefetch.search.simulate import simulate as run_simulation
 
 
@@ -20,14 +21,35 @@ def simulate(policy: str, layers: int, culprits: Sequence[str], *, console: Cons
     together, trials, seed, method, ...), passed on as they are.
     """
     s = settings
-    console.print(f"simulating {s['trials']} searches on {policy} x {layers} "
-                  f"layers, culprit {' + '.join(culprits)}{' (together)' if s['together'] else ''}, "
-                  f"hazard {s['hazard']:g} over {s['steps']} steps, seed {s['seed']}...",
-                  markup=False)
+    if culprits and s.get("hazard") is None:
+        raise BisectPrefetchError("--culprit needs --hazard (the per-step chance of its drift)")
+    if not culprits:
+        # No culprit: the case of drift without prefetch (--background), which a right
+        # search calls not-prefetch (no-drift-reproduced when there is no drift at all).
+        if s.get("hazard"):
+            raise BisectPrefetchError("--hazard is the culprit's drift: give --culprit with it")
+        if s.get("together"):
+            raise BisectPrefetchError("--together needs --culprit")
+        settings = {**settings, "hazard": 0.0}
+        s = settings
+        what = (f"no culprit, drift without prefetch in {s.get('background', 0.0):g} of runs"
+                if s.get("background") else "no culprit and no drift")
+        console.print(f"simulating {s['trials']} searches on {policy} x {layers} layers, {what}, "
+                      f"{s['steps']} steps a run, seed {s['seed']}...", markup=False)
+    else:
+        console.print(f"simulating {s['trials']} searches on {policy} x {layers} "
+                      f"layers, culprit {' + '.join(culprits)}{' (together)' if s['together'] else ''}, "
+                      f"hazard {s['hazard']:g} over {s['steps']} steps, seed {s['seed']}...",
+                      markup=False)
     result = run_simulation(policy, layers, list(culprits), **settings)
     claimed = result["claimed_confidence"]
-    console.print(f"per-run divergence chance q = {result['per_run_chance']:.3f} "
-                  f"({result['edges']} edges)", markup=False)
+    if culprits:
+        console.print(f"per-run divergence chance q = {result['per_run_chance']:.3f} "
+                      f"({result['edges']} edges)", markup=False)
+    else:
+        console.print(f"{result['edges']} edges; a right trial says "
+                      f"{'not-prefetch' if s.get('background') else 'no-drift-reproduced'}",
+                      markup=False)
     console.print(f"accuracy {result['accuracy']:.3f}"
                   + (f" (claimed confidence {claimed:.3f})" if claimed is not None else ""),
                   markup=False)

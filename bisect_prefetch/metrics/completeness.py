@@ -13,6 +13,9 @@ import numpy as np
 from bisect_prefetch.metrics.trajectory import Trajectory
 
 SHOWN = 3  # problems named in full; the rest are counted
+# Why a whole log is one step short: the job numbers its steps from 0, the tool from 1.
+ZERO_BASED_HINT = ("the job's steps start at 0, the tool's at 1: log step + 1, or, for a job "
+                   "that runs a fixed number of steps, ask for one step less")
 
 
 def step_ranges(steps: Sequence[int]) -> str:
@@ -44,7 +47,7 @@ def short_series(trajectory: Trajectory, names: Sequence[str], steps: int) -> st
             series = metrics.get(name)
             if series is not None and len(series) and int(series.steps[-1]) < steps:
                 last = int(series.steps[-1])
-                hint = (" (its log counts steps from 0: log from 1, or ask for one step less)"
+                hint = (f" ({ZERO_BASED_HINT})"
                         if int(series.steps[0]) == 0 and last == steps - 1 else "")
                 problems.append(f"rank {rank} {name} stops at step {last} of {steps}{hint}")
     return _summary(problems) if problems else None

@@ -20,7 +20,15 @@ from pathlib import Path
 
 import numpy as np
 
-from bisect_prefetch.metrics.trajectory import Columns, Counts, ParseResult, build_result
+from bisect_prefetch.metrics.trajectory import (
+    LONG_LINE,
+    MAX_LINE_BYTES,
+    Columns,
+    Counts,
+    ParseResult,
+    build_result,
+    skip_rest_of_line,
+)
 
 CHUNK_BYTES = 256 << 10
 ANSI_RE = re.compile(rb"\x1b\[[0-9;]*[A-Za-z]")
@@ -149,11 +157,18 @@ CONSOLE_FORMATS: dict[str, ConsoleFormat] = {
 
 
 def iter_chunks(path: Path) -> Iterator[bytes]:
-    """Whole lines in blocks of about CHUNK_BYTES; the last one may lack its newline."""
+    """Whole lines in blocks of about CHUNK_BYTES; the last one may lack its newline.
+
+    A line over MAX_LINE_BYTES comes as LONG_LINE (ConsoleParser counts it unread).
+    """
     with open(path, "rb") as f:
         while block := f.read(CHUNK_BYTES):
             if not block.endswith(b"\n"):
-                block += f.readline()  # the rest of the block's last line
+                start = block.rfind(b"\n") + 1  # the block's last line starts here
+                block += f.readline(max(MAX_LINE_BYTES + 1 - (len(block) - start), 1))
+                if len(block) - start > MAX_LINE_BYTES and not block.endswith(b"\n"):
+                    skip_rest_of_line(f)
+                    block = block[:start] + LONG_LINE + b"\n"
             yield block
 
 
@@ -183,6 +198,12 @@ class ConsoleParser:
         lines = _line_count(chunk)
         if not (allow_fast and self._fast(chunk, lines)):
             self._slow(chunk)
+        if LONG_LINE in chunk:  # skipped above, as no metric line: counted unread instead
+            at = chunk.find(LONG_LINE)
+            while at >= 0:
+                self.counts.skipped -= 1
+                self.counts.long_line(self.line_number + chunk.count(b"\n", 0, at) + 1)
+                at = chunk.find(LONG_LINE, at + 1)
         self.line_number += lines
 
     def _fast(self, chunk: bytes, lines: int) -> bool:

@@ -9,7 +9,14 @@ from pathlib import Path
 
 from bisect_prefetch.errors import BisectPrefetchError
 from bisect_prefetch.metrics.console import INT64_MAX, INT64_MIN, float_or_none
-from bisect_prefetch.metrics.trajectory import Columns, Counts, ParseResult, Record, build_result
+from bisect_prefetch.metrics.trajectory import (
+    Columns,
+    Counts,
+    ParseResult,
+    Record,
+    bounded_lines,
+    build_result,
+)
 
 # --------------------------------------------------------------------------- jsonl and regex
 
@@ -65,7 +72,10 @@ def parse_lines(path: Path, fmt: str, read_line, names: Sequence[str] | None) ->
     values: dict[tuple[int, str], list[float]] = {}
     wanted = set(names) if names else None
     with open(path, "rb") as f:
-        for number, raw in enumerate(f, start=1):
+        for number, raw in enumerate(bounded_lines(f), start=1):
+            if raw is None:
+                counts.long_line(number)
+                continue
             if not raw.strip():
                 counts.skipped += 1
                 continue
@@ -118,7 +128,8 @@ def regex_reader(pattern: str, rank: int | None):
     metric_groups = [g for g in groups if g not in ("step", "rank")]
 
     def read_line(raw: bytes):
-        m = compiled.search(raw.decode("utf-8", "replace"))
+        # Without its line ending, so `$` matches before a CRLF as before an LF.
+        m = compiled.search(raw.decode("utf-8", "replace").rstrip("\r\n"))
         if m is None:
             return None
         try:

@@ -22,7 +22,7 @@ from bisect_prefetch.metrics.console import CONSOLE_FORMATS, ConsoleParser
 from bisect_prefetch.metrics.digests import DigestRecord, parse_digest_line, read_digests
 from bisect_prefetch.metrics.lines import jsonl_reader, regex_reader
 from bisect_prefetch.metrics.loading import rank_from_path, run_files
-from bisect_prefetch.metrics.trajectory import Columns
+from bisect_prefetch.metrics.trajectory import LONG_LINE, MAX_LINE_BYTES, Columns
 
 DIGEST_FILE = "digests.jsonl"
 # Which files to follow is looked up again this often (per-rank logs appear as ranks start);
@@ -41,27 +41,48 @@ class MetricsConfig(Protocol):
 
 
 class NewLines:
-    """The complete lines appended to a file since the last call, as one bytes block."""
+    """The complete lines appended to a file since the last call, as one bytes block.
+
+    A line over MAX_LINE_BYTES is never held whole: it comes as LONG_LINE, and what is left
+    of it is read past as it arrives.
+    """
+
+    PIECE_BYTES = 1 << 20
 
     def __init__(self, path: Path) -> None:
         self.path = path
-        self.offset = 0  # bytes consumed: complete lines only
+        self.offset = 0  # bytes consumed: complete lines (and long lines read past)
         self._partial = b""
+        self._skipping = False  # inside a long line: drop bytes up to its newline
 
     def read(self) -> bytes:
+        out = []
         try:
             with open(self.path, "rb") as f:
                 f.seek(self.offset + len(self._partial))
-                block = f.read()
+                while piece := f.read(self.PIECE_BYTES):
+                    out.append(self._take(piece))
         except FileNotFoundError:
             return b""
-        if not block:
-            return b""
-        block = self._partial + block
+        return b"".join(out)
+
+    def _take(self, piece: bytes) -> bytes:
+        if self._skipping:
+            newline = piece.find(b"\n")
+            if newline < 0:
+                self.offset += len(piece)
+                return b""
+            self.offset += newline + 1
+            piece, self._skipping = piece[newline + 1:], False
+        block = self._partial + piece
         cut = block.rfind(b"\n") + 1
         self._partial = block[cut:]
         self.offset += cut
-        return block[:cut]
+        if len(self._partial) <= MAX_LINE_BYTES:
+            return block[:cut]
+        self.offset += len(self._partial)
+        self._partial, self._skipping = b"", True
+        return block[:cut] + LONG_LINE + b"\n"
 
 
 class _FileFeed:

@@ -14,7 +14,7 @@ from pathlib import Path
 from bisect_prefetch.errors import BisectPrefetchError
 from bisect_prefetch.metrics.console import ANSI_RE, CONSOLE_FORMATS, parse_console
 from bisect_prefetch.metrics.lines import jsonl_reader, parse_jsonl_line, parse_lines, regex_reader
-from bisect_prefetch.metrics.trajectory import ParseResult, Trajectory
+from bisect_prefetch.metrics.trajectory import ParseResult, Trajectory, bounded_lines
 from bisect_prefetch.vocab import METRIC_FORMATS
 
 FORMATS = METRIC_FORMATS
@@ -84,9 +84,13 @@ def parse_file(
 
 
 def _sample_lines(path: Path) -> Iterator[bytes]:
+    """The lines detection looks at: the first DETECT_BYTES of lines up to MAX_LINE_BYTES;
+    longer lines are read past (never held) and do not use up the sample."""
     with open(path, "rb") as f:
         seen = 0
-        for line in f:
+        for line in bounded_lines(f):
+            if line is None:
+                continue
             yield line
             seen += len(line)
             if seen > DETECT_BYTES:

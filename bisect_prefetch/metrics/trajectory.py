@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import BinaryIO
 
 import numpy as np
 
@@ -20,6 +21,30 @@ from bisect_prefetch.errors import BisectPrefetchError
 
 Record = tuple[int, int, dict[str, float]]
 UNREAD_SAMPLES = 5
+# A log line longer than this is an unread line, read past in blocks and never held whole
+# (a metric line is a few hundred bytes; a flood without newlines must not fill memory).
+MAX_LINE_BYTES = 1 << 20
+# What stands for such a line where lines travel in blocks (console chunks, live reads):
+# no format's marker, so a parser skips it, and the NUL keeps it from any real log line.
+LONG_LINE = b"\0(a line over 1 MiB, left out)"
+_SKIP_BLOCK = 1 << 16
+
+
+def skip_rest_of_line(f: BinaryIO) -> None:
+    """Read past the rest of the current line (its newline included), a block at a time."""
+    while block := f.readline(_SKIP_BLOCK):
+        if block.endswith(b"\n"):
+            return
+
+
+def bounded_lines(f: BinaryIO) -> Iterator[bytes | None]:
+    """A binary file's lines, each at most MAX_LINE_BYTES; None for a longer one."""
+    while line := f.readline(MAX_LINE_BYTES + 1):
+        if len(line) > MAX_LINE_BYTES and not line.endswith(b"\n"):
+            skip_rest_of_line(f)
+            yield None
+        else:
+            yield line
 
 # --------------------------------------------------------------------------- series
 
@@ -138,6 +163,9 @@ class Counts:
         self.read = self.unread = self.skipped = self.not_numeric = 0
         self.samples: list[tuple[int, str]] = []
         self.last_unread: tuple[int, str] | None = None
+
+    def long_line(self, number: int) -> None:
+        self.unread_line(number, LONG_LINE[1:])
 
     def unread_line(self, number: int, line: bytes) -> None:
         self.unread += 1

@@ -29,7 +29,7 @@ from bisect_prefetch.report.table import fmt_step, matrix_rows, matrix_summary
 from bisect_prefetch.runs.faults import fault_lines
 from bisect_prefetch.runs.merge import GRAPH_FILE
 from bisect_prefetch.runs.signals import describe_signals
-from bisect_prefetch.runs.step_time import group_cost
+from bisect_prefetch.runs.step_time import compare_runs
 from bisect_prefetch.runs.store import JOURNAL, SUBMITTED, read_journal
 from bisect_prefetch.search.protocol import mask_name
 from bisect_prefetch.vocab import CONSISTENT, DIVERGED, RUN_OUTCOMES, USABLE_OUTCOMES
@@ -304,27 +304,26 @@ def _bisect_evidence(bisect: dict[str, Any], groups: list[RunGroup],
     headers = ["step", "mask", "edges", "runs", "divergences", "errors", "first diff steps",
                "verdict", "step time vs all-on"]
     # Evidence rows name their mask (protocol.mask_name): the journal's runs of that mask.
-    times: dict[str, list[float | None]] = {}
+    times: dict[str, list[Any]] = {}
     for g in groups:
         if g.purpose == "search" and g.mask is not None and edge_ids:
             name = mask_name(frozenset(g.mask), edge_ids)
-            times.setdefault(name, []).extend(r.get("step_time_ms") for r in g.records)
-    base_ms = _all_on_ms(groups, edge_ids)
+            times.setdefault(name, []).extend(r.get("step_times_ms") for r in g.records)
+    base = _all_on_runs(groups, edge_ids)
     rows = [[e.get("step", ""), e.get("mask", ""), e.get("edges", ""), e.get("runs", 0),
              e.get("divergences", 0), e.get("errors", 0),
              ", ".join(str(s) for s in e.get("first_diff_steps", [])) or "-",
-             e.get("verdict", ""), _cost_text(group_cost(times.get(e.get("mask"), []), base_ms))]
+             e.get("verdict", ""), _cost_text(compare_runs(base, times.get(e.get("mask"), [])))]
             for e in bisect.get("evidence", [])]
     return headers, rows
 
 
-def _all_on_ms(groups: list[RunGroup], edge_ids: list[str] | None) -> float | None:
-    """The baseline: median step time of every run with every edge on and no guard
-    (runs/step_time.py)."""
+def _all_on_runs(groups: list[RunGroup], edge_ids: list[str] | None) -> list[Any]:
+    """The baseline: the step times of every run with every edge on and no guard, compared
+    with a group's over the steps they all ran (runs/step_time.compare_runs)."""
     every = set(edge_ids or [])
-    base = group_cost([r.get("step_time_ms") for g in groups for r in g.records
-                       if g.guard == "none" and (g.mask is None or set(g.mask) == every)], None)
-    return base["median_ms"] if base else None
+    return [r.get("step_times_ms") for g in groups for r in g.records
+            if g.guard == "none" and (g.mask is None or set(g.mask) == every)]
 
 
 def _first_diff_ranks(cell: dict[str, Any]) -> str:
@@ -337,17 +336,20 @@ def _first_diff_ranks(cell: dict[str, Any]) -> str:
 def _group_evidence(groups: list[RunGroup], edge_ids: list[str] | None):
     headers = ["runs of", "mask", "guard", "steps", "runs", "divergences", "errors",
                "first diff step", "verdict", "step time vs all-on"]
-    base_ms = _all_on_ms(groups, edge_ids)
+    base = _all_on_runs(groups, edge_ids)
     rows = [[g.purpose, _mask_label(g.mask, edge_ids), g.guard, g.steps, len(g.records),
              len(g.diverged_runs), len(g.records) - len(g.usable), fmt_step(g.first_diff_step),
-             g.verdict, _cost_text(group_cost([r.get("step_time_ms") for r in g.records],
-                                              base_ms))] for g in groups]
+             g.verdict, _cost_text(compare_runs(base, [r.get("step_times_ms") for r in g.records]))]
+            for g in groups]
     return headers, rows
 
 
 def _cost_text(cost: dict[str, Any] | None) -> str:
     if cost is None:
         return "-"
+    if cost.get("meaningful") is False:
+        return f"no figure: {cost['why']}" if cost["ratio"] is None else (
+            f"{cost['ratio']:.3f}x, within the spread ({cost['why']})")
     if cost["ratio"] is None:
         return f"{cost['median_ms']:.1f} ms"
     return (f"{cost['ratio']:.3f}x ({cost['median_ms']:.1f} ms; "
@@ -364,7 +366,7 @@ def _matrix_from_journal(groups: list[RunGroup], saved: dict[str, Any] | None,
     saved_cells = {c["name"]: c for c in (saved or {}).get("cells", [])}
     # The matrix file's order where it is known, then any other cells the journal has.
     names = [n for n in saved_cells if n in latest] + [n for n in latest if n not in saved_cells]
-    base_ms = _all_on_ms(groups, edge_ids)
+    base = _all_on_runs(groups, edge_ids)
     out = []
     for name in names:
         group = latest[name]
@@ -379,7 +381,7 @@ def _matrix_from_journal(groups: list[RunGroup], saved: dict[str, Any] | None,
             "metrics": before.get("metrics", {}) if before.get("verdict") == verdict else {},
             "runs": len(group.records), "divergences": len(group.diverged_runs),
             "mask": group.mask or [], "seconds": sum(r.get("wall_s") or 0 for r in group.records),
-            "step_time": group_cost([r.get("step_time_ms") for r in group.records], base_ms),
+            "step_time": compare_runs(base, [r.get("step_times_ms") for r in group.records]),
         })
     return {"matrix": (saved or {}).get("matrix", "matrix"), "cells": out}
 

@@ -8,6 +8,7 @@ overwrite.
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -19,15 +20,29 @@ from bisect_prefetch.runs.faults import fault_lines
 SUMMARY_ENV = "GITHUB_STEP_SUMMARY"
 
 
+# Terminal colour and title sequences (CSI, OSC) from job logs: no meaning in Markdown.
+_ANSI = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)?|\x1b[@-Z\\-_]")
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+
+
 def _escape(text: str) -> str:
-    # A pipe would split the cell; a newline would end the row.
-    return text.replace("\\", "\\\\").replace("|", "\\|").replace("\n", " ")
+    """Text as Markdown shows it, never as markup: job logs reach these cells.
+
+    A pipe would split the cell and a newline end the row; `<`, `>` and `&` would be raw
+    HTML (GitHub renders some of it); ANSI sequences are dropped and other control
+    characters written as escapes.
+    """
+    text = _ANSI.sub("", str(text))
+    text = _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", text)
+    text = text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+    return (text.replace("\\", "\\\\").replace("|", "\\|").replace("`", "\\`")
+            .replace("\r\n", " ").replace("\n", " ").replace("\r", " ").replace("\t", " "))
 
 
 def matrix_markdown(result: dict) -> str:
     headers, rows = matrix_rows(result)
-    title = f"### bisect-prefetch matrix {result.get('matrix', '')}".rstrip()
-    lines = [title, "", matrix_summary(result), ""]
+    title = f"### bisect-prefetch matrix {_escape(result.get('matrix', ''))}".rstrip()
+    lines = [title, "", _escape(matrix_summary(result)), ""]
     lines.append("| " + " | ".join(_escape(h) for h in headers) + " |")
     lines.append("|" + "|".join("---" for _ in headers) + "|")
     for row in rows:

@@ -27,7 +27,12 @@ from bisect_prefetch.errors import BisectPrefetchError
 from bisect_prefetch.experiment import Experiment
 from bisect_prefetch.files import write_text_atomic
 from bisect_prefetch.metrics.compare import StreamingComparator, compare_trajectories, earliest
-from bisect_prefetch.metrics.completeness import missing_data, short_series, unlike_ranks
+from bisect_prefetch.metrics.completeness import (
+    ZERO_BASED_HINT,
+    missing_data,
+    short_series,
+    unlike_ranks,
+)
 from bisect_prefetch.metrics.live import DIGEST_FILE, LiveMetrics
 from bisect_prefetch.metrics.loading import load_files, load_run, run_files
 from bisect_prefetch.metrics.localize import judge_digests, units_in_graph
@@ -51,7 +56,7 @@ from bisect_prefetch.runs.merge import GRAPH_FILE, merge_graphs, merge_probes
 from bisect_prefetch.runs.plan import PLAN_ENV, PLAN_FILE, build_plan, plan_hash, write_plan
 from bisect_prefetch.runs.procs import kill_leftovers
 from bisect_prefetch.runs.signals import run_signals, signal_problems
-from bisect_prefetch.runs.step_time import run_step_time_ms
+from bisect_prefetch.runs.step_time import run_step_time_ms, run_step_times_ms
 from bisect_prefetch.runs.store import RunKey, StateDir
 from bisect_prefetch.runs.workloads import (
     argv_template,
@@ -95,6 +100,9 @@ class RunOutcome:
     problems: list[str] = field(default_factory=list)
     fault: dict[str, Any] | None = None  # runs.faults record of a failed run, if a log names one
     step_time_ms: float | None = None  # median step time after warm-up (runs/step_time.py)
+    # [step, ms] of every step after warm-up (the slowest rank's): costs compare runs over
+    # the steps they all ran (runs/step_time.compare_runs).
+    step_times_ms: list[list[float]] | None = None
     # Where the digests first differ from the reference: metrics.localize.Localization's JSON.
     localization: dict[str, Any] | None = None
     # What the run measured (runs/signals.py): step boundaries, digests, order, precision.
@@ -409,6 +417,7 @@ class Runner:
         stopped = out.outcome == STOPPED_EARLY
         out.problems = (graph_problems + probe_problems
                         + ([] if stopped else signal_problems(out.signals)))
+        out.step_times_ms = run_step_times_ms(run_dir) or None
         out.step_time_ms = run_step_time_ms(run_dir)
         self._read_metrics(out, run_dir, steps, ref, comparator)
         if out.outcome == ERROR and out.steps_done == 0:
@@ -436,7 +445,7 @@ class Runner:
         if ended_by_itself and 0 < out.steps_done < steps:
             how = "" if out.exit_code == 0 else f", {out.reason}"
             out.outcome, out.reason = TRUNCATED, f"stopped at step {out.steps_done} of {steps}{how}"
-            if "from 0" in (short := short_series(trajectory, self.names, steps) or ""):
+            if ZERO_BASED_HINT in (short := short_series(trajectory, self.names, steps) or ""):
                 out.reason += f": {short}"  # the hint why a whole log is one step short
         if not out.usable:
             return

@@ -16,6 +16,7 @@ import os
 import shutil
 import socket
 import subprocess
+import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
@@ -24,6 +25,7 @@ from typing import Any
 
 from bisect_prefetch.errors import BisectPrefetchError
 from bisect_prefetch.files import write_text_atomic
+from bisect_prefetch.runs import reaper
 from bisect_prefetch.runs.job_path import tool_paths
 from bisect_prefetch.runs.plan import PLAN_ENV
 from bisect_prefetch.runs.procs import kill_job
@@ -114,10 +116,19 @@ def check_command(argv: list[str], env: Mapping[str, str]) -> None:
 
 
 def stop_job(proc: subprocess.Popen, spec: JobSpec, grace_s: float) -> None:
-    """Kill the job's process group and every process that carries its plan, then reap it."""
+    """Kill the job's process group, every process below it and every process that carries
+    its plan, then reap it."""
     plan = spec.env.get(PLAN_ENV)
-    kill_job(proc.pid, f"{PLAN_ENV}={plan}" if plan else None, grace_s, reap=proc.poll)
+    kill_job(proc.pid, f"{PLAN_ENV}={plan}" if plan else None, grace_s, reap=proc.poll,
+             root=proc.pid)
     proc.wait()
+
+
+def reaped_argv(argv: list[str], grace_s: float) -> list[str]:
+    """argv run under runs/reaper.py: nothing the job starts (a child in a session of its
+    own, with a scrubbed environment) outlives it. -I -S: the job's environment (its
+    PYTHONPATH, the adapter's site dir) does not reach the reaper's own interpreter."""
+    return [sys.executable, "-I", "-S", reaper.__file__, f"{grace_s:g}", *argv]
 
 
 def _file_size(path: Path) -> int:
@@ -152,7 +163,7 @@ def run_job(
     with stdout, stderr:
         try:
             proc = subprocess.Popen(
-                spec.argv, env=spec.env, cwd=spec.cwd or spec.run_dir, stdin=subprocess.DEVNULL,
+                reaped_argv(spec.argv, spec.grace_s), env=spec.env, cwd=spec.cwd or spec.run_dir, stdin=subprocess.DEVNULL,
                 stdout=stdout, stderr=stderr, start_new_session=True,
             )
         except OSError as exc:

@@ -13,6 +13,7 @@ import re
 from pathlib import Path
 from typing import Any
 
+from bisect_prefetch.audit import read_probe
 from bisect_prefetch.files import write_text_atomic
 
 GRAPH_FILE = "graph.json"
@@ -65,11 +66,13 @@ def merge_probes(run_dir: Path, expected_plan_hash: str) -> tuple[dict | None, l
     files = _rank_files(run_dir, "probe")
     if not files:
         return None, []
-    probes = {rank: _read(path) for rank, path in files.items()}
+    read = {rank: read_probe(path) for rank, path in files.items()}
+    probes = {rank: probe for rank, (probe, _) in read.items()}
     problems = []
-    unreadable = [r for r, p in probes.items() if not isinstance(p, dict)]
+    unreadable = [r for r, p in probes.items() if p is None]
     if unreadable:
-        problems.append(f"probe of rank(s) {_ranks(unreadable)} unreadable")
+        why = read[unreadable[0]][1]
+        problems.append(f"probe of rank(s) {_ranks(unreadable)} unreadable ({why})")
     wrong_plan = [r for r, p in probes.items()
                   if isinstance(p, dict) and p.get("plan_hash") != expected_plan_hash]
     if wrong_plan:

@@ -6,7 +6,9 @@ their own, and a launcher killed hard leaves them running. What every
 process of a job does keep is its environment: the launcher gives each run a
 unique BISECT_PREFETCH_PLAN, so the job's processes are the ones whose
 /proc/<pid>/environ holds that entry (Linux; elsewhere only the group is
-found).
+found). A process that also scrubs its environment (env -i) stays in the job's
+process tree: the launcher runs every job under runs/reaper.py, which receives
+the job's orphans, and kill_job signals every process below it.
 """
 
 from __future__ import annotations
@@ -15,6 +17,8 @@ import os
 import signal
 import time
 from pathlib import Path
+
+from bisect_prefetch.runs.reaper import descendants
 
 PROC = Path("/proc")
 
@@ -71,14 +75,18 @@ def _signal_all(pgid: int | None, pids: list[int], sig: int) -> None:
             pass
 
 
-def kill_job(pgid: int | None, marker: str | None, grace_s: float, reap=lambda: None) -> None:
-    """SIGTERM the group and every marked process; SIGKILL what is left after grace_s.
+def kill_job(pgid: int | None, marker: str | None, grace_s: float, reap=lambda: None,
+             root: int | None = None) -> None:
+    """SIGTERM the group, every marked process and every process below root; SIGKILL what
+    is left after grace_s.
 
     reap is called while waiting so the caller can collect its own child
     (an unreaped leader stays in its group as a zombie).
     """
     def remaining() -> list[int]:
-        return marked_processes(marker) if marker else []
+        found = marked_processes(marker) if marker else []
+        below = [p for p in descendants(root) if not _is_zombie(p)] if root is not None else []
+        return sorted(set(found) | set(below))
 
     _signal_all(pgid, remaining(), signal.SIGTERM)
     deadline = time.monotonic() + grace_s

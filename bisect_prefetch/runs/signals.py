@@ -29,6 +29,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from bisect_prefetch.audit import read_probe
 from bisect_prefetch.metrics.precision import FULL, describe_precision, printed_precision
 from bisect_prefetch.vocab import VALUE_SUFFIX
 
@@ -39,11 +40,8 @@ def _probes(run_dir: Path) -> dict[int, dict[str, Any]]:
         rank = path.name[len("probe.rank"):-len(".json")]
         if not rank.isdigit():
             continue
-        try:
-            probe = json.loads(path.read_text())
-        except (OSError, ValueError):
-            continue
-        if isinstance(probe, dict):
+        probe, _ = read_probe(path)  # an unreadable one makes the run an error (runs/merge.py)
+        if probe is not None:
             probes[int(rank)] = probe
     return probes
 

@@ -5,33 +5,108 @@ two ``report_step`` calls, from ``step_seconds`` in probe.rank{R}.json); the
 first WARMUP_STEPS steps are warm-up and left out; a run's step time is the
 median of the rest. A run without enough steps (or without the adapter) has
 none.
+
+A cost (one group of runs against another, e.g. drop-only against all-on) compares runs
+over the same steps: the steps after warm-up that every run of both groups timed (a
+diverged run stops early, and a run's first steps are its slowest). A window shorter than
+MIN_WINDOW steps gives no figure, and a difference within the runs' own spread (one
+group's runs against each other, which also shows a machine that was busier for some
+runs than for others) is said as no measurable difference, not as a cost.
 """
 
 from __future__ import annotations
 
-import json
+import math
 import statistics
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+from bisect_prefetch.audit import read_probe
+
 WARMUP_STEPS = 2  # the first step builds and initializes; the second still warms caches
+MIN_WINDOW = 3  # steps every compared run must have timed for a cost figure
 
 
 def run_step_time_ms(run_dir: Path) -> float | None:
     """The run's median step time in ms after warm-up (see the module docstring), or None."""
-    per_step: dict[int, float] = {}
-    for path in Path(run_dir).glob("probe.rank*.json"):
-        try:
-            probe = json.loads(path.read_text())
-        except (OSError, ValueError):
-            continue
-        for step, seconds in probe.get("step_seconds") or []:
-            per_step[int(step)] = max(per_step.get(int(step), 0.0), float(seconds))
-    kept = [s for step, s in per_step.items() if step > WARMUP_STEPS]
+    kept = [ms for _, ms in run_step_times_ms(run_dir)]
     if not kept:
         return None
-    return round(statistics.median(kept) * 1000.0, 3)
+    return round(statistics.median(kept), 3)
+
+
+def run_step_times_ms(run_dir: Path) -> list[list[float]]:
+    """[step, ms] for every step after warm-up: the slowest rank's time of that step."""
+    per_step: dict[int, float] = {}
+    for path in Path(run_dir).glob("probe.rank*.json"):
+        probe, _ = read_probe(path)
+        if probe is None:
+            continue  # unreadable: the run is an error, said by runs/merge.py
+        for step, seconds in probe.get("step_seconds") or []:
+            per_step[int(step)] = max(per_step.get(int(step), 0.0), float(seconds))
+    return [[step, round(seconds * 1000.0, 3)] for step, seconds in sorted(per_step.items())
+            if step > WARMUP_STEPS]
+
+
+def _per_step(times: Any) -> dict[int, float] | None:
+    """A run's [step, ms] list (a journal record's step_times_ms) as a mapping, or None."""
+    if not isinstance(times, list) or not times:
+        return None
+    try:
+        per_step = {int(step): float(ms) for step, ms in times}
+    except (TypeError, ValueError):
+        return None
+    # A time that is no positive number (a job's own probe may say anything) times nothing.
+    return {step: ms for step, ms in per_step.items() if math.isfinite(ms) and ms > 0} or None
+
+
+def compare_runs(base_runs: Iterable[Any], runs: Iterable[Any]) -> dict[str, Any] | None:
+    """One group's step time against a baseline group's, over the steps all of them timed.
+
+    Each run is its [step, ms] list (None for a run that timed no step). The cost's fields
+    are group_cost's (median, range, ratio against the baseline's median, over the common
+    window), plus ``steps`` ([first, last] of the window) and ``meaningful`` with ``why``
+    when it is not. None when either group has no timed run.
+    """
+    base = [t for t in (_per_step(r) for r in base_runs) if t]
+    other = [t for t in (_per_step(r) for r in runs) if t]
+    if not base or not other:
+        return None
+    window = sorted(set.intersection(*(set(t) for t in base + other)))
+    if len(window) < MIN_WINDOW:
+        lasts = sorted({max(t) for t in base + other})
+        return {"runs": len(other), "median_ms": None, "ratio": None, "ratio_min": None,
+                "ratio_max": None, "steps": None, "meaningful": False,
+                "why": f"the runs share {len(window)} timed step(s) after warm-up, fewer than "
+                       f"{MIN_WINDOW} (they stopped at steps {lasts[0]}-{lasts[-1]}: a diverged "
+                       "run stops early, and early steps are slow)"}
+
+    def medians(group: list[dict[int, float]]) -> list[float]:
+        return [statistics.median(t[s] for s in window) for t in group]
+
+    base_ms, other_ms = medians(base), medians(other)
+    cost = group_cost(other_ms, statistics.median(base_ms))
+    assert cost is not None
+    cost["steps"] = [window[0], window[-1]]
+    # How much runs of one mask differ among themselves (load, noise): a cost below it is
+    # no measured cost. With one run a group, its steps' own spread stands for it.
+    spread = max(_spread(base_ms, base), _spread(other_ms, other))
+    cost["spread"] = round(spread, 4)
+    meaningful = abs(cost["ratio"] - 1.0) > spread or spread == 0.0
+    cost["meaningful"] = meaningful
+    cost["why"] = None if meaningful else (
+        f"{(cost['ratio'] - 1.0) * 100.0:+.1f}% is within the runs' own spread "
+        f"({spread * 100.0:.1f}%)")
+    return cost
+
+
+def _spread(medians: list[float], runs: list[dict[int, float]]) -> float:
+    if len(medians) >= 2:
+        return (max(medians) - min(medians)) / statistics.median(medians)
+    steps = sorted(runs[0].values())
+    quarter = max(len(steps) // 4, 0)
+    return (steps[-1 - quarter] - steps[quarter]) / statistics.median(steps)
 
 
 def group_cost(times_ms: Iterable[float | None], baseline_ms: float | None) -> dict[str, Any] | None:
@@ -70,11 +145,17 @@ def describe_cost(cost: Mapping[str, Any] | None) -> str:
     """`+1.2% step time (12.3 ms, runs 0.98-1.03x)`, or `step time unknown`."""
     if not cost:
         return "step time unknown"
+    if cost.get("meaningful") is False:
+        if cost.get("ratio") is None:
+            return f"no step time figure: {cost['why']}"
+        return (f"no measurable difference in step time ({cost['why']}; steps "
+                f"{cost['steps'][0]}-{cost['steps'][1]} over {cost['runs']} run(s))")
     if cost.get("ratio") is None:
         return f"{cost['median_ms']:.1f} ms a step (no all-on runs to compare with)"
     percent = (cost["ratio"] - 1.0) * 100.0
+    steps = f", steps {cost['steps'][0]}-{cost['steps'][1]}" if cost.get("steps") else ""
     return (f"{percent:+.1f}% step time ({cost['median_ms']:.1f} ms; over {cost['runs']} run(s) "
-            f"{cost['ratio_min']:.2f}-{cost['ratio_max']:.2f}x)")
+            f"{cost['ratio_min']:.2f}-{cost['ratio_max']:.2f}x{steps})")
 
 
 def fix_costs(records: Iterable[Mapping[str, Any]], *, edge_ids: Iterable[str],
@@ -88,7 +169,7 @@ def fix_costs(records: Iterable[Mapping[str, Any]], *, edge_ids: Iterable[str],
     left out.
     """
     every, dropped = frozenset(edge_ids), frozenset(fix)
-    groups: dict[str, list[float | None]] = {"all_on": [], "drop": [], "guard": []}
+    groups: dict[str, list[Any]] = {"all_on": [], "drop": [], "guard": []}
     for record in records:
         if not str(record.get("variant", "")).endswith(variant_suffix):
             continue
@@ -98,21 +179,25 @@ def fix_costs(records: Iterable[Mapping[str, Any]], *, edge_ids: Iterable[str],
         mask = every if mask is None else frozenset(mask)
         guard = record.get("guard", "none")
         if mask == every:
-            groups["all_on" if guard == "none" else "guard"].append(record.get("step_time_ms"))
+            groups["all_on" if guard == "none" else "guard"].append(record.get("step_times_ms"))
         elif dropped and mask == every - dropped and guard == "none":
-            groups["drop"].append(record.get("step_time_ms"))
-    base = group_cost(groups["all_on"], None)
-    base_ms = base["median_ms"] if base else None
-    return {"all_on": base, "drop": group_cost(groups["drop"], base_ms),
-            "guard": group_cost(groups["guard"], base_ms)}
+            groups["drop"].append(record.get("step_times_ms"))
+    timed = [_per_step(t) for t in groups["all_on"]]
+    base = group_cost([statistics.median(t.values()) for t in timed if t], None)
+    return {"all_on": base, "drop": compare_runs(groups["all_on"], groups["drop"]),
+            "guard": compare_runs(groups["all_on"], groups["guard"])}
 
 
 def fix_cost_line(costs: Mapping[str, Any], fix: Iterable[str]) -> str | None:
     """`dropping bwd:X->Y costs +1.2% step time (...); the size-one guard costs +0.1% ...`."""
     parts = []
     fix = sorted(fix)
-    if fix and costs.get("drop") and costs["drop"].get("ratio") is not None:
-        parts.append(f"dropping {', '.join(fix)} costs {describe_cost(costs['drop'])}")
-    if costs.get("guard") and costs["guard"].get("ratio") is not None:
-        parts.append(f"the size-one guard costs {describe_cost(costs['guard'])}")
+    for key, what in (("drop", f"dropping {', '.join(fix)}"), ("guard", "the size-one guard")):
+        cost = costs.get(key)
+        if key == "drop" and not fix or not cost:
+            continue
+        if cost.get("meaningful") is False:
+            parts.append(f"{what}: {describe_cost(cost)}")
+        elif cost.get("ratio") is not None:
+            parts.append(f"{what} costs {describe_cost(cost)}")
     return "; ".join(parts) if parts else None
