@@ -46,6 +46,7 @@ from bisect_prefetch.runs.faults import describe as describe_fault
 from bisect_prefetch.runs.first_error import first_error_line
 from bisect_prefetch.runs.job_path import ADAPTER_TREE, write_adapter_tree
 from bisect_prefetch.runs.launcher import (
+    NO_METRICS,
     STATUS_FILE,
     JobSpec,
     check_command,
@@ -435,7 +436,7 @@ class Runner:
             trajectory = self._load(run_dir,
                                     stopped_early=out.outcome == STOPPED_EARLY and ref is not None)
         except BisectPrefetchError as exc:
-            if out.usable:
+            if out.usable or out.reason == NO_METRICS:  # the reader says what it missed
                 out.outcome, out.reason = ERROR, f"missing metrics: {exc}"
             return
         out.steps_done = last_step(trajectory)

@@ -32,6 +32,7 @@ from bisect_prefetch.runs.procs import kill_job
 from bisect_prefetch.vocab import ERROR, OK, STOPPED_EARLY, TIMEOUT
 
 STATUS_FILE = "status.json"
+NO_METRICS = "no metrics written"  # a job that exited 0 before any metric value was read
 
 # Same in every run of a group unless the experiment sets them: on CPU the
 # thread count alone changes torch's results.
@@ -219,5 +220,5 @@ def _watch(
         how = f"killed by signal {-exit_code}" if exit_code < 0 else f"exit code {exit_code}"
         return JobResult(ERROR, exit_code, wall, how, first_progress)
     if progress() == 0:
-        return JobResult(ERROR, exit_code, wall, "no metrics written", first_progress)
+        return JobResult(ERROR, exit_code, wall, NO_METRICS, first_progress)
     return JobResult(OK, exit_code, wall, "finished", first_progress)
