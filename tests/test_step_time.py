@@ -103,6 +103,21 @@ def test_no_cost_figure_from_too_few_common_steps_or_within_the_spread():
     assert clear["meaningful"] is True and describe_cost(clear).startswith("+29.2% step time")
 
 
+def test_no_cost_figure_from_runs_on_a_differently_busy_machine():
+    # The same +29% between journal records, once with loads alike and once with the
+    # dropped-edge runs on a machine three times as busy: then it says so, not a cost.
+    def records(ms: float, load: float) -> list[dict]:
+        return [{"step_times_ms": _timed(ms + k / 10), "load_avg": load} for k in range(2)]
+
+    alike = compare_runs(records(10.0, 2.0), records(13.0, 2.4))
+    assert alike["meaningful"] is True
+    busier = compare_runs(records(10.0, 2.0), records(13.0, 6.0))
+    assert busier["meaningful"] is False
+    assert describe_cost(busier) == (
+        "step time not comparable (+29.8%, but the machine was busier for these runs (1-minute "
+        "load average 6.0) than for the runs they are compared with (2.0); steps 3-10 over 2 run(s))")
+
+
 def test_order_log_keeps_only_the_first_steps():
     lines = []
     log = OrderLog(rank=3, steps=2, write=lines.append)

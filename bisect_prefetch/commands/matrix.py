@@ -156,9 +156,7 @@ class MatrixResult:
                 cost = group_cost([r.get("step_time_ms") for r in details],
                                   own["median_ms"] if own and base is cell else None)
             else:  # over the steps both cells' runs timed (runs/step_time.py)
-                cost = compare_runs([r.get("step_times_ms") for r in
-                                     base.group.get("run_details") or []],
-                                    [r.get("step_times_ms") for r in details])
+                cost = compare_runs(base.group.get("run_details") or [], details)
             if cost is not None:
                 costs[cell.name] = cost
         return costs

@@ -308,7 +308,7 @@ def _bisect_evidence(bisect: dict[str, Any], groups: list[RunGroup],
     for g in groups:
         if g.purpose == "search" and g.mask is not None and edge_ids:
             name = mask_name(frozenset(g.mask), edge_ids)
-            times.setdefault(name, []).extend(r.get("step_times_ms") for r in g.records)
+            times.setdefault(name, []).extend(g.records)
     base = _all_on_runs(groups, edge_ids)
     rows = [[e.get("step", ""), e.get("mask", ""), e.get("edges", ""), e.get("runs", 0),
              e.get("divergences", 0), e.get("errors", 0),
@@ -319,10 +319,10 @@ def _bisect_evidence(bisect: dict[str, Any], groups: list[RunGroup],
 
 
 def _all_on_runs(groups: list[RunGroup], edge_ids: list[str] | None) -> list[Any]:
-    """The baseline: the step times of every run with every edge on and no guard, compared
+    """The baseline: every run with every edge on and no guard, its step times compared
     with a group's over the steps they all ran (runs/step_time.compare_runs)."""
     every = set(edge_ids or [])
-    return [r.get("step_times_ms") for g in groups for r in g.records
+    return [r for g in groups for r in g.records
             if g.guard == "none" and (g.mask is None or set(g.mask) == every)]
 
 
@@ -339,7 +339,7 @@ def _group_evidence(groups: list[RunGroup], edge_ids: list[str] | None):
     base = _all_on_runs(groups, edge_ids)
     rows = [[g.purpose, _mask_label(g.mask, edge_ids), g.guard, g.steps, len(g.records),
              len(g.diverged_runs), len(g.records) - len(g.usable), fmt_step(g.first_diff_step),
-             g.verdict, _cost_text(compare_runs(base, [r.get("step_times_ms") for r in g.records]))]
+             g.verdict, _cost_text(compare_runs(base, g.records))]
             for g in groups]
     return headers, rows
 
@@ -381,7 +381,7 @@ def _matrix_from_journal(groups: list[RunGroup], saved: dict[str, Any] | None,
             "metrics": before.get("metrics", {}) if before.get("verdict") == verdict else {},
             "runs": len(group.records), "divergences": len(group.diverged_runs),
             "mask": group.mask or [], "seconds": sum(r.get("wall_s") or 0 for r in group.records),
-            "step_time": compare_runs(base, [r.get("step_times_ms") for r in group.records]),
+            "step_time": compare_runs(base, group.records),
         })
     return {"matrix": (saved or {}).get("matrix", "matrix"), "cells": out}
 

@@ -104,6 +104,9 @@ class RunOutcome:
     # [step, ms] of every step after warm-up (the slowest rank's): costs compare runs over
     # the steps they all ran (runs/step_time.compare_runs).
     step_times_ms: list[list[float]] | None = None
+    # The machine's 1-minute load average when the run was collected: step times of runs
+    # on a differently busy machine are no cost of a mask (runs/step_time.py).
+    load_avg: float | None = None
     # Where the digests first differ from the reference: metrics.localize.Localization's JSON.
     localization: dict[str, Any] | None = None
     # What the run measured (runs/signals.py): step boundaries, digests, order, precision.
@@ -419,6 +422,7 @@ class Runner:
         out.problems = (graph_problems + probe_problems
                         + ([] if stopped else signal_problems(out.signals)))
         out.step_times_ms = run_step_times_ms(run_dir) or None
+        out.load_avg = round(os.getloadavg()[0], 2) if hasattr(os, "getloadavg") else None
         out.step_time_ms = run_step_time_ms(run_dir)
         self._read_metrics(out, run_dir, steps, ref, comparator)
         if out.outcome == ERROR and out.steps_done == 0:

@@ -26,6 +26,9 @@ from bisect_prefetch.audit import read_probe
 
 WARMUP_STEPS = 2  # the first step builds and initializes; the second still warms caches
 MIN_WINDOW = 3  # steps every compared run must have timed for a cost figure
+# Groups whose runs saw 1-minute load averages this far apart (and by a quarter) ran on
+# machines too differently busy for their step times to say what a mask costs.
+LOAD_APART = 1.0
 
 
 def run_step_time_ms(run_dir: Path) -> float | None:
@@ -49,8 +52,9 @@ def run_step_times_ms(run_dir: Path) -> list[list[float]]:
             if step > WARMUP_STEPS]
 
 
-def _per_step(times: Any) -> dict[int, float] | None:
-    """A run's [step, ms] list (a journal record's step_times_ms) as a mapping, or None."""
+def _per_step(run: Any) -> dict[int, float] | None:
+    """A run's [step, ms] list (a journal record, or its step_times_ms) as a mapping, or None."""
+    times = run.get("step_times_ms") if isinstance(run, Mapping) else run
     if not isinstance(times, list) or not times:
         return None
     try:
@@ -61,14 +65,35 @@ def _per_step(times: Any) -> dict[int, float] | None:
     return {step: ms for step, ms in per_step.items() if math.isfinite(ms) and ms > 0} or None
 
 
+def _load(run: Any) -> float | None:
+    load = run.get("load_avg") if isinstance(run, Mapping) else None
+    return float(load) if isinstance(load, int | float) and math.isfinite(load) else None
+
+
+def _loads_apart(base_runs: list[Any], runs: list[Any]) -> str | None:
+    """Why the groups' step times cannot be compared for the machine's load, or None."""
+    base = [x for x in map(_load, base_runs) if x is not None]
+    other = [x for x in map(_load, runs) if x is not None]
+    if not base or not other:
+        return None
+    a, b = statistics.median(base), statistics.median(other)
+    if abs(a - b) <= max(LOAD_APART, 0.25 * max(a, b)):
+        return None
+    return (f"the machine was {'busier' if b > a else 'quieter'} for these runs (1-minute load "
+            f"average {b:.1f}) than for the runs they are compared with ({a:.1f})")
+
+
 def compare_runs(base_runs: Iterable[Any], runs: Iterable[Any]) -> dict[str, Any] | None:
     """One group's step time against a baseline group's, over the steps all of them timed.
 
-    Each run is its [step, ms] list (None for a run that timed no step). The cost's fields
-    are group_cost's (median, range, ratio against the baseline's median, over the common
-    window), plus ``steps`` ([first, last] of the window) and ``meaningful`` with ``why``
-    when it is not. None when either group has no timed run.
+    Each run is its journal record (``step_times_ms``, ``load_avg``) or its [step, ms] list
+    alone (None for a run that timed no step). The cost's fields are group_cost's (median,
+    range, ratio against the baseline's median, over the common window), plus ``steps``
+    ([first, last] of the window) and ``meaningful`` with ``why`` when it is not: too few
+    shared steps, a difference within the runs' own spread, or groups that ran while the
+    machine was differently busy. None when either group has no timed run.
     """
+    base_runs, runs = list(base_runs), list(runs)
     base = [t for t in (_per_step(r) for r in base_runs) if t]
     other = [t for t in (_per_step(r) for r in runs) if t]
     if not base or not other:
@@ -98,6 +123,9 @@ def compare_runs(base_runs: Iterable[Any], runs: Iterable[Any]) -> dict[str, Any
     cost["why"] = None if meaningful else (
         f"{(cost['ratio'] - 1.0) * 100.0:+.1f}% is within the runs' own spread "
         f"({spread * 100.0:.1f}%)")
+    if meaningful and (busier := _loads_apart(base_runs, runs)):
+        cost["meaningful"], cost["load_apart"] = False, True
+        cost["why"] = f"{(cost['ratio'] - 1.0) * 100.0:+.1f}%, but {busier}"
     return cost
 
 
@@ -148,6 +176,9 @@ def describe_cost(cost: Mapping[str, Any] | None) -> str:
     if cost.get("meaningful") is False:
         if cost.get("ratio") is None:
             return f"no step time figure: {cost['why']}"
+        if cost.get("load_apart"):
+            return (f"step time not comparable ({cost['why']}; steps "
+                    f"{cost['steps'][0]}-{cost['steps'][1]} over {cost['runs']} run(s))")
         return (f"no measurable difference in step time ({cost['why']}; steps "
                 f"{cost['steps'][0]}-{cost['steps'][1]} over {cost['runs']} run(s))")
     if cost.get("ratio") is None:
@@ -179,9 +210,9 @@ def fix_costs(records: Iterable[Mapping[str, Any]], *, edge_ids: Iterable[str],
         mask = every if mask is None else frozenset(mask)
         guard = record.get("guard", "none")
         if mask == every:
-            groups["all_on" if guard == "none" else "guard"].append(record.get("step_times_ms"))
+            groups["all_on" if guard == "none" else "guard"].append(record)
         elif dropped and mask == every - dropped and guard == "none":
-            groups["drop"].append(record.get("step_times_ms"))
+            groups["drop"].append(record)
     timed = [_per_step(t) for t in groups["all_on"]]
     base = group_cost([statistics.median(t.values()) for t in timed if t], None)
     return {"all_on": base, "drop": compare_runs(groups["all_on"], groups["drop"]),
