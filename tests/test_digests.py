@@ -165,3 +165,22 @@ def test_weights_are_odd_and_a_digest_is_both_sums_modulo_2_64():
         assert len(set(weights)) == len(weights)
     assert digest_format.spell(-1, 1) == "f" * 16 + "0" * 15 + "1"
     assert len(digest_format.spell(3, -5)) == 32
+
+
+def test_a_line_over_the_limit_is_read_past_never_held(tmp_path):
+    import tracemalloc
+
+    a = write(tmp_path / "a.jsonl", run())
+    lines = a.read_bytes().splitlines(keepends=True)
+    b = tmp_path / "b.jsonl"
+    b.write_bytes(b"".join(lines[:5]) + b"x" * (24 << 20) + b"\n" + b"".join(lines[5:]))
+    tracemalloc.start()
+    try:
+        result = compare_digest_files(a, b)
+        records = list(read_digests(b))
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert result.first_diff_step is None and result.lines_unread == (0, 1)
+    assert records == run()
+    assert peak < 8 << 20, f"peak {peak / 2**20:.1f} MiB for a 24 MiB line"

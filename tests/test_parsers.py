@@ -457,3 +457,12 @@ def test_a_followed_log_never_holds_a_long_line(tmp_path):
     block, peak = _peak_bytes(lines.read)
     assert block == b'{"step": 2}\n' and peak < 4 << 20
     assert lines.offset == path.stat().st_size
+
+
+def test_the_printed_precision_reads_past_long_lines(tmp_path):
+    from bisect_prefetch.metrics.precision import printed_precision
+
+    lines = [json.dumps({"step": s, "loss": 1.25 + s}) for s in (1, 2, 3)]
+    path = _with_long_line(tmp_path / "m.jsonl", lines[:1], lines[1:], size=48 << 20)
+    said, peak = _peak_bytes(lambda: printed_precision([path], "jsonl", ["loss"], None))
+    assert peak < 8 << 20 and said is not None

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import BinaryIO, NamedTuple
 
 from bisect_prefetch.errors import BisectPrefetchError
+from bisect_prefetch.metrics.trajectory import LONG_LINE, bounded_lines
 
 
 class DigestRecord(NamedTuple):
@@ -112,8 +113,8 @@ def _as_record(item: object) -> DigestRecord | None:
 def read_digests(path: str | Path) -> Iterator[DigestRecord]:
     """Stream the records of a digests.jsonl file (unreadable lines are skipped)."""
     with open(path, "rb") as f:
-        for line in f:
-            record = parse_digest_line(line)
+        for line in bounded_lines(f):
+            record = parse_digest_line(line) if line is not None else None
             if record is not None:
                 yield record
 
@@ -242,8 +243,10 @@ def compare_digest_files(
     matcher = _Matcher()
     with open(a_path, "rb") as fa, open(b_path, "rb") as fb:
         matcher.compared += _skip_common_prefix(fa, fb)
+        # No line held whole past MAX_LINE_BYTES: such a line is no record (LONG_LINE).
+        read_a, read_b = _lines(fa), _lines(fb)
         while True:
-            block_a, block_b = list(islice(fa, BLOCK_LINES)), list(islice(fb, BLOCK_LINES))
+            block_a, block_b = list(islice(read_a, BLOCK_LINES)), list(islice(read_b, BLOCK_LINES))
             if block_a == block_b:  # before any divergence: whole blocks at C speed
                 if not block_a:
                     break
@@ -254,6 +257,10 @@ def compare_digest_files(
             lines_a, lines_b = zip(*pairs, strict=True)
             _match_block(matcher, lines_a, lines_b)
     return matcher.result(metric_first_diff)
+
+
+def _lines(f: BinaryIO) -> Iterator[bytes]:
+    return (line if line is not None else LONG_LINE for line in bounded_lines(f))
 
 
 def _skip_common_prefix(fa: BinaryIO, fb: BinaryIO) -> int:

@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from bisect_prefetch.metrics.console import ANSI_RE, CONSOLE_FORMATS
+from bisect_prefetch.metrics.trajectory import bounded_lines
 
 FULL = "full"
 LINES_READ = 200  # metric lines read per file: the first steps show how a job prints
@@ -36,7 +37,9 @@ def _tokens(path: Path, fmt: str, names: Sequence[str], pattern: str | None):
     else:
         console = CONSOLE_FORMATS[fmt]
     with open(path, "rb") as f:
-        for raw in f:
+        for raw in bounded_lines(f):
+            if raw is None:
+                continue  # a line over the limit: never held, never a metric line
             if seen >= LINES_READ:
                 return
             if fmt == "jsonl":

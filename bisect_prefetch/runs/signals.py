@@ -31,6 +31,7 @@ from typing import Any
 
 from bisect_prefetch.audit import read_probe
 from bisect_prefetch.metrics.precision import FULL, describe_precision, printed_precision
+from bisect_prefetch.metrics.trajectory import bounded_lines
 from bisect_prefetch.vocab import VALUE_SUFFIX
 
 
@@ -50,7 +51,7 @@ def _order_steps(run_dir: Path) -> int:
     path = Path(run_dir) / "order.rank0.jsonl"
     try:
         with open(path, "rb") as f:
-            return sum(1 for line in f if line.strip())
+            return sum(1 for line in bounded_lines(f) if line is not None and line.strip())
     except OSError:
         return 0
 
@@ -60,10 +61,12 @@ def _digests_from_file(path: Path) -> dict[str, Any] | None:
     params: set[str] = set()
     ranks: set[int] = set()
     try:
-        with open(path, encoding="utf-8", errors="replace") as f:
-            for number, line in enumerate(f):
+        with open(path, "rb") as f:
+            for number, line in enumerate(bounded_lines(f)):
                 if number >= 10_000:
                     break
+                if line is None:
+                    continue
                 try:
                     record = json.loads(line)
                     params.add(str(record["param"]))
