@@ -19,6 +19,7 @@ import pytest
 from bisect_prefetch.commands import bisect as command
 from bisect_prefetch.errors import BisectPrefetchError
 from bisect_prefetch.runs.execute import RunOutcome
+from bisect_prefetch.runs.oracle import Earlier
 from bisect_prefetch.search import verdict as v
 from bisect_prefetch.search.oracle import RunResult
 from bisect_prefetch.search.runlog import AFTER_DROP_ONLY_DIVERGED
@@ -63,6 +64,9 @@ class _Oracle:
                                      background=sim.background, seed=SEED, trial=sim.commands)
         self.requests: Counter[frozenset[str]] = Counter()
         self.runs_launched = self.runs_reused = 0
+
+    def reuse_earlier(self):
+        return Earlier()  # no aa or matrix runs before these searches
 
     @property
     def golden(self) -> str:

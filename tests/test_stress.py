@@ -19,6 +19,7 @@ from bisect_prefetch.commands import bisect as bisect_command
 from bisect_prefetch.errors import BisectPrefetchError
 from bisect_prefetch.experiment import load_experiment, with_stress
 from bisect_prefetch.runs.execute import RunOutcome
+from bisect_prefetch.runs.oracle import Earlier
 from bisect_prefetch.runs.signals import describe_stress
 from bisect_prefetch.search.oracle import RunResult
 from bisect_prefetch.search.stress import Hazard, choose_stress
@@ -171,6 +172,9 @@ class _StressOracle:
         self.random = random.Random(3 + stress)
         self.requests: dict = {}
         self.runs_launched = self.runs_reused = 0
+
+    def reuse_earlier(self):
+        return Earlier()  # no aa or matrix runs before these searches
 
     @property
     def golden(self) -> str:

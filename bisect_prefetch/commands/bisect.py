@@ -47,7 +47,7 @@ from bisect_prefetch.report.localization import in_unit
 from bisect_prefetch.report.stress import stress_line
 from bisect_prefetch.runs.discover import DISCOVERY_STEPS
 from bisect_prefetch.runs.execute import RunOutcome
-from bisect_prefetch.runs.oracle import OnRun, RealOracle
+from bisect_prefetch.runs.oracle import Earlier, OnRun, RealOracle
 from bisect_prefetch.runs.slots import RunRequest, keep_slots_busy
 from bisect_prefetch.runs.state import OpenState, open_state
 from bisect_prefetch.runs.step_time import fix_cost_line, fix_costs
@@ -83,6 +83,8 @@ class BisectOracle(Oracle, Protocol):
 
     @property
     def golden(self) -> str: ...
+
+    def reuse_earlier(self) -> Earlier: ...
 
     def deterministic_masks(self) -> list[Mask]: ...
 
@@ -183,6 +185,7 @@ def _bisect(experiment: Experiment, experiment_path: Path, *, hint: str, resume:
             return oracles[on]
 
         stress = StressRecord(mode)
+        before: list[Earlier] = []  # all-off runs of earlier commands, per search
         result = None
         unstressed: SearchResult | None = None
         try:
@@ -200,6 +203,7 @@ def _bisect(experiment: Experiment, experiment_path: Path, *, hint: str, resume:
             oracle = oracle_of(stress.used)
             console.print("running the golden reference (all-off, full length"
                           + (", under stress" if stress.used else "") + ")...", markup=False)
+            before.append(reuse_earlier(search, oracle, console))
             _ = oracle.golden
             result = _drive(search, oracle, console)
             if stress.used and result.verdict == "no-drift-reproduced":
@@ -212,6 +216,7 @@ def _bisect(experiment: Experiment, experiment_path: Path, *, hint: str, resume:
                 for outcome in stress.unstressed_runs:
                     search.record(all_on, outcome)
                 plain = oracle_of(False)
+                before.append(reuse_earlier(search, plain, console))
                 _ = plain.golden
                 unstressed = result = _drive(search, plain, console)
         finally:
@@ -223,6 +228,9 @@ def _bisect(experiment: Experiment, experiment_path: Path, *, hint: str, resume:
             data["deterministic_masks"] = [sorted(m) for o in every for m in o.deterministic_masks()]
             data["runs_launched"] = sum(o.runs_launched for o in every)
             data["runs_reused"] = sum(o.runs_reused for o in every)
+            data["earlier_all_off"] = [{"golden": e.golden,
+                                        "controls": [out.run_id for out in e.controls]}
+                                       for e in before]
             data["runs_lost"] = [lost for o in every for lost in getattr(o, "runs_lost", [])]
             data["suspects"] = suspects
             data["hints"] = [n for n in search.notices if n["event"].startswith("hint")]
@@ -250,11 +258,35 @@ def _bisect(experiment: Experiment, experiment_path: Path, *, hint: str, resume:
         console.print(cost, markup=False, soft_wrap=True)
     console.print(f"runs launched {data['runs_launched']}, reused from the journal "
                   f"{data['runs_reused']}; report: {opened.path / 'report.html'}", markup=False)
+    for e in before:
+        if e.runs:
+            console.print(earlier_words(e), markup=False)
     if data["runs_lost"]:
         console.print(f"runs lost (the scheduler took the job away; retried): "
                       f"{len(data['runs_lost'])}: " + "; ".join(data["runs_lost"]),
                       markup=False, soft_wrap=True)
     return data
+
+
+def reuse_earlier(search: Bisection, oracle: BisectOracle, console: Console) -> Earlier:
+    """All-off runs of earlier commands as the golden run and the search's first
+    background controls (runs/oracle.py earlier_all_off), said in a verdict line."""
+    earlier = oracle.reuse_earlier()
+    for out in earlier.controls:
+        search.reuse(Mask(), out.result())
+    if earlier.runs:
+        console.print(f"  -> {earlier_words(earlier)}", markup=False, soft_wrap=True)
+    return earlier
+
+
+def earlier_words(earlier: Earlier) -> str:
+    """e.g. "reused 3 all-off runs of earlier commands as the golden run and background controls"."""
+    runs = earlier.runs
+    what = "the golden run" + (" and background controls" if earlier.controls else "")
+    diverged = sum(1 for out in earlier.controls if out.diverged)
+    return (f"reused {runs} all-off run{'s' if runs != 1 else ''} of earlier commands as {what} "
+            f"(golden {earlier.golden}"
+            + (f"; {diverged} diverged from it: drift without prefetch" if diverged else "") + ")")
 
 
 def _drive(search: Bisection, oracle: BisectOracle, console: Console) -> SearchResult:

@@ -146,15 +146,30 @@ class Bisection:
             raise BisectPrefetchError("no run of that mask is in flight")
         self._stale = True
 
+    def reuse(self, mask: Mask, result: RunResult) -> None:
+        """A completed all-off run of an earlier command compared with this search's golden
+        run: evidence (a background control) before the first run, not a run of this search."""
+        if self.log.runs_used or self.log.in_flight or not result.completed:
+            raise BisectPrefetchError("only completed runs are reused, before the search's own")
+        mask = self._known(mask)
+        self.log.reuse(mask, result)
+        self.model.observe(self.log.enabled(mask), bool(result.diverged), self.log.fraction(result))
+        self.reduce.update()
+        self._stale = True
+        self._refresh()
+
+    def _known(self, mask: Mask) -> Mask:
+        mask = frozenset(mask)
+        if unknown := sorted(mask - self.log.all_on):
+            raise BisectPrefetchError(f"run mask names edges not in the graph: {', '.join(unknown)}")
+        return mask
+
     def record(self, mask: Mask, result: RunResult, *, hint: str | None = None) -> None:
         """One finished run; `hint`: the unit its localization named (first divergent gradient),
         by default the run's own (RunResult.unit)."""
         if self.done:
             raise BisectPrefetchError("the search is finished; no more runs to record")
-        mask = frozenset(mask)
-        unknown = sorted(mask - self.log.all_on)
-        if unknown:
-            raise BisectPrefetchError(f"run mask names edges not in the graph: {', '.join(unknown)}")
+        mask = self._known(mask)
         ask = self.log.take_in_flight(mask)
         if ask is None and self.pending is not None and self.pending.mask == mask:
             ask = self.pending
@@ -278,6 +293,7 @@ class Bisection:
     events = property(lambda self: self.log.events, doc="the blocks of runs (Block), in order")
     in_flight = property(lambda self: self.log.in_flight, doc="proposed runs not yet recorded")
     runs_used = property(lambda self: self.log.runs_used)
+    earlier = property(lambda self: self.log.earlier, doc="runs of earlier commands reused as evidence")
     steps_used = property(lambda self: self.log.steps_used)
 
     @property
