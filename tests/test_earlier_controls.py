@@ -47,7 +47,7 @@ def test_reused_all_off_runs_count_as_background_controls_not_as_runs():
     for result in (plain, with_some, with_many):
         assert result.verdict == "culprit-found" and result.minimal_set == [CULPRIT]
         assert result.confidence >= 0.95
-    assert (fresh.earlier, some.earlier, many.earlier) == (0, 12, 30)
+    assert (fresh.log.earlier, some.log.earlier, many.log.earlier) == (0, 12, 30)
     # Fewer all-off runs of its own; with enough reused, none: the controls were there.
     assert _all_off_runs(fresh) == 7 and _all_off_runs(some) == 3 and _all_off_runs(many) == 0
     assert plain.runs_used > with_some.runs_used > with_many.runs_used
