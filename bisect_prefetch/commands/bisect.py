@@ -92,6 +92,33 @@ class BisectOracle(Oracle, Protocol):
 OracleFor = Callable[..., BisectOracle]  # (opened, on_run, *, stress=False)
 
 
+class RunNumbers:
+    """"run N" in a transcript, one way: the N-th run line (a retry and both settings'
+    stress calibration runs included). A verdict line or fact that names a run of the
+    search names it by its line (`of(k)`: the line of the search's k-th run)."""
+
+    def __init__(self) -> None:
+        self.said = 0
+        self._lines: list[int] = []  # the line of each run the search recorded
+
+    def __iter__(self) -> RunNumbers:
+        return self
+
+    def __next__(self) -> int:
+        self.said += 1
+        return self.said
+
+    def recorded(self, line: int | None = None) -> None:
+        """The search recorded a run: the last line said (or the one given) reported it."""
+        self._lines.append(self.said if line is None else line)
+
+    def new_search(self) -> None:
+        self._lines = []
+
+    def of(self, run: int) -> int:
+        return self._lines[run - 1] if 0 < run <= len(self._lines) else run
+
+
 def real_oracle(opened: OpenState, on_run: OnRun, *, stress: bool = False) -> RealOracle:
     """Real training runs in the state dir, each against the golden all-off trajectory
     (under stress: every run, the golden all-off one included)."""
@@ -174,7 +201,7 @@ def _bisect(experiment: Experiment, experiment_path: Path, *, hint: str, resume:
         run_details: list[dict] = []
         mode = experiment.stress.mode
         oracles: dict[bool, BisectOracle] = {}
-        numbers = itertools.count(1)
+        numbers = RunNumbers()
 
         def oracle_of(on: bool) -> BisectOracle:
             if on not in oracles:
@@ -192,12 +219,14 @@ def _bisect(experiment: Experiment, experiment_path: Path, *, hint: str, resume:
             all_on = Mask(graph.edge_ids())
             if mode == STRESS_AUTO:
                 # step 0: does stress make drift show more often? (search/stress.py)
-                stress.choice, calibration = calibrate_stress(
-                    oracle_of, all_on, steps=experiment.steps, console=console)
+                stress.choice, calibration, lines = calibrate_stress(
+                    oracle_of, all_on, steps=experiment.steps, console=console, numbers=numbers)
                 stress.used = stress.choice.use
                 stress.unstressed_runs = calibration[False]
-                for outcome in calibration[stress.used]:  # the chosen setting's runs count
-                    search.record(all_on, outcome)
+                stress.unstressed_lines = lines[False]
+                for outcome, line in zip(calibration[stress.used], lines[stress.used], strict=True):
+                    search.record(all_on, outcome)  # the chosen setting's runs count
+                    numbers.recorded(line)
             else:
                 stress.used = mode == STRESS_ON
             oracle = oracle_of(stress.used)
@@ -205,7 +234,7 @@ def _bisect(experiment: Experiment, experiment_path: Path, *, hint: str, resume:
                           + (", under stress" if stress.used else "") + ")...", markup=False)
             before.append(reuse_earlier(search, oracle, console))
             _ = oracle.golden
-            result = _drive(search, oracle, console)
+            result = _drive(search, oracle, console, numbers)
             if stress.used and result.verdict == "no-drift-reproduced":
                 # A stress that hides a race must not clear a build: no drift needs its
                 # clean runs without stress too.
@@ -213,16 +242,19 @@ def _bisect(experiment: Experiment, experiment_path: Path, *, hint: str, resume:
                               "must not clear a build: searching again without stress...",
                               markup=False)
                 search = new_search()
-                for outcome in stress.unstressed_runs:
+                numbers.new_search()
+                for outcome, line in zip(stress.unstressed_runs, stress.unstressed_lines, strict=True):
                     search.record(all_on, outcome)
+                    numbers.recorded(line)
                 plain = oracle_of(False)
                 before.append(reuse_earlier(search, plain, console))
                 _ = plain.golden
-                unstressed = result = _drive(search, plain, console)
+                unstressed = result = _drive(search, plain, console, numbers)
         finally:
             # Keep what was learned even when interrupted: the report shows it.
             partial = result or search.result()
-            data = result_to_json(partial, reproduce_command(experiment_path, partial))
+            data = result_to_json(partial, reproduce_command(experiment_path, partial),
+                                  run=numbers.of)
             data["experiment"] = experiment.name
             every = list(oracles.values())
             data["deterministic_masks"] = [sorted(m) for o in every for m in o.deterministic_masks()]
@@ -250,7 +282,7 @@ def _bisect(experiment: Experiment, experiment_path: Path, *, hint: str, resume:
             write_text_atomic(opened.path / BISECT_FILE, json.dumps(data, indent=2) + "\n")
             build_report(opened.path)
     console.print()
-    render_result(result, console, reproduce=data["reproduce"])
+    render_result(result, console, reproduce=data["reproduce"], run=numbers.of)
     if data["stress"]["mode"] != STRESS_OFF:
         console.print(stress_line(data["stress"]), markup=False, soft_wrap=True)
     cost = fix_cost_line(data["step_time"], result.minimal_set)
@@ -289,10 +321,11 @@ def earlier_words(earlier: Earlier) -> str:
             + (f"; {diverged} diverged from it: drift without prefetch" if diverged else "") + ")")
 
 
-def _drive(search: Bisection, oracle: BisectOracle, console: Console) -> SearchResult:
+def _drive(search: Bisection, oracle: BisectOracle, console: Console,
+           numbers: RunNumbers) -> SearchResult:
     if isinstance(oracle, RealOracle) and oracle.runner.executor.slots > 1:
-        return run_bisection_in_slots(search, oracle, console=console)
-    return run_bisection(search, oracle, console=console)
+        return run_bisection_in_slots(search, oracle, console=console, numbers=numbers)
+    return run_bisection(search, oracle, console=console, numbers=numbers)
 
 
 # -- stress ---------------------------------------------------------------------------------
@@ -304,6 +337,7 @@ class StressRecord:
         self.used = False
         self.choice: StressChoice | None = None
         self.unstressed_runs: list[RunResult] = []  # auto: the calibration runs without stress
+        self.unstressed_lines: list[int] = []  # and the run lines that said them
 
     def to_json(self, run_details: list[dict], *,
                 unstressed: SearchResult | None) -> dict:
@@ -330,22 +364,25 @@ class StressRecord:
 
 
 def calibrate_stress(oracle_of: Callable[[bool], BisectOracle], all_on: Mask, *, steps: int,
-                     console: Console) -> tuple[StressChoice, dict[bool, list[RunResult]]]:
+                     console: Console, numbers: RunNumbers | None = None,
+                     ) -> tuple[StressChoice, dict[bool, list[RunResult]], dict[bool, list[int]]]:
     """All-on with and without stress, interleaved so both meet the same machine load;
-    the choice (search/stress.py) and each setting's runs."""
+    the choice (search/stress.py), each setting's runs and the run lines that said them."""
     n = STRESS_CALIBRATION_RUNS
     console.print(f"checking whether stress makes drift show more often: all-on, {n} runs "
                   f"without stress and {n} with, interleaved...", markup=False)
     runs: dict[bool, list[RunResult]] = {False: [], True: []}
+    lines: dict[bool, list[int]] = {False: [], True: []}
     for _ in range(n):
         for on in (False, True):
             runs[on].append(oracle_of(on).run(all_on))
+            lines[on].append(numbers.said if numbers is not None else 0)
     hazards = {on: Hazard.of([r.first_diff_step if r.diverged else None
                               for r in outcomes if r.completed], steps=steps)
                for on, outcomes in runs.items()}
     choice = choose_stress(hazards[False], hazards[True])
     console.print(f"  -> {stress_choice_words(choice)}", markup=False, soft_wrap=True)
-    return choice, runs
+    return choice, runs, lines
 
 
 def _chance(hazard: Hazard) -> str:
@@ -451,9 +488,10 @@ def _run_line(console: Console, details: list[dict] | None = None, *, stress: bo
 class _Narrator:
     """Prints a step's title when its first run starts and its verdict line when it ends."""
 
-    def __init__(self, search: Bisection, console: Console) -> None:
+    def __init__(self, search: Bisection, console: Console, numbers: RunNumbers) -> None:
         self.search = search
         self.console = console
+        self.numbers = numbers
         self.open = False
         self.runs_before = 0  # runs recorded before the open step began
         self.notices_said = len(search.notices)  # the audit's suspects are already said
@@ -482,39 +520,54 @@ class _Narrator:
     def close(self) -> None:
         # A step interrupted before its first run finished has no verdict yet.
         if self.open and self.search.runs_used > self.runs_before:
-            self.console.print(f"  -> {verdict_line(self.search.events[-1])}", markup=False)
+            self.console.print(f"  -> {verdict_line(self.search.events[-1], run=self.numbers.of)}",
+                               markup=False)
         self.open = False
 
 
-def run_bisection(search: Bisection, oracle: Oracle, *, console: Console) -> SearchResult:
+def run_bisection(search: Bisection, oracle: Oracle, *, console: Console,
+                  numbers: RunNumbers | None = None) -> SearchResult:
     """Run the search to its verdict, narrating each step; returns the result.
 
     A resumed search needs no replay here: the real oracle answers runs that
     already finished from the journal.
     """
-    narrator = _Narrator(search, console)
+    numbers = numbers if numbers is not None else RunNumbers()
+    narrator = _Narrator(search, console, numbers)
     try:
         while (ask := search.pending) is not None:
             narrator.before(ask)
             search.record(ask.mask, oracle.run(ask.mask))
+            numbers.recorded()
             narrator.recorded()
     finally:
         narrator.close()  # an interrupted step still gets its verdict line
     return search.result()
 
 
-def run_bisection_in_slots(search: Bisection, oracle: RealOracle, *,
-                           console: Console) -> SearchResult:
+def run_bisection_in_slots(search: Bisection, oracle: RealOracle, *, console: Console,
+                           numbers: RunNumbers | None = None) -> SearchResult:
     """The same, with every slot of the executor busy.
 
     Whenever a slot frees the search proposes the next run from everything
     finished and everything still in flight, and each result is recorded as it
     arrives. A run that failed is retried in the next free slot; runs still in
-    flight at the verdict are cancelled.
+    flight at the verdict are cancelled. A step's `->` verdict line comes once
+    a run of another step was recorded after it (or at the end), and names its
+    step: steps interleave here.
     """
+    numbers = numbers if numbers is not None else RunNumbers()
     retries: list[RunRequest] = []
     titled: list[tuple] = []  # the step last announced: runs of several steps interleave
-    narrator = _Narrator(search, console)  # for the hints only: steps interleave here
+    narrator = _Narrator(search, console, numbers)  # for the hints only: steps interleave here
+    closed = 0  # blocks (search.events) whose verdict line was said
+
+    def close(upto: int) -> None:
+        nonlocal closed
+        for block in search.events[closed:upto]:
+            title = step_title(block.stage, block.mask, block.target, block.context)
+            console.print(f"  -> {title}: {verdict_line(block, run=numbers.of)}", markup=False)
+        closed = max(closed, upto)
 
     def propose() -> RunRequest | None:
         if retries:
@@ -535,9 +588,14 @@ def run_bisection_in_slots(search: Bisection, oracle: RealOracle, *,
             retries.append(answer)
         elif not search.done:
             search.record(request.tag[0], answer)
+            numbers.recorded()
+            close(len(search.events) - 1)  # every block but the last is complete
             narrator.recorded()
 
-    keep_slots_busy(oracle.runner, propose, arrived, stop=lambda: search.done)
+    try:
+        keep_slots_busy(oracle.runner, propose, arrived, stop=lambda: search.done)
+    finally:
+        close(len(search.events))  # an interrupted step still gets its verdict line
     return search.result()
 
 
@@ -590,11 +648,17 @@ def notice_line(notice: dict) -> str:
     return f"audit suspects: {', '.join(notice['edges'])}"
 
 
-def verdict_line(block: Block) -> str:
-    """A block's verdict, e.g. "diverged at run 2 (step 17)" or "clean (9 runs)"."""
+def _same(run: int) -> int:
+    return run
+
+
+def verdict_line(block: Block, *, run: Callable[[int], int] = _same) -> str:
+    """A block's verdict, e.g. "diverged at run 12 (step 17)" or "clean (9 runs)"; run: the
+    transcript's number of the search's k-th run (RunNumbers.of)."""
     failed = f", {block.errors} failed" if block.errors else ""
     if block.divergences:
-        return f"diverged at run {block.diverged_at} (step {block.first_diff_steps[0]}){failed}"
+        first = run(block.first_run + block.diverged_at - 1)
+        return f"diverged at run {first} (step {block.first_diff_steps[0]}){failed}"
     clean = block.runs - block.errors
     if clean:
         return f"clean ({_runs(clean)}{failed})"
@@ -608,7 +672,7 @@ STOP_REASONS = {
 }
 
 
-def fact_line(fact: v.Fact, *, confidence: float) -> str:
+def fact_line(fact: v.Fact, *, confidence: float, run: Callable[[int], int] = _same) -> str:
     """One checked statement behind a verdict, in words."""
     names = ",".join(getattr(fact, "edges", ()))
     match fact:
@@ -643,7 +707,7 @@ def fact_line(fact: v.Fact, *, confidence: float) -> str:
             guess = "{" + names + "}" if fact.edges else "no edge (drift without prefetch)"
             return f"{why}; best guess {guess} at probability {fact.chance:.3f}"
         case v.KeepOnlyDiverged():
-            return (f"keep-only:{names} diverged (run {fact.run}, step {fact.step}): "
+            return (f"keep-only:{names} diverged (run {run(fact.run)}, step {fact.step}): "
                     "the set is enough for drift")
         case v.EachNeeded() if len(fact.edges) == 2:
             (a, b), (without_a, without_b) = fact.edges, fact.clean_without
@@ -666,12 +730,13 @@ def fact_line(fact: v.Fact, *, confidence: float) -> str:
     raise ValueError(f"unknown fact {fact!r}")
 
 
-def fact_lines(result: SearchResult) -> list[str]:
-    return [fact_line(fact, confidence=result.confidence) for fact in result.facts]
+def fact_lines(result: SearchResult, *, run: Callable[[int], int] = _same) -> list[str]:
+    return [fact_line(fact, confidence=result.confidence, run=run) for fact in result.facts]
 
 
 # -- the result ---------------------------------------------------------------------------
-def render_result(result: SearchResult, console: Console, *, reproduce: str | None = None) -> None:
+def render_result(result: SearchResult, console: Console, *, reproduce: str | None = None,
+                  run: Callable[[int], int] = _same) -> None:
     """Verdict, minimal set, confidence, runs and steps, the facts, evidence and calibration."""
     console.print(f"verdict: {result.verdict}", markup=False)
     if result.minimal_set:
@@ -679,7 +744,7 @@ def render_result(result: SearchResult, console: Console, *, reproduce: str | No
     console.print(
         f"confidence: {result.confidence:.3f}   runs: {result.runs_used}   steps: {result.steps_used}"
     )
-    for fact in fact_lines(result):
+    for fact in fact_lines(result, run=run):
         console.print(f"  - {fact}", markup=False)
     console.print(evidence_table(result))
     calibration = result.calibration
@@ -712,7 +777,8 @@ def evidence_table(result: SearchResult) -> Table:
     return table
 
 
-def result_to_json(result: SearchResult, reproduce: str) -> dict:
+def result_to_json(result: SearchResult, reproduce: str, *,
+                   run: Callable[[int], int] = _same) -> dict:
     """The bisect JSON of docs/contract.md: verdict, minimal_set, confidence, runs_used, steps_used,
     evidence, reproduce; plus the facts (in words), calibration and best hypotheses."""
     return {
@@ -723,7 +789,7 @@ def result_to_json(result: SearchResult, reproduce: str) -> dict:
         "steps_used": result.steps_used,
         "evidence": [dict(row) for row in result.evidence],
         "reproduce": reproduce,
-        "facts": fact_lines(result),
+        "facts": fact_lines(result, run=run),
         "drop_only_diverges": result.drop_only_diverges,
         "calibration": dict(result.calibration),
         "top_hypotheses": list(result.top_hypotheses),
