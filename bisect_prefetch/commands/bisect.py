@@ -234,7 +234,7 @@ def _bisect(experiment: Experiment, experiment_path: Path, *, hint: str, resume:
                           + (", under stress" if stress.used else "") + ")...", markup=False)
             before.append(reuse_earlier(search, oracle, console))
             _ = oracle.golden
-            result = _drive(search, oracle, console, numbers)
+            result = run_bisection(search, oracle, console=console, numbers=numbers)
             if stress.used and result.verdict == "no-drift-reproduced":
                 # A stress that hides a race must not clear a build: no drift needs its
                 # clean runs without stress too.
@@ -249,7 +249,8 @@ def _bisect(experiment: Experiment, experiment_path: Path, *, hint: str, resume:
                 plain = oracle_of(False)
                 before.append(reuse_earlier(search, plain, console))
                 _ = plain.golden
-                unstressed = result = _drive(search, plain, console, numbers)
+                unstressed = result = run_bisection(search, plain, console=console,
+                                                    numbers=numbers)
         finally:
             # Keep what was learned even when interrupted: the report shows it.
             partial = result or search.result()
@@ -319,13 +320,6 @@ def earlier_words(earlier: Earlier) -> str:
     return (f"reused {runs} all-off run{'s' if runs != 1 else ''} of earlier commands as {what} "
             f"(golden {earlier.golden}"
             + (f"; {diverged} diverged from it: drift without prefetch" if diverged else "") + ")")
-
-
-def _drive(search: Bisection, oracle: BisectOracle, console: Console,
-           numbers: RunNumbers) -> SearchResult:
-    if isinstance(oracle, RealOracle) and oracle.runner.executor.slots > 1:
-        return run_bisection_in_slots(search, oracle, console=console, numbers=numbers)
-    return run_bisection(search, oracle, console=console, numbers=numbers)
 
 
 # -- stress ---------------------------------------------------------------------------------
@@ -486,117 +480,120 @@ def _run_line(console: Console, details: list[dict] | None = None, *, stress: bo
 
 # -- driving the search -------------------------------------------------------------------
 class _Narrator:
-    """Prints a step's title when its first run starts and its verdict line when it ends."""
+    """Says a step's title before its first run and its `->` verdict line once it is over.
 
-    def __init__(self, search: Bisection, console: Console, numbers: RunNumbers) -> None:
+    One run at a time, a step is over when the next one is announced. With several
+    slots, runs of several steps interleave: a step is over once a run of a later step
+    was recorded (or at the end), and its verdict line names the step.
+    """
+
+    def __init__(self, search: Bisection, console: Console, numbers: RunNumbers, *,
+                 interleaved: bool = False) -> None:
         self.search = search
         self.console = console
         self.numbers = numbers
-        self.open = False
-        self.runs_before = 0  # runs recorded before the open step began
+        self.interleaved = interleaved
+        events = search.events
+        self.closed = len(events)  # blocks recorded before this drive are not its to say
+        self.titled = [(events[-1].stage, events[-1].enabled)] if events else []
         self.notices_said = len(search.notices)  # the audit's suspects are already said
         self.units_said: set[str] = set()
 
+    def before(self, ask: Ask) -> None:
+        """Before a run of the mask the search asks for (`search.pending`)."""
+        if self.titled[-1:] == [(ask.stage, ask.mask)]:
+            return  # the same step goes on
+        events = self.search.events
+        self.close(len(events) - 1 if self.interleaved else len(events))  # a step may go on
+        name = mask_name(ask.mask, self.search.edge_ids)
+        self.console.print(f"{step_title(ask.stage, name, ask.target, ask.context)}...",
+                           markup=False)
+        self.titled.append((ask.stage, ask.mask))
+
     def recorded(self) -> None:
-        """After a run was recorded: what its localization did to the search (once a unit)."""
+        """After a run was recorded: the steps it ended, and what its localization did to
+        the search (once a unit)."""
+        self.close(len(self.search.events) - 1)  # every block but the last is complete
         for notice in self.search.notices[self.notices_said:]:
             if notice.get("unit") not in self.units_said:
                 self.console.print(f"  {notice_line(notice)}", markup=False)
                 self.units_said.add(notice.get("unit"))
         self.notices_said = len(self.search.notices)
 
-    def before(self, ask: Ask) -> None:
-        """Before a run of the mask the search asks for (`search.pending`)."""
+    def close(self, upto: int | None = None) -> None:
+        """The verdict lines of the blocks before `upto` (None: all) not yet said. A step
+        interrupted before its first run finished has no block, and no verdict yet."""
         events = self.search.events
-        last = events[-1] if events else None
-        if last is not None and last.enabled == ask.mask and last.stage == ask.stage:
-            return  # the same step goes on
-        self.close()
-        name = mask_name(ask.mask, self.search.edge_ids)
-        self.console.print(f"{step_title(ask.stage, name, ask.target, ask.context)}...",
-                           markup=False)
-        self.open, self.runs_before = True, self.search.runs_used
-
-    def close(self) -> None:
-        # A step interrupted before its first run finished has no verdict yet.
-        if self.open and self.search.runs_used > self.runs_before:
-            self.console.print(f"  -> {verdict_line(self.search.events[-1], run=self.numbers.of)}",
+        upto = len(events) if upto is None else upto
+        for block in events[self.closed:upto]:
+            which = (f"{step_title(block.stage, block.mask, block.target, block.context)}: "
+                     if self.interleaved else "")
+            self.console.print(f"  -> {which}{verdict_line(block, run=self.numbers.of)}",
                                markup=False)
-        self.open = False
+        self.closed = max(self.closed, upto)
 
 
 def run_bisection(search: Bisection, oracle: Oracle, *, console: Console,
                   numbers: RunNumbers | None = None) -> SearchResult:
     """Run the search to its verdict, narrating each step; returns the result.
 
-    A resumed search needs no replay here: the real oracle answers runs that
-    already finished from the journal.
+    One loop for any number of slots; serial is one slot. With several, whenever a
+    slot frees the search proposes the next run from everything finished and
+    everything still in flight, and each result is recorded as it arrives. With one,
+    the run is not marked in flight (`pending`, then `record`): nothing else is asked
+    while it runs, and the search decides exactly as it does serially. A resumed search
+    needs no replay here: the real oracle answers runs that finished from the journal.
     """
     numbers = numbers if numbers is not None else RunNumbers()
-    narrator = _Narrator(search, console, numbers)
-    try:
-        while (ask := search.pending) is not None:
-            narrator.before(ask)
-            search.record(ask.mask, oracle.run(ask.mask))
+    slots = oracle.runner.executor.slots if isinstance(oracle, RealOracle) else 1
+    narrator = _Narrator(search, console, numbers, interleaved=slots > 1)
+
+    def propose() -> Ask | None:
+        if search.done or (ask := search.pending) is None:
+            return None  # done, or nothing to ask before a result arrives
+        narrator.before(ask)
+        if slots > 1:
+            search.propose()  # in flight: the next free slot gets another question
+        return ask
+
+    def arrived(mask: Mask, result: RunResult) -> None:
+        if not search.done:  # runs that arrive after the verdict are not evidence
+            search.record(mask, result)
             numbers.recorded()
             narrator.recorded()
+
+    try:
+        if isinstance(oracle, RealOracle):
+            _in_slots(oracle, propose, arrived, stop=lambda: search.done)
+        else:  # an oracle that answers at once (a simulation): one slot
+            while (ask := propose()) is not None:
+                arrived(ask.mask, oracle.run(ask.mask))
     finally:
         narrator.close()  # an interrupted step still gets its verdict line
     return search.result()
 
 
-def run_bisection_in_slots(search: Bisection, oracle: RealOracle, *, console: Console,
-                           numbers: RunNumbers | None = None) -> SearchResult:
-    """The same, with every slot of the executor busy.
-
-    Whenever a slot frees the search proposes the next run from everything
-    finished and everything still in flight, and each result is recorded as it
-    arrives. A run that failed is retried in the next free slot; runs still in
-    flight at the verdict are cancelled. A step's `->` verdict line comes once
-    a run of another step was recorded after it (or at the end), and names its
-    step: steps interleave here.
-    """
-    numbers = numbers if numbers is not None else RunNumbers()
+def _in_slots(oracle: RealOracle, propose: Callable[[], Ask | None],
+              arrived: Callable[[Mask, RunResult], None], *, stop: Callable[[], bool]) -> None:
+    """The runs the search asks for on the executor's slots (runs/slots.py); a run that
+    failed is retried in the next free slot; runs still in flight at the verdict are
+    cancelled."""
     retries: list[RunRequest] = []
-    titled: list[tuple] = []  # the step last announced: runs of several steps interleave
-    narrator = _Narrator(search, console, numbers)  # for the hints only: steps interleave here
-    closed = 0  # blocks (search.events) whose verdict line was said
 
-    def close(upto: int) -> None:
-        nonlocal closed
-        for block in search.events[closed:upto]:
-            title = step_title(block.stage, block.mask, block.target, block.context)
-            console.print(f"  -> {title}: {verdict_line(block, run=numbers.of)}", markup=False)
-        closed = max(closed, upto)
-
-    def propose() -> RunRequest | None:
+    def request() -> RunRequest | None:
         if retries:
             return retries.pop(0)
-        ask = None if search.done else search.propose()
-        if ask is None:
-            return None
-        if titled[-1:] != [(ask.stage, ask.mask)]:
-            name = mask_name(ask.mask, search.edge_ids)
-            console.print(f"{step_title(ask.stage, name, ask.target, ask.context)}...",
-                          markup=False)
-            titled.append((ask.stage, ask.mask))
-        return oracle.request(ask.mask)
+        ask = propose()
+        return None if ask is None else oracle.request(ask.mask)
 
-    def arrived(request: RunRequest, out: RunOutcome) -> None:
+    def finished(request: RunRequest, out: RunOutcome) -> None:
         answer = oracle.finished(request, out)
         if isinstance(answer, RunRequest):
             retries.append(answer)
-        elif not search.done:
-            search.record(request.tag[0], answer)
-            numbers.recorded()
-            close(len(search.events) - 1)  # every block but the last is complete
-            narrator.recorded()
+        else:
+            arrived(request.tag[0], answer)
 
-    try:
-        keep_slots_busy(oracle.runner, propose, arrived, stop=lambda: search.done)
-    finally:
-        close(len(search.events))  # an interrupted step still gets its verdict line
-    return search.result()
+    keep_slots_busy(oracle.runner, request, finished, stop=stop)
 
 
 # -- wording the search's steps and facts ---------------------------------------------------
