@@ -192,3 +192,18 @@ def test_all_off_runs_of_another_experiment_are_not_reused(tmp_path, capsys, cha
     data = _bisect(exp, state, tmp_path / "out.json", "--max-runs", "2")  # the golden run is enough
     assert "of earlier commands" not in capsys.readouterr().out
     assert data["earlier_all_off"] == [{"golden": None, "controls": []}]
+
+
+def test_an_all_off_matrix_cell_serves_a_later_bisect(tmp_path, capsys):
+    exp = write_experiment(tmp_path, [sys.executable, str(_job(tmp_path))])
+    matrix = tmp_path / "matrix.yaml"
+    matrix.write_text("experiment: exp.yaml\n"
+                      "cells: [{name: quiet, mask: all-off, runs: 2, expect: consistent}]\n")
+    state = tmp_path / "state"
+    assert _cli("matrix", matrix, "--state-dir", state) == 0
+    capsys.readouterr()
+    data = _bisect(exp, state, tmp_path / "out.json", "--max-runs", "2")
+    assert "reused 2 all-off runs of earlier commands" in capsys.readouterr().out
+    [earlier] = data["earlier_all_off"]
+    assert earlier["golden"].endswith("matrix_quiet-k0") and len(earlier["controls"]) == 1
+    assert not any(d["mask"] == [] for d in data["run_details"])  # no golden run launched
