@@ -207,3 +207,41 @@ def test_an_all_off_matrix_cell_serves_a_later_bisect(tmp_path, capsys):
     [earlier] = data["earlier_all_off"]
     assert earlier["golden"].endswith("matrix_quiet-k0") and len(earlier["controls"]) == 1
     assert not any(d["mask"] == [] for d in data["run_details"])  # no golden run launched
+
+
+def test_under_stress_auto_the_controls_come_before_the_calibration_runs(tmp_path):
+    """The calibration's all-on runs are the search's first: earlier controls are taken
+    when each setting's oracle is made, before its first run."""
+    import io
+
+    from bisect_prefetch.commands import bisect as bisect_command
+    from bisect_prefetch.runs.execute import RunOutcome
+    from bisect_prefetch.runs.oracle import Earlier
+    from tests.conftest import console
+    from tests.test_stress import _StressOracle, _write
+
+    class Reusing(_StressOracle):
+        def reuse_earlier(self):
+            clean = RunOutcome(run_id="0002-aa-k1", outcome="ok", reason="", steps_done=20)
+            return Earlier("0001-aa-k0", [clean, clean]) if self.stress else Earlier()
+
+    experiment = _write(tmp_path, """
+        name: sim
+        command: [python, -c, "pass"]
+        metrics: {format: jsonl, names: [loss]}
+        graph: {source: static, policy: fsdp2-chain, layers: 4}
+        steps: 20
+        stress: {mode: auto}
+    """)
+    out = io.StringIO()
+    bisect_command.bisect(
+        experiment, confidence=None, max_runs=None, resume=False, state_dir=tmp_path / "state",
+        console=console(out), json_out=tmp_path / "out.json",
+        oracle_for=lambda opened, on_run, *, stress=False: Reusing(
+            opened, on_run, culprit="fwd:layers.1->layers.2", hazard=0.3 if stress else 0.01,
+            stress=stress))
+    data = json.loads((tmp_path / "out.json").read_text())
+    assert data["stress"]["used"] is True and data["verdict"] == "culprit-found"
+    assert data["earlier_all_off"] == [{"golden": "0001-aa-k0",
+                                        "controls": ["0002-aa-k1", "0002-aa-k1"]}]
+    assert "reused 3 all-off runs of earlier commands" in out.getvalue()

@@ -201,6 +201,7 @@ def _bisect(experiment: Experiment, experiment_path: Path, *, hint: str, resume:
         run_details: list[dict] = []
         mode = experiment.stress.mode
         oracles: dict[bool, BisectOracle] = {}
+        earlier: dict[bool, Earlier] = {}  # all-off runs of earlier commands, per stress setting
         numbers = RunNumbers()
 
         def oracle_of(on: bool) -> BisectOracle:
@@ -209,6 +210,8 @@ def _bisect(experiment: Experiment, experiment_path: Path, *, hint: str, resume:
                 # An oracle of a test may know no stress: it is asked only when stress is.
                 oracles[on] = (oracle_for(opened, on_run, stress=True) if on
                                else oracle_for(opened, on_run))
+                # Before its first run: the golden run may be an earlier command's.
+                earlier[on] = oracles[on].reuse_earlier()
             return oracles[on]
 
         stress = StressRecord(mode)
@@ -224,15 +227,19 @@ def _bisect(experiment: Experiment, experiment_path: Path, *, hint: str, resume:
                 stress.used = stress.choice.use
                 stress.unstressed_runs = calibration[False]
                 stress.unstressed_lines = lines[False]
+                reuse_controls(search, earlier[stress.used])  # evidence before the search's own runs
                 for outcome, line in zip(calibration[stress.used], lines[stress.used], strict=True):
                     search.record(all_on, outcome)  # the chosen setting's runs count
                     numbers.recorded(line)
             else:
                 stress.used = mode == STRESS_ON
+                oracle_of(stress.used)
+                reuse_controls(search, earlier[stress.used])
             oracle = oracle_of(stress.used)
             console.print("running the golden reference (all-off, full length"
                           + (", under stress" if stress.used else "") + ")...", markup=False)
-            before.append(reuse_earlier(search, oracle, console))
+            say_earlier(earlier[stress.used], console)
+            before.append(earlier[stress.used])
             _ = oracle.golden
             result = run_bisection(search, oracle, console=console, numbers=numbers)
             if stress.used and result.verdict == "no-drift-reproduced":
@@ -243,11 +250,13 @@ def _bisect(experiment: Experiment, experiment_path: Path, *, hint: str, resume:
                               markup=False)
                 search = new_search()
                 numbers.new_search()
+                plain = oracle_of(False)
+                reuse_controls(search, earlier[False])
                 for outcome, line in zip(stress.unstressed_runs, stress.unstressed_lines, strict=True):
                     search.record(all_on, outcome)
                     numbers.recorded(line)
-                plain = oracle_of(False)
-                before.append(reuse_earlier(search, plain, console))
+                say_earlier(earlier[False], console)
+                before.append(earlier[False])
                 _ = plain.golden
                 unstressed = result = run_bisection(search, plain, console=console,
                                                     numbers=numbers)
@@ -301,15 +310,16 @@ def _bisect(experiment: Experiment, experiment_path: Path, *, hint: str, resume:
     return data
 
 
-def reuse_earlier(search: Bisection, oracle: BisectOracle, console: Console) -> Earlier:
-    """All-off runs of earlier commands as the golden run and the search's first
-    background controls (runs/oracle.py earlier_all_off), said in a verdict line."""
-    earlier = oracle.reuse_earlier()
+def reuse_controls(search: Bisection, earlier: Earlier) -> None:
+    """All-off runs of earlier commands compared with the golden run: the search's first
+    background controls (runs/oracle.py earlier_all_off), before any run of its own."""
     for out in earlier.controls:
         search.reuse(Mask(), out.result())
+
+
+def say_earlier(earlier: Earlier, console: Console) -> None:
     if earlier.runs:
         console.print(f"  -> {earlier_words(earlier)}", markup=False, soft_wrap=True)
-    return earlier
 
 
 def earlier_words(earlier: Earlier) -> str:
