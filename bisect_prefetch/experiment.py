@@ -180,9 +180,6 @@ class Metrics(_Strict):
                              "(relative, without ..)")
         return value
 
-    def default_files(self) -> str:
-        return self.files or ("metrics.jsonl" if self.format == "jsonl" else "stdout.log")
-
 
 class GraphSource(_Strict):
     source: Literal["runtime", "static"] = "runtime"

@@ -25,6 +25,7 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
+from bisect_prefetch.metrics.trajectory import Series, Trajectory
 from tests.slurm_cluster import slurm_cluster  # noqa: E402,F401  (a real Slurm, session-wide)
 
 WIDTH = 160  # the CLI's own width outside a terminal (cli.py)
@@ -67,6 +68,20 @@ def parse_markdown_table(text: str) -> list[dict[str, str]]:
     headers = cells(lines[0])
     assert all(set(c) <= set("-: ") for c in cells(lines[1]))
     return [dict(zip(headers, cells(line), strict=True)) for line in lines[2:]]
+
+
+def trajectory(records) -> Trajectory:
+    """A Trajectory from (rank, step, {metric: value}) records, in their order."""
+    steps: dict[tuple[int, str], list[int]] = {}
+    values: dict[tuple[int, str], list[float]] = {}
+    for rank, step, metrics in records:
+        for name, value in metrics.items():
+            steps.setdefault((rank, name), []).append(step)
+            values.setdefault((rank, name), []).append(value)
+    per_rank: dict[int, dict] = {}
+    for (rank, name), s in steps.items():
+        per_rank.setdefault(rank, {})[name] = Series(s, values[(rank, name)])
+    return Trajectory(per_rank)
 
 
 # -- stand-in experiments, state snapshots, leftover processes ----------------------------

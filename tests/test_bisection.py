@@ -19,6 +19,7 @@ import pytest
 from bisect_prefetch.commands import bisect as command
 from bisect_prefetch.errors import BisectPrefetchError
 from bisect_prefetch.runs.execute import RunOutcome
+from bisect_prefetch.runs.oracle import Earlier
 from bisect_prefetch.search import verdict as v
 from bisect_prefetch.search.oracle import RunResult
 from bisect_prefetch.search.runlog import AFTER_DROP_ONLY_DIVERGED
@@ -63,6 +64,9 @@ class _Oracle:
                                      background=sim.background, seed=SEED, trial=sim.commands)
         self.requests: Counter[frozenset[str]] = Counter()
         self.runs_launched = self.runs_reused = 0
+
+    def reuse_earlier(self):
+        return Earlier()  # no aa or matrix runs before these searches
 
     @property
     def golden(self) -> str:
@@ -143,7 +147,7 @@ checking that all-off is consistent...
   -> clean (1 run)
 testing forward-off...
     run 3 (2 edges on): diverged at step 6 [0.2s]
-  -> diverged at run 1 (step 6)
+  -> diverged at run 3 (step 6)
 testing drop-only:bwd:layers.2->layers.1...
     run 4 (3 edges on): clean over 20 steps [0.2s]
     run 5 (3 edges on): clean over 20 steps [0.2s]
@@ -153,7 +157,7 @@ double checking the answer: keep-only:bwd:layers.2->layers.1 should diverge...
   -> clean (1 run)
 testing keep-only:bwd:layers.2->layers.1...
     run 7 (1 edges on): diverged at step 19 [0.2s]
-  -> diverged at run 1 (step 19)
+  -> diverged at run 7 (step 19)
 double checking the answer: drop-only:bwd:layers.2->layers.1 should be consistent...
     run 8 (3 edges on): clean over 20 steps [0.2s]
     run 9 (3 edges on): clean over 20 steps [0.2s]
@@ -260,7 +264,7 @@ checking that all-off is consistent...
     run 11 (0 edges on): diverged at step 2 [0.2s]
     run 12 (0 edges on): diverged at step 3 [0.2s]
     run 13 (0 edges on): clean over 20 steps [0.2s]
-  -> diverged at run 1 (step 8)
+  -> diverged at run 2 (step 8)
 
 verdict: not-prefetch
 confidence: 1.000   runs: 13   steps: 102
@@ -320,7 +324,7 @@ checking that all-off is consistent...
   -> clean (1 run)
 testing forward-off...
     run 3 (2 edges on): diverged at step 6 [0.2s]
-  -> diverged at run 1 (step 6)
+  -> diverged at run 3 (step 6)
 testing drop-only:bwd:layers.2->layers.1...
 interrupted: finished runs are in the journal; to resume, run again:
   bisect-prefetch bisect TMP/exp.yaml --resume --state-dir=TMP/state
@@ -338,7 +342,7 @@ checking that all-off is consistent...
   -> clean (1 run)
 testing forward-off...
     run 3 (2 edges on): diverged at step 6 [from the journal]
-  -> diverged at run 1 (step 6)
+  -> diverged at run 3 (step 6)
 testing drop-only:bwd:layers.2->layers.1...
     run 4 (3 edges on): clean over 20 steps [0.2s]
     run 5 (3 edges on): clean over 20 steps [0.2s]
@@ -348,7 +352,7 @@ double checking the answer: keep-only:bwd:layers.2->layers.1 should diverge...
   -> clean (1 run)
 testing keep-only:bwd:layers.2->layers.1...
     run 7 (1 edges on): diverged at step 2 [0.2s]
-  -> diverged at run 1 (step 2)
+  -> diverged at run 7 (step 2)
 double checking the answer: drop-only:bwd:layers.2->layers.1 should be consistent...
     run 8 (3 edges on): clean over 20 steps [0.2s]
     run 9 (3 edges on): clean over 20 steps [0.2s]

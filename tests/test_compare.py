@@ -19,6 +19,7 @@ from bisect_prefetch.metrics.compare import (
 from bisect_prefetch.metrics.digests import DigestRecord, format_digest_line
 from bisect_prefetch.metrics.trajectory import Series, Trajectory
 from bisect_prefetch.report.compare_table import compare_tables
+from tests.conftest import trajectory
 
 NAN, INF = float("nan"), float("inf")
 
@@ -89,8 +90,8 @@ def test_metric_only_one_run_has():
 
 
 def test_first_difference_on_another_rank():
-    a = Trajectory.from_records([(r, s, {"loss": float(s)}) for r in (0, 1) for s in range(1, 8)])
-    b = Trajectory.from_records(
+    a = trajectory([(r, s, {"loss": float(s)}) for r in (0, 1) for s in range(1, 8)])
+    b = trajectory(
         [(r, s, {"loss": float(s) + (1e-9 if (r == 1 and s >= 2) or (r == 0 and s >= 5) else 0)})
          for r in (0, 1) for s in range(1, 8)]
     )
@@ -113,7 +114,7 @@ def test_group_all_pairs():
 
 
 def test_streaming_comparator_stops_at_first_difference():
-    ref = Trajectory.from_records([(r, s, {"loss": s / 7, "grad_norm": NAN}) for r in (0, 1) for s in range(1, 6)])
+    ref = trajectory([(r, s, {"loss": s / 7, "grad_norm": NAN}) for r in (0, 1) for s in range(1, 6)])
     cmp = StreamingComparator(ref)
     assert cmp.feed(0, 1, {"loss": 1 / 7, "grad_norm": NAN}) is None
     assert cmp.feed(1, 1, {"loss": 1 / 7}) is None
@@ -175,8 +176,8 @@ def test_compare_log_files_without_digests(tmp_path):
 
 
 def test_every_rank_gets_its_statistics_and_the_first_rank_is_named():
-    a = Trajectory.from_records([(r, s, {"loss": float(s)}) for r in (0, 1, 2) for s in range(1, 8)])
-    b = Trajectory.from_records(
+    a = trajectory([(r, s, {"loss": float(s)}) for r in (0, 1, 2) for s in range(1, 8)])
+    b = trajectory(
         [(r, s, {"loss": float(s) + (0.5 if r == 2 and s >= 3 else 0.0)}) for r in (0, 1, 2) for s in range(1, 8)]
     )
     d = compare_trajectories(a, b)["loss"]

@@ -56,7 +56,7 @@ def test_full_example_loads(tmp_path):
     assert exp.name == "fsdp2-demo"
     assert exp.workload.fault.edge == "bwd:layers.5->layers.4"
     assert exp.workload.fault.hazard == 0.05
-    assert exp.metrics.default_files() == "metrics.jsonl"
+    assert (exp.metrics.format, exp.metrics.files) == ("jsonl", None)  # metrics.jsonl (run_files)
     assert exp.world_size() == 2
     assert exp.base_dir == tmp_path.resolve()
 
@@ -81,7 +81,7 @@ def test_command_experiment_resolves_config_next_to_the_file(tmp_path):
     """))
     assert exp.config_path() == (tmp_path / "train.yaml").resolve()
     assert exp.env == {"HCCL_DETERMINISTIC": "true", "OMP_NUM_THREADS": "2"}
-    assert exp.metrics.default_files() == "stdout.log"
+    assert (exp.metrics.format, exp.metrics.files) == ("mindformers", None)  # the job's stdout
 
 
 def test_unknown_key_names_the_key_and_the_allowed_ones(tmp_path):

@@ -21,7 +21,8 @@ from bisect_prefetch.metrics.loading import (
     parse_file,
     run_files,
 )
-from bisect_prefetch.metrics.trajectory import Series, Trajectory
+from bisect_prefetch.metrics.trajectory import Series
+from tests.conftest import trajectory
 
 FILE_PREFIX = "[INFO] 2026-01-01 10:00:00,123 [mindformers/core/callback/callback.py:532] _print_log: "
 STDOUT_PREFIX = "2026-01-01 10:00:00,123 - mindformers[mindformers/core/callback/callback.py:532] - INFO - "
@@ -339,7 +340,7 @@ def test_series_repeated_step_keeps_last_value():
     assert dict(s) == {1: 1.0, 2: 20.0, 3: 3.0}
     with pytest.raises(KeyError):
         s[4]
-    t = Trajectory.from_records([(0, 1, {"loss": 1.0}), (1, 1, {"loss": 2.0, "grad_norm": 3.0})])
+    t = trajectory([(0, 1, {"loss": 1.0}), (1, 1, {"loss": 2.0, "grad_norm": 3.0})])
     assert t.metrics_rank == 0 and t.series_rank == {"loss": 0, "grad_norm": 1}
 
 

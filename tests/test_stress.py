@@ -7,6 +7,7 @@ import io
 import json
 import math
 import random
+import re
 import textwrap
 from pathlib import Path
 
@@ -19,6 +20,7 @@ from bisect_prefetch.commands import bisect as bisect_command
 from bisect_prefetch.errors import BisectPrefetchError
 from bisect_prefetch.experiment import load_experiment, with_stress
 from bisect_prefetch.runs.execute import RunOutcome
+from bisect_prefetch.runs.oracle import Earlier
 from bisect_prefetch.runs.signals import describe_stress
 from bisect_prefetch.search.oracle import RunResult
 from bisect_prefetch.search.stress import Hazard, choose_stress
@@ -172,6 +174,9 @@ class _StressOracle:
         self.requests: dict = {}
         self.runs_launched = self.runs_reused = 0
 
+    def reuse_earlier(self):
+        return Earlier()  # no aa or matrix runs before these searches
+
     @property
     def golden(self) -> str:
         return self._run(frozenset(), "search-golden").run_id
@@ -234,6 +239,19 @@ def test_bisect_stress_auto_uses_stress_where_it_raises_the_chance(tmp_path):
     assert made == [False, True]
     assert "stress: on (--stress auto); every run the verdict counts ran with stress on" in text
     assert "(x3.00)" in text
+    # "run N" is counted one way: the calibration's run lines of both settings count too.
+    assert_runs_named_by_their_lines(text)
+
+
+def assert_runs_named_by_their_lines(text: str) -> None:
+    """Every "diverged at run N (step S)" and "diverged (run N, step S)" names run line N,
+    which says "diverged at step S"."""
+    said = dict(re.findall(r"^    run (\d+) \(.*?: diverged at step (\d+)", text, re.M))
+    named = (re.findall(r"diverged at run (\d+) \(step (\d+)\)", text)
+             + re.findall(r"diverged \(run (\d+), step (\d+)\)", text))
+    assert named
+    for run, step in named:
+        assert said.get(run) == step, (run, step)
 
 
 def test_no_drift_under_stress_is_checked_without_stress(tmp_path):

@@ -47,7 +47,7 @@ from bisect_prefetch.report.localization import in_unit
 from bisect_prefetch.report.stress import stress_line
 from bisect_prefetch.runs.discover import DISCOVERY_STEPS
 from bisect_prefetch.runs.execute import RunOutcome
-from bisect_prefetch.runs.oracle import OnRun, RealOracle
+from bisect_prefetch.runs.oracle import Earlier, OnRun, RealOracle
 from bisect_prefetch.runs.slots import RunRequest, keep_slots_busy
 from bisect_prefetch.runs.state import OpenState, open_state
 from bisect_prefetch.runs.step_time import fix_cost_line, fix_costs
@@ -84,10 +84,39 @@ class BisectOracle(Oracle, Protocol):
     @property
     def golden(self) -> str: ...
 
+    def reuse_earlier(self) -> Earlier: ...
+
     def deterministic_masks(self) -> list[Mask]: ...
 
 
 OracleFor = Callable[..., BisectOracle]  # (opened, on_run, *, stress=False)
+
+
+class RunNumbers:
+    """"run N" in a transcript, one way: the N-th run line (a retry and both settings'
+    stress calibration runs included). A verdict line or fact that names a run of the
+    search names it by its line (`of(k)`: the line of the search's k-th run)."""
+
+    def __init__(self) -> None:
+        self.said = 0
+        self._lines: list[int] = []  # the line of each run the search recorded
+
+    def __iter__(self) -> RunNumbers:
+        return self
+
+    def __next__(self) -> int:
+        self.said += 1
+        return self.said
+
+    def recorded(self, line: int | None = None) -> None:
+        """The search recorded a run: the last line said (or the one given) reported it."""
+        self._lines.append(self.said if line is None else line)
+
+    def new_search(self) -> None:
+        self._lines = []
+
+    def of(self, run: int) -> int:
+        return self._lines[run - 1] if 0 < run <= len(self._lines) else run
 
 
 def real_oracle(opened: OpenState, on_run: OnRun, *, stress: bool = False) -> RealOracle:
@@ -172,7 +201,8 @@ def _bisect(experiment: Experiment, experiment_path: Path, *, hint: str, resume:
         run_details: list[dict] = []
         mode = experiment.stress.mode
         oracles: dict[bool, BisectOracle] = {}
-        numbers = itertools.count(1)
+        earlier: dict[bool, Earlier] = {}  # all-off runs of earlier commands, per stress setting
+        numbers = RunNumbers()
 
         def oracle_of(on: bool) -> BisectOracle:
             if on not in oracles:
@@ -180,28 +210,38 @@ def _bisect(experiment: Experiment, experiment_path: Path, *, hint: str, resume:
                 # An oracle of a test may know no stress: it is asked only when stress is.
                 oracles[on] = (oracle_for(opened, on_run, stress=True) if on
                                else oracle_for(opened, on_run))
+                # Before its first run: the golden run may be an earlier command's.
+                earlier[on] = oracles[on].reuse_earlier()
             return oracles[on]
 
         stress = StressRecord(mode)
+        before: list[Earlier] = []  # all-off runs of earlier commands, per search
         result = None
         unstressed: SearchResult | None = None
         try:
             all_on = Mask(graph.edge_ids())
             if mode == STRESS_AUTO:
                 # step 0: does stress make drift show more often? (search/stress.py)
-                stress.choice, calibration = calibrate_stress(
-                    oracle_of, all_on, steps=experiment.steps, console=console)
+                stress.choice, calibration, lines = calibrate_stress(
+                    oracle_of, all_on, steps=experiment.steps, console=console, numbers=numbers)
                 stress.used = stress.choice.use
                 stress.unstressed_runs = calibration[False]
-                for outcome in calibration[stress.used]:  # the chosen setting's runs count
-                    search.record(all_on, outcome)
+                stress.unstressed_lines = lines[False]
+                reuse_controls(search, earlier[stress.used])  # evidence before the search's own runs
+                for outcome, line in zip(calibration[stress.used], lines[stress.used], strict=True):
+                    search.record(all_on, outcome)  # the chosen setting's runs count
+                    numbers.recorded(line)
             else:
                 stress.used = mode == STRESS_ON
+                oracle_of(stress.used)
+                reuse_controls(search, earlier[stress.used])
             oracle = oracle_of(stress.used)
             console.print("running the golden reference (all-off, full length"
                           + (", under stress" if stress.used else "") + ")...", markup=False)
+            say_earlier(earlier[stress.used], console)
+            before.append(earlier[stress.used])
             _ = oracle.golden
-            result = _drive(search, oracle, console)
+            result = run_bisection(search, oracle, console=console, numbers=numbers)
             if stress.used and result.verdict == "no-drift-reproduced":
                 # A stress that hides a race must not clear a build: no drift needs its
                 # clean runs without stress too.
@@ -209,20 +249,30 @@ def _bisect(experiment: Experiment, experiment_path: Path, *, hint: str, resume:
                               "must not clear a build: searching again without stress...",
                               markup=False)
                 search = new_search()
-                for outcome in stress.unstressed_runs:
-                    search.record(all_on, outcome)
+                numbers.new_search()
                 plain = oracle_of(False)
+                reuse_controls(search, earlier[False])
+                for outcome, line in zip(stress.unstressed_runs, stress.unstressed_lines, strict=True):
+                    search.record(all_on, outcome)
+                    numbers.recorded(line)
+                say_earlier(earlier[False], console)
+                before.append(earlier[False])
                 _ = plain.golden
-                unstressed = result = _drive(search, plain, console)
+                unstressed = result = run_bisection(search, plain, console=console,
+                                                    numbers=numbers)
         finally:
             # Keep what was learned even when interrupted: the report shows it.
             partial = result or search.result()
-            data = result_to_json(partial, reproduce_command(experiment_path, partial))
+            data = result_to_json(partial, reproduce_command(experiment_path, partial),
+                                  run=numbers.of)
             data["experiment"] = experiment.name
             every = list(oracles.values())
             data["deterministic_masks"] = [sorted(m) for o in every for m in o.deterministic_masks()]
             data["runs_launched"] = sum(o.runs_launched for o in every)
             data["runs_reused"] = sum(o.runs_reused for o in every)
+            data["earlier_all_off"] = [{"golden": e.golden,
+                                        "controls": [out.run_id for out in e.controls]}
+                                       for e in before]
             data["runs_lost"] = [lost for o in every for lost in getattr(o, "runs_lost", [])]
             data["suspects"] = suspects
             data["hints"] = [n for n in search.notices if n["event"].startswith("hint")]
@@ -242,7 +292,7 @@ def _bisect(experiment: Experiment, experiment_path: Path, *, hint: str, resume:
             write_text_atomic(opened.path / BISECT_FILE, json.dumps(data, indent=2) + "\n")
             build_report(opened.path)
     console.print()
-    render_result(result, console, reproduce=data["reproduce"])
+    render_result(result, console, reproduce=data["reproduce"], run=numbers.of)
     if data["stress"]["mode"] != STRESS_OFF:
         console.print(stress_line(data["stress"]), markup=False, soft_wrap=True)
     cost = fix_cost_line(data["step_time"], result.minimal_set)
@@ -250,6 +300,9 @@ def _bisect(experiment: Experiment, experiment_path: Path, *, hint: str, resume:
         console.print(cost, markup=False, soft_wrap=True)
     console.print(f"runs launched {data['runs_launched']}, reused from the journal "
                   f"{data['runs_reused']}; report: {opened.path / 'report.html'}", markup=False)
+    for e in before:
+        if e.runs:
+            console.print(earlier_words(e), markup=False)
     if data["runs_lost"]:
         console.print(f"runs lost (the scheduler took the job away; retried): "
                       f"{len(data['runs_lost'])}: " + "; ".join(data["runs_lost"]),
@@ -257,10 +310,26 @@ def _bisect(experiment: Experiment, experiment_path: Path, *, hint: str, resume:
     return data
 
 
-def _drive(search: Bisection, oracle: BisectOracle, console: Console) -> SearchResult:
-    if isinstance(oracle, RealOracle) and oracle.runner.executor.slots > 1:
-        return run_bisection_in_slots(search, oracle, console=console)
-    return run_bisection(search, oracle, console=console)
+def reuse_controls(search: Bisection, earlier: Earlier) -> None:
+    """All-off runs of earlier commands compared with the golden run: the search's first
+    background controls (runs/oracle.py earlier_all_off), before any run of its own."""
+    for out in earlier.controls:
+        search.reuse(Mask(), out.result())
+
+
+def say_earlier(earlier: Earlier, console: Console) -> None:
+    if earlier.runs:
+        console.print(f"  -> {earlier_words(earlier)}", markup=False, soft_wrap=True)
+
+
+def earlier_words(earlier: Earlier) -> str:
+    """e.g. "reused 3 all-off runs of earlier commands as the golden run and background controls"."""
+    runs = earlier.runs
+    what = "the golden run" + (" and background controls" if earlier.controls else "")
+    diverged = sum(1 for out in earlier.controls if out.diverged)
+    return (f"reused {runs} all-off run{'s' if runs != 1 else ''} of earlier commands as {what} "
+            f"(golden {earlier.golden}"
+            + (f"; {diverged} diverged from it: drift without prefetch" if diverged else "") + ")")
 
 
 # -- stress ---------------------------------------------------------------------------------
@@ -272,6 +341,7 @@ class StressRecord:
         self.used = False
         self.choice: StressChoice | None = None
         self.unstressed_runs: list[RunResult] = []  # auto: the calibration runs without stress
+        self.unstressed_lines: list[int] = []  # and the run lines that said them
 
     def to_json(self, run_details: list[dict], *,
                 unstressed: SearchResult | None) -> dict:
@@ -298,22 +368,25 @@ class StressRecord:
 
 
 def calibrate_stress(oracle_of: Callable[[bool], BisectOracle], all_on: Mask, *, steps: int,
-                     console: Console) -> tuple[StressChoice, dict[bool, list[RunResult]]]:
+                     console: Console, numbers: RunNumbers | None = None,
+                     ) -> tuple[StressChoice, dict[bool, list[RunResult]], dict[bool, list[int]]]:
     """All-on with and without stress, interleaved so both meet the same machine load;
-    the choice (search/stress.py) and each setting's runs."""
+    the choice (search/stress.py), each setting's runs and the run lines that said them."""
     n = STRESS_CALIBRATION_RUNS
     console.print(f"checking whether stress makes drift show more often: all-on, {n} runs "
                   f"without stress and {n} with, interleaved...", markup=False)
     runs: dict[bool, list[RunResult]] = {False: [], True: []}
+    lines: dict[bool, list[int]] = {False: [], True: []}
     for _ in range(n):
         for on in (False, True):
             runs[on].append(oracle_of(on).run(all_on))
+            lines[on].append(numbers.said if numbers is not None else 0)
     hazards = {on: Hazard.of([r.first_diff_step if r.diverged else None
                               for r in outcomes if r.completed], steps=steps)
                for on, outcomes in runs.items()}
     choice = choose_stress(hazards[False], hazards[True])
     console.print(f"  -> {stress_choice_words(choice)}", markup=False, soft_wrap=True)
-    return choice, runs
+    return choice, runs, lines
 
 
 def _chance(hazard: Hazard) -> str:
@@ -417,96 +490,120 @@ def _run_line(console: Console, details: list[dict] | None = None, *, stress: bo
 
 # -- driving the search -------------------------------------------------------------------
 class _Narrator:
-    """Prints a step's title when its first run starts and its verdict line when it ends."""
+    """Says a step's title before its first run and its `->` verdict line once it is over.
 
-    def __init__(self, search: Bisection, console: Console) -> None:
+    One run at a time, a step is over when the next one is announced. With several
+    slots, runs of several steps interleave: a step is over once a run of a later step
+    was recorded (or at the end), and its verdict line names the step.
+    """
+
+    def __init__(self, search: Bisection, console: Console, numbers: RunNumbers, *,
+                 interleaved: bool = False) -> None:
         self.search = search
         self.console = console
-        self.open = False
-        self.runs_before = 0  # runs recorded before the open step began
+        self.numbers = numbers
+        self.interleaved = interleaved
+        events = search.events
+        self.closed = len(events)  # blocks recorded before this drive are not its to say
+        self.titled = [(events[-1].stage, events[-1].enabled)] if events else []
         self.notices_said = len(search.notices)  # the audit's suspects are already said
         self.units_said: set[str] = set()
 
+    def before(self, ask: Ask) -> None:
+        """Before a run of the mask the search asks for (`search.pending`)."""
+        if self.titled[-1:] == [(ask.stage, ask.mask)]:
+            return  # the same step goes on
+        events = self.search.events
+        self.close(len(events) - 1 if self.interleaved else len(events))  # a step may go on
+        name = mask_name(ask.mask, self.search.edge_ids)
+        self.console.print(f"{step_title(ask.stage, name, ask.target, ask.context)}...",
+                           markup=False)
+        self.titled.append((ask.stage, ask.mask))
+
     def recorded(self) -> None:
-        """After a run was recorded: what its localization did to the search (once a unit)."""
+        """After a run was recorded: the steps it ended, and what its localization did to
+        the search (once a unit)."""
+        self.close(len(self.search.events) - 1)  # every block but the last is complete
         for notice in self.search.notices[self.notices_said:]:
             if notice.get("unit") not in self.units_said:
                 self.console.print(f"  {notice_line(notice)}", markup=False)
                 self.units_said.add(notice.get("unit"))
         self.notices_said = len(self.search.notices)
 
-    def before(self, ask: Ask) -> None:
-        """Before a run of the mask the search asks for (`search.pending`)."""
+    def close(self, upto: int | None = None) -> None:
+        """The verdict lines of the blocks before `upto` (None: all) not yet said. A step
+        interrupted before its first run finished has no block, and no verdict yet."""
         events = self.search.events
-        last = events[-1] if events else None
-        if last is not None and last.enabled == ask.mask and last.stage == ask.stage:
-            return  # the same step goes on
-        self.close()
-        name = mask_name(ask.mask, self.search.edge_ids)
-        self.console.print(f"{step_title(ask.stage, name, ask.target, ask.context)}...",
-                           markup=False)
-        self.open, self.runs_before = True, self.search.runs_used
-
-    def close(self) -> None:
-        # A step interrupted before its first run finished has no verdict yet.
-        if self.open and self.search.runs_used > self.runs_before:
-            self.console.print(f"  -> {verdict_line(self.search.events[-1])}", markup=False)
-        self.open = False
+        upto = len(events) if upto is None else upto
+        for block in events[self.closed:upto]:
+            which = (f"{step_title(block.stage, block.mask, block.target, block.context)}: "
+                     if self.interleaved else "")
+            self.console.print(f"  -> {which}{verdict_line(block, run=self.numbers.of)}",
+                               markup=False)
+        self.closed = max(self.closed, upto)
 
 
-def run_bisection(search: Bisection, oracle: Oracle, *, console: Console) -> SearchResult:
+def run_bisection(search: Bisection, oracle: Oracle, *, console: Console,
+                  numbers: RunNumbers | None = None) -> SearchResult:
     """Run the search to its verdict, narrating each step; returns the result.
 
-    A resumed search needs no replay here: the real oracle answers runs that
-    already finished from the journal.
+    One loop for any number of slots; serial is one slot. With several, whenever a
+    slot frees the search proposes the next run from everything finished and
+    everything still in flight, and each result is recorded as it arrives. With one,
+    the run is not marked in flight (`pending`, then `record`): nothing else is asked
+    while it runs, and the search decides exactly as it does serially. A resumed search
+    needs no replay here: the real oracle answers runs that finished from the journal.
     """
-    narrator = _Narrator(search, console)
-    try:
-        while (ask := search.pending) is not None:
-            narrator.before(ask)
-            search.record(ask.mask, oracle.run(ask.mask))
+    numbers = numbers if numbers is not None else RunNumbers()
+    slots = oracle.runner.executor.slots if isinstance(oracle, RealOracle) else 1
+    narrator = _Narrator(search, console, numbers, interleaved=slots > 1)
+
+    def propose() -> Ask | None:
+        if search.done or (ask := search.pending) is None:
+            return None  # done, or nothing to ask before a result arrives
+        narrator.before(ask)
+        if slots > 1:
+            search.propose()  # in flight: the next free slot gets another question
+        return ask
+
+    def arrived(mask: Mask, result: RunResult) -> None:
+        if not search.done:  # runs that arrive after the verdict are not evidence
+            search.record(mask, result)
+            numbers.recorded()
             narrator.recorded()
+
+    try:
+        if isinstance(oracle, RealOracle):
+            _in_slots(oracle, propose, arrived, stop=lambda: search.done)
+        else:  # an oracle that answers at once (a simulation): one slot
+            while (ask := propose()) is not None:
+                arrived(ask.mask, oracle.run(ask.mask))
     finally:
         narrator.close()  # an interrupted step still gets its verdict line
     return search.result()
 
 
-def run_bisection_in_slots(search: Bisection, oracle: RealOracle, *,
-                           console: Console) -> SearchResult:
-    """The same, with every slot of the executor busy.
-
-    Whenever a slot frees the search proposes the next run from everything
-    finished and everything still in flight, and each result is recorded as it
-    arrives. A run that failed is retried in the next free slot; runs still in
-    flight at the verdict are cancelled.
-    """
+def _in_slots(oracle: RealOracle, propose: Callable[[], Ask | None],
+              arrived: Callable[[Mask, RunResult], None], *, stop: Callable[[], bool]) -> None:
+    """The runs the search asks for on the executor's slots (runs/slots.py); a run that
+    failed is retried in the next free slot; runs still in flight at the verdict are
+    cancelled."""
     retries: list[RunRequest] = []
-    titled: list[tuple] = []  # the step last announced: runs of several steps interleave
-    narrator = _Narrator(search, console)  # for the hints only: steps interleave here
 
-    def propose() -> RunRequest | None:
+    def request() -> RunRequest | None:
         if retries:
             return retries.pop(0)
-        ask = None if search.done else search.propose()
-        if ask is None:
-            return None
-        if titled[-1:] != [(ask.stage, ask.mask)]:
-            name = mask_name(ask.mask, search.edge_ids)
-            console.print(f"{step_title(ask.stage, name, ask.target, ask.context)}...",
-                          markup=False)
-            titled.append((ask.stage, ask.mask))
-        return oracle.request(ask.mask)
+        ask = propose()
+        return None if ask is None else oracle.request(ask.mask)
 
-    def arrived(request: RunRequest, out: RunOutcome) -> None:
+    def finished(request: RunRequest, out: RunOutcome) -> None:
         answer = oracle.finished(request, out)
         if isinstance(answer, RunRequest):
             retries.append(answer)
-        elif not search.done:
-            search.record(request.tag[0], answer)
-            narrator.recorded()
+        else:
+            arrived(request.tag[0], answer)
 
-    keep_slots_busy(oracle.runner, propose, arrived, stop=lambda: search.done)
-    return search.result()
+    keep_slots_busy(oracle.runner, request, finished, stop=stop)
 
 
 # -- wording the search's steps and facts ---------------------------------------------------
@@ -558,11 +655,17 @@ def notice_line(notice: dict) -> str:
     return f"audit suspects: {', '.join(notice['edges'])}"
 
 
-def verdict_line(block: Block) -> str:
-    """A block's verdict, e.g. "diverged at run 2 (step 17)" or "clean (9 runs)"."""
+def _same(run: int) -> int:
+    return run
+
+
+def verdict_line(block: Block, *, run: Callable[[int], int] = _same) -> str:
+    """A block's verdict, e.g. "diverged at run 12 (step 17)" or "clean (9 runs)"; run: the
+    transcript's number of the search's k-th run (RunNumbers.of)."""
     failed = f", {block.errors} failed" if block.errors else ""
     if block.divergences:
-        return f"diverged at run {block.diverged_at} (step {block.first_diff_steps[0]}){failed}"
+        first = run(block.first_run + block.diverged_at - 1)
+        return f"diverged at run {first} (step {block.first_diff_steps[0]}){failed}"
     clean = block.runs - block.errors
     if clean:
         return f"clean ({_runs(clean)}{failed})"
@@ -576,7 +679,7 @@ STOP_REASONS = {
 }
 
 
-def fact_line(fact: v.Fact, *, confidence: float) -> str:
+def fact_line(fact: v.Fact, *, confidence: float, run: Callable[[int], int] = _same) -> str:
     """One checked statement behind a verdict, in words."""
     names = ",".join(getattr(fact, "edges", ()))
     match fact:
@@ -611,7 +714,7 @@ def fact_line(fact: v.Fact, *, confidence: float) -> str:
             guess = "{" + names + "}" if fact.edges else "no edge (drift without prefetch)"
             return f"{why}; best guess {guess} at probability {fact.chance:.3f}"
         case v.KeepOnlyDiverged():
-            return (f"keep-only:{names} diverged (run {fact.run}, step {fact.step}): "
+            return (f"keep-only:{names} diverged (run {run(fact.run)}, step {fact.step}): "
                     "the set is enough for drift")
         case v.EachNeeded() if len(fact.edges) == 2:
             (a, b), (without_a, without_b) = fact.edges, fact.clean_without
@@ -634,12 +737,13 @@ def fact_line(fact: v.Fact, *, confidence: float) -> str:
     raise ValueError(f"unknown fact {fact!r}")
 
 
-def fact_lines(result: SearchResult) -> list[str]:
-    return [fact_line(fact, confidence=result.confidence) for fact in result.facts]
+def fact_lines(result: SearchResult, *, run: Callable[[int], int] = _same) -> list[str]:
+    return [fact_line(fact, confidence=result.confidence, run=run) for fact in result.facts]
 
 
 # -- the result ---------------------------------------------------------------------------
-def render_result(result: SearchResult, console: Console, *, reproduce: str | None = None) -> None:
+def render_result(result: SearchResult, console: Console, *, reproduce: str | None = None,
+                  run: Callable[[int], int] = _same) -> None:
     """Verdict, minimal set, confidence, runs and steps, the facts, evidence and calibration."""
     console.print(f"verdict: {result.verdict}", markup=False)
     if result.minimal_set:
@@ -647,7 +751,7 @@ def render_result(result: SearchResult, console: Console, *, reproduce: str | No
     console.print(
         f"confidence: {result.confidence:.3f}   runs: {result.runs_used}   steps: {result.steps_used}"
     )
-    for fact in fact_lines(result):
+    for fact in fact_lines(result, run=run):
         console.print(f"  - {fact}", markup=False)
     console.print(evidence_table(result))
     calibration = result.calibration
@@ -680,7 +784,8 @@ def evidence_table(result: SearchResult) -> Table:
     return table
 
 
-def result_to_json(result: SearchResult, reproduce: str) -> dict:
+def result_to_json(result: SearchResult, reproduce: str, *,
+                   run: Callable[[int], int] = _same) -> dict:
     """The bisect JSON of docs/contract.md: verdict, minimal_set, confidence, runs_used, steps_used,
     evidence, reproduce; plus the facts (in words), calibration and best hypotheses."""
     return {
@@ -691,7 +796,7 @@ def result_to_json(result: SearchResult, reproduce: str) -> dict:
         "steps_used": result.steps_used,
         "evidence": [dict(row) for row in result.evidence],
         "reproduce": reproduce,
-        "facts": fact_lines(result),
+        "facts": fact_lines(result, run=run),
         "drop_only_diverges": result.drop_only_diverges,
         "calibration": dict(result.calibration),
         "top_hypotheses": list(result.top_hypotheses),

@@ -21,7 +21,7 @@ from bisect_prefetch.metrics.compare import StreamingComparator
 from bisect_prefetch.metrics.console import CONSOLE_FORMATS, ConsoleParser
 from bisect_prefetch.metrics.digests import DigestRecord, parse_digest_line, read_digests
 from bisect_prefetch.metrics.lines import jsonl_reader, regex_reader
-from bisect_prefetch.metrics.loading import rank_from_path, run_files
+from bisect_prefetch.metrics.loading import metric_files, rank_from_path, run_files
 from bisect_prefetch.metrics.trajectory import LONG_LINE, MAX_LINE_BYTES, Columns
 
 DIGEST_FILE = "digests.jsonl"
@@ -209,7 +209,7 @@ class LiveMetrics:
     def _files(self) -> list[Path]:
         """The files the run's metrics are read from afterwards (see Runner._load)."""
         if self.config.files:
-            return sorted(p for p in self.run_dir.glob(self.config.files) if p.is_file())
+            return metric_files(self.run_dir, self.config.format, self.config.files)
         if self.config.format == "jsonl":
             return [self.run_dir / "metrics.jsonl"]  # the recorder's file, before it exists too
         if self._per_rank:

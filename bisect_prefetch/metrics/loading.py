@@ -203,6 +203,17 @@ def run_files(path: str | Path, fmt: str | None = None) -> list[Path]:
     )
 
 
+def metric_files(run_dir: Path, fmt: str | None, files: str | None) -> list[Path]:
+    """The files a run's metrics are read from: the `metrics.files` glob under its dir, else
+    those of run_files (none while it has none). The one rule, live and afterwards."""
+    if files:
+        return sorted(p for p in Path(run_dir).glob(files) if p.is_file())
+    try:
+        return run_files(run_dir, fmt)
+    except BisectPrefetchError:
+        return []
+
+
 def load_run(
     path: str | Path,
     fmt: str | None = None,

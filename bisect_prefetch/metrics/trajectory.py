@@ -264,19 +264,6 @@ class Trajectory(Mapping[str, Series]):
         return cls({rank: {n: Series.from_mapping(v) for n, v in metrics.items()}})
 
     @classmethod
-    def from_records(cls, records: Iterable[Record]) -> Trajectory:
-        steps: dict[tuple[int, str], list[int]] = {}
-        values: dict[tuple[int, str], list[float]] = {}
-        for rank, step, metrics in records:
-            for name, value in metrics.items():
-                steps.setdefault((rank, name), []).append(step)
-                values.setdefault((rank, name), []).append(value)
-        per_rank: dict[int, dict[str, Series]] = {}
-        for (rank, name), s in steps.items():
-            per_rank.setdefault(rank, {})[name] = Series(s, values[(rank, name)])
-        return cls(per_rank)
-
-    @classmethod
     def from_results(cls, results: Iterable[ParseResult]) -> Trajectory:
         per_rank: dict[int, dict[str, Series]] = {}
         results = list(results)

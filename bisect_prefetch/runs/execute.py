@@ -34,7 +34,7 @@ from bisect_prefetch.metrics.completeness import (
     unlike_ranks,
 )
 from bisect_prefetch.metrics.live import DIGEST_FILE, LiveMetrics
-from bisect_prefetch.metrics.loading import load_files, load_run, run_files
+from bisect_prefetch.metrics.loading import load_files, load_run, metric_files
 from bisect_prefetch.metrics.localize import judge_digests, units_in_graph
 from bisect_prefetch.metrics.trajectory import Trajectory
 from bisect_prefetch.runs import envprint
@@ -238,13 +238,7 @@ class Runner:
         return self._trajectories[run_id]
 
     def _metric_files(self, run_dir: Path) -> list[Path]:
-        m = self.experiment.metrics
-        if m.files:
-            return sorted(p for p in run_dir.glob(m.files) if p.is_file())
-        try:
-            return run_files(run_dir, m.format)
-        except BisectPrefetchError:
-            return []
+        return metric_files(run_dir, self.experiment.metrics.format, self.experiment.metrics.files)
 
     def _signals(self, run_dir: Path) -> dict[str, Any]:
         m = self.experiment.metrics

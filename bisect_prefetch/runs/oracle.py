@@ -7,6 +7,13 @@ k-th request for a mask is that mask's run index k, and a retry after an error
 is the next attempt of the same index, so a resumed search replays exactly
 the runs it had and re-runs none.
 
+All-off runs of earlier commands (`aa --mask all-off`, a matrix cell, under the
+same code, experiment fingerprint, steps, guard and stress) count too
+(`reuse_earlier`): a full-length one that was compared with nothing (the first
+of its group) is the golden run, and the all-off runs compared with it are the
+search's first background controls. Only records journaled before this search's
+first own run are looked at, so a resumed search reuses the same ones.
+
 Golden comparison assumes masks do not change the numbers (prefetch only
 moves copies earlier). This is checked, not assumed: every run's trajectory
 hash (over the steps up to its first difference) is kept, and a mask whose
@@ -19,15 +26,59 @@ from __future__ import annotations
 
 from collections import Counter, defaultdict
 from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
 
 from bisect_prefetch.errors import BisectPrefetchError
 from bisect_prefetch.runs.execute import Runner, RunOutcome
 from bisect_prefetch.runs.executors.base import LOST
 from bisect_prefetch.runs.slots import RunRequest
 from bisect_prefetch.search.oracle import RunResult
-from bisect_prefetch.vocab import Mask
+from bisect_prefetch.vocab import OK, USABLE_OUTCOMES, Mask
 
 OnRun = Callable[[Mask, RunOutcome], None]
+
+
+@dataclass
+class Earlier:
+    """All-off runs of earlier commands a search reuses: the golden run and its controls."""
+
+    golden: str | None = None
+    controls: list[RunOutcome] = field(default_factory=list)
+
+    @property
+    def runs(self) -> int:
+        return (self.golden is not None) + len(self.controls)
+
+
+def earlier_all_off(records: list[dict[str, Any]], *, own: str, fingerprint: str,
+                    steps: int, guard: str, stress: bool) -> Earlier:
+    """The golden run and controls among journal records (runs/store.py), by their fields.
+
+    own: the search's purpose; its records (`own`, `own-golden`, `own-maskref`) and every
+    record after its first are left out. fingerprint: "CODE@EXPERIMENT", the variant's
+    tail after the purpose. The golden run: a clean full-length all-off run compared with
+    nothing, the one most others were compared with (the first such on a tie); its
+    controls: the usable all-off runs compared with it.
+    """
+    before = []
+    for record in records:
+        purpose, _, tail = record["variant"].rpartition("+")
+        if tail == fingerprint and (purpose == own or purpose.startswith(own + "-")):
+            break  # this search's own runs began here
+        if (tail == fingerprint and record["mask"] == [] and record["steps"] == steps
+                and record["guard"] == guard and (record.get("stress") is True) == stress
+                and record.get("outcome") in USABLE_OUTCOMES):
+            before.append(record)
+    compared = Counter(r.get("reference") for r in before)
+    candidates = [r["run_id"] for r in before
+                  if r.get("outcome") == OK and r.get("reference") is None
+                  and r.get("first_diff_step") is None and r.get("steps_done", 0) >= steps]
+    if not candidates:
+        return Earlier()
+    golden = max(candidates, key=lambda run_id: compared[run_id])  # max keeps the first on a tie
+    return Earlier(golden, [RunOutcome.from_record(r) for r in before
+                            if r.get("reference") == golden])
 
 
 class RealOracle:
@@ -58,6 +109,19 @@ class RealOracle:
         self._divergences: dict[Mask, list[tuple[int, str]]] = defaultdict(list)
 
     # -- the golden reference ---------------------------------------------
+    def reuse_earlier(self) -> Earlier:
+        """Take the golden run from earlier all-off runs where there is one (before the
+        first request); returns it with the controls compared with it, for the search."""
+        if self._golden is not None or self._requests:
+            raise BisectPrefetchError("earlier runs are reused before the search's first run")
+        variant = self.runner.key(self.purpose, mask=Mask(), guard=self.guard, steps=self.steps,
+                                  index=0, stress=self.stress).variant
+        earlier = earlier_all_off(self.runner.state.records(), own=self.purpose,
+                                  fingerprint=variant.rpartition("+")[2], steps=self.steps,
+                                  guard=self.guard, stress=self.stress)
+        self._golden = earlier.golden
+        return earlier
+
     @property
     def golden(self) -> str:
         """Run id of the golden trajectory: the first usable all-off run."""

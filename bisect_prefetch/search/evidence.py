@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from bisect_prefetch.errors import BisectPrefetchError
 from bisect_prefetch.search.posterior import EdgePosterior
 from bisect_prefetch.search.reduce import miss_chance as set_miss_chance
 from bisect_prefetch.search.reduce import subset_odds
@@ -45,6 +46,26 @@ class Settings:
     @property
     def alpha(self) -> float:
         return 1.0 - self.confidence
+
+    @classmethod
+    def of(cls, *, confidence: float, max_runs: int | None, calibration_runs: int | None,
+           all_off_runs: int | str) -> Settings:
+        """The options of a search, checked, with their defaults."""
+        if not 0.0 < confidence < 1.0:
+            raise BisectPrefetchError(f"--confidence must be between 0 and 1, got {confidence}")
+        if max_runs is not None and max_runs < 1:
+            raise BisectPrefetchError(f"--max-runs must be at least 1, got {max_runs}")
+        if all_off_runs != "auto" and not (isinstance(all_off_runs, int) and all_off_runs >= 1):
+            raise BisectPrefetchError(f"all_off_runs must be a count >= 1 or auto, got {all_off_runs!r}")
+        # auto (the default): one all-off run after the first divergence, and the
+        # background controls of checks.py before culprit-found. A count: that many
+        # all-off runs only (cheaper; background drift then passes for a culprit more often).
+        return cls(
+            confidence=confidence, max_runs=max_runs,
+            # Default: a quarter of the budget, 50 without one (rules out chances above 0.06).
+            calibration_runs=calibration_runs or (min(max_runs, max(10, max_runs // 4)) if max_runs else 50),
+            all_off_runs=1 if all_off_runs == "auto" else all_off_runs,
+            background_controls=all_off_runs == "auto")
 
 
 class Evidence:

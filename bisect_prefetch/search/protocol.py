@@ -84,21 +84,8 @@ class Bisection:
             raise BisectPrefetchError("the graph has no prefetch edges to bisect")
         if len(set(edge_ids)) != len(edge_ids):
             raise BisectPrefetchError("edge ids must be unique")
-        if not 0.0 < confidence < 1.0:
-            raise BisectPrefetchError(f"--confidence must be between 0 and 1, got {confidence}")
-        if max_runs is not None and max_runs < 1:
-            raise BisectPrefetchError(f"--max-runs must be at least 1, got {max_runs}")
-        if all_off_runs != "auto" and not (isinstance(all_off_runs, int) and all_off_runs >= 1):
-            raise BisectPrefetchError(f"all_off_runs must be a count >= 1 or auto, got {all_off_runs!r}")
-        # auto (the default): one all-off run after the first divergence, and the
-        # background controls of checks.py before culprit-found. A count: that many
-        # all-off runs only (cheaper; background drift then passes for a culprit more often).
-        self.settings = Settings(
-            confidence=confidence, max_runs=max_runs,
-            # Default: a quarter of the budget, 50 without one (rules out chances above 0.06).
-            calibration_runs=calibration_runs or (min(max_runs, max(10, max_runs // 4)) if max_runs else 50),
-            all_off_runs=1 if all_off_runs == "auto" else all_off_runs,
-            background_controls=all_off_runs == "auto")
+        self.settings = Settings.of(confidence=confidence, max_runs=max_runs,
+                                    calibration_runs=calibration_runs, all_off_runs=all_off_runs)
         self.edge_ids = list(edge_ids)
         self.log = RunLog(self.edge_ids, steps_per_run=steps_per_run, max_errors=max_errors)
         self.model = EdgePosterior(len(self.edge_ids))
@@ -146,22 +133,38 @@ class Bisection:
             raise BisectPrefetchError("no run of that mask is in flight")
         self._stale = True
 
+    def reuse(self, mask: Mask, result: RunResult) -> None:
+        """An earlier command's run against this golden run: evidence, not a run of this search."""
+        if self.log.runs_used or self.log.in_flight or not result.completed:
+            raise BisectPrefetchError("only completed runs are reused, before the search's own")
+        mask = self._known(mask)
+        self.log.reuse(mask, result)
+        self._observe(mask, result)
+        self._stale = True
+        self._refresh()
+
+    def _observe(self, mask: Mask, result: RunResult) -> None:  # a completed run, any command's
+        self.model.observe(self.log.enabled(mask), bool(result.diverged), self.log.fraction(result))
+        self.reduce.update()
+
+    def _known(self, mask: Mask) -> Mask:
+        mask = frozenset(mask)
+        if unknown := sorted(mask - self.log.all_on):
+            raise BisectPrefetchError(f"run mask names edges not in the graph: {', '.join(unknown)}")
+        return mask
+
     def record(self, mask: Mask, result: RunResult, *, hint: str | None = None) -> None:
         """One finished run; `hint`: the unit its localization named (first divergent gradient),
         by default the run's own (RunResult.unit)."""
         if self.done:
             raise BisectPrefetchError("the search is finished; no more runs to record")
-        mask = frozenset(mask)
-        unknown = sorted(mask - self.log.all_on)
-        if unknown:
-            raise BisectPrefetchError(f"run mask names edges not in the graph: {', '.join(unknown)}")
+        mask = self._known(mask)
         ask = self.log.take_in_flight(mask)
         if ask is None and self.pending is not None and self.pending.mask == mask:
             ask = self.pending
         self.log.record(mask, result, ask)
         if result.completed:
-            self.model.observe(self.log.enabled(mask), bool(result.diverged), self.log.fraction(result))
-            self.reduce.update()
+            self._observe(mask, result)
         if hint is None and result.diverged:
             hint = result.unit
         if hint is not None and not result.diverged:

@@ -110,6 +110,7 @@ class RunLog:
         self.in_flight: list[Ask] = []  # proposed runs not yet recorded, oldest first
         self.runs_used = 0
         self.steps_used = 0
+        self.earlier = 0  # runs of earlier commands taken as evidence (reuse), not runs of this search
         self._tally: dict[Mask, Tally] = {}
         self._clean: list[tuple[np.ndarray, float]] = []
         self._diverged: list[np.ndarray] = []
@@ -139,15 +140,26 @@ class RunLog:
             tally.errors += 1
             block.errors += 1
             return
-        enabled = self.enabled(mask)
         if result.diverged:
-            tally.divergences += 1
             block.divergences += 1
             block.first_diff_steps.append(result.first_diff_step or result.steps)
             if block.diverged_at is None:
                 block.diverged_at = block.runs
+        self._observe(mask, result, tally, core=not (ask and ask.stage == "drop-only"))
+
+    def reuse(self, mask: Mask, result: RunResult) -> None:
+        """A completed run of an earlier command (an all-off run of the same experiment,
+        compared with the same golden run): evidence like a run of this search, but not
+        one of its runs (no block, no run or step counted, no place in history)."""
+        self.earlier += 1
+        self._observe(mask, result, self._tally.setdefault(mask, Tally()), core=True)
+
+    def _observe(self, mask: Mask, result: RunResult, tally: Tally, *, core: bool) -> None:
+        enabled = self.enabled(mask)
+        if result.diverged:
+            tally.divergences += 1
             self._diverged.append(enabled)
-            if not (ask and ask.stage == "drop-only"):
+            if core:
                 self.core &= enabled
         else:
             tally.clean += 1
