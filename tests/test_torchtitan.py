@@ -149,6 +149,12 @@ def test_aa_all_on_is_consistent_with_digests_in_torchtitans_own_venv(clean, cap
         assert all(e["issued"] == 3 and e["masked"] == 0 for e in probe["edges"].values())
         # The job ran torchtitan 0.3.0, which only torchtitan's venv holds.
         assert "torchtitan version: 0.3.0" in (run_dir / "stdout.log").read_text()
+    # The journal's environment is the job's, taken inside it: torchtitan's venv, 2 ranks.
+    for run in result["run_details"]:
+        environment = run["environment"]
+        assert environment["executable"].startswith(str(VENV)), environment
+        assert environment["libraries"]["torchtitan"] == "0.3.0" and environment["ranks"] == 2
+        assert environment["world_size"] == 2
 
 
 def test_audit_reads_torchtitans_run(clean, capsys):
