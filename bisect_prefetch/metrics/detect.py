@@ -20,10 +20,9 @@ from pathlib import Path
 from bisect_prefetch.errors import BisectPrefetchError
 from bisect_prefetch.metrics.console import ANSI_RE, CONSOLE_FORMATS
 from bisect_prefetch.metrics.lines import parse_jsonl_line
-from bisect_prefetch.metrics.loading import parse_file
+from bisect_prefetch.metrics.loading import parse_file, sample_lines
 
 FORMATS = ("jsonl", "torchtitan", "mindformers", "megatron")  # every format that needs no pattern
-READ_LIMIT = 8 << 20  # a log's first 8 MiB tell its format
 # Words of a name that say it measures time, speed or memory: never equal run to run.
 _TIMING = re.compile(
     r"(?:^|_)(?:tps|wps|sps|tflops|mfu|memory|mem|time|times|elapsed|throughput|speed|ms|"
@@ -59,12 +58,12 @@ def is_timing(name: str) -> bool:
 
 
 def _head(path: Path) -> bytes:
+    """The lines format detection reads (metrics.loading.sample_lines: the first 8 MiB,
+    a line over the limit read past, never held)."""
     try:
-        with open(path, "rb") as f:
-            data = f.read(READ_LIMIT)
+        return b"".join(sample_lines(path))
     except OSError:
         return b""
-    return data[: data.rfind(b"\n") + 1] if len(data) == READ_LIMIT else data
 
 
 def _canonical(fmt: str, key: str) -> str:

@@ -83,7 +83,7 @@ def parse_file(
     return parse_console(path, fmt, names=names, rank=rank or 0, fast=fast)
 
 
-def _sample_lines(path: Path) -> Iterator[bytes]:
+def sample_lines(path: Path) -> Iterator[bytes]:
     """The lines detection looks at: the first DETECT_BYTES of lines up to MAX_LINE_BYTES;
     longer lines are read past (never held) and do not use up the sample."""
     with open(path, "rb") as f:
@@ -106,7 +106,7 @@ def detect_format(path: str | Path) -> str:
         (name, CONSOLE_FORMATS[name].step_re, [k for n in ("loss", "grad_norm") for k in CONSOLE_FORMATS[name].key_res(n)])
         for name in ("mindformers", "megatron", "torchtitan")
     ]
-    for line in _sample_lines(path):
+    for line in sample_lines(path):
         stripped = ANSI_RE.sub(b"", line) if b"\x1b" in line else line
         if stripped.lstrip().startswith(b"{") and parse_jsonl_line(stripped) is not None:
             return "jsonl"
