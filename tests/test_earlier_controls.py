@@ -218,21 +218,14 @@ def test_under_stress_auto_the_controls_come_before_the_calibration_runs(tmp_pat
     from bisect_prefetch.runs.execute import RunOutcome
     from bisect_prefetch.runs.oracle import Earlier
     from tests.conftest import console
-    from tests.test_stress import _StressOracle, _write
+    from tests.test_stress import _simulated_experiment, _StressOracle
 
     class Reusing(_StressOracle):
         def reuse_earlier(self):
             clean = RunOutcome(run_id="0002-aa-k1", outcome="ok", reason="", steps_done=20)
             return Earlier("0001-aa-k0", [clean, clean]) if self.stress else Earlier()
 
-    experiment = _write(tmp_path, """
-        name: sim
-        command: [python, -c, "pass"]
-        metrics: {format: jsonl, names: [loss]}
-        graph: {source: static, policy: fsdp2-chain, layers: 4}
-        steps: 20
-        stress: {mode: auto}
-    """)
+    experiment = _simulated_experiment(tmp_path, layers=4, last_line="stress: {mode: auto}")
     out = io.StringIO()
     bisect_command.bisect(
         experiment, confidence=None, max_runs=None, resume=False, state_dir=tmp_path / "state",

@@ -135,6 +135,18 @@ def _write(tmp_path: Path, text: str) -> Path:
     return path
 
 
+def _simulated_experiment(tmp_path: Path, *, layers: int, last_line: str) -> Path:
+    """The experiment a simulated oracle stands in for (its command never runs)."""
+    return _write(tmp_path, f"""
+        name: sim
+        command: [python, -c, "pass"]
+        metrics: {{format: jsonl, names: [loss]}}
+        graph: {{source: static, policy: fsdp2-chain, layers: {layers}}}
+        steps: 20
+        {last_line}
+    """)
+
+
 @pytest.mark.parametrize("word, mode", [("off", "off"), ("on", "on"), ("auto", "auto")])
 def test_stress_mode_in_the_file(tmp_path, word, mode):
     exp = load_experiment(_write(tmp_path, f"""
@@ -208,14 +220,7 @@ class _StressOracle:
 
 def test_bisect_stress_auto_uses_stress_where_it_raises_the_chance(tmp_path):
     culprit = "fwd:layers.1->layers.2"
-    experiment = _write(tmp_path, """
-        name: sim
-        command: [python, -c, "pass"]
-        metrics: {format: jsonl, names: [loss]}
-        graph: {source: static, policy: fsdp2-chain, layers: 4}
-        steps: 20
-        stress: {mode: auto}
-    """)
+    experiment = _simulated_experiment(tmp_path, layers=4, last_line="stress: {mode: auto}")
     made = []
 
     def oracle_for(opened, on_run, *, stress=False):
@@ -255,14 +260,7 @@ def assert_runs_named_by_their_lines(text: str) -> None:
 
 
 def test_no_drift_under_stress_is_checked_without_stress(tmp_path):
-    experiment = _write(tmp_path, """
-        name: sim
-        command: [python, -c, "pass"]
-        metrics: {format: jsonl, names: [loss]}
-        graph: {source: static, policy: fsdp2-chain, layers: 2}
-        steps: 20
-        search: {max_runs: 12}
-    """)
+    experiment = _simulated_experiment(tmp_path, layers=2, last_line="search: {max_runs: 12}")
     out = io.StringIO()
     bisect_command.bisect(
         experiment, confidence=None, max_runs=None, resume=False, state_dir=tmp_path / "state",
