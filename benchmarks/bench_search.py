@@ -90,6 +90,20 @@ CASES = [
     # issue 13 item 3: slots
     *[Case(f"q3-s{n}", f"slots {n}, q = 0.3", 0.3, 300, slots=n) for n in (1, 2, 4, 8, 16)],
     *[Case(f"q1-s{n}", f"slots {n}, q = 0.1", 0.1, 100, slots=n) for n in (1, 2, 4, 8, 16)],
+    # issue 25: several masks per run (segments), cut by the cost model at a start-up cost
+    # of S steps; the one-mask figures are the same cases with segments off (same seeds)
+    *[Case(f"{q}-{seg}-S{cost}", f"{'segments' if seg == 'seg' else 'one mask a run'}, q = 0.{q[1]}, "
+           f"start-up {cost} steps", float(f"0.{q[1]}"), trials,
+           options={"startup_cost": cost, "segments": "auto" if seg == "seg" else "off"})
+      for q, trials in (("q3", 100), ("q1", 40)) for cost in (50, 200) for seg in ("seg", "one")],
+    Case("bg-seg", "segments: background 0.3, no culprit, start-up 200", 0.3, 60, (), background=0.3,
+         options={"startup_cost": 200, "segments": "auto"}),
+    Case("three-seg", "segments: three together, q = 0.3, start-up 200", 0.3, 40,
+         ("all", "all", "all"), True, options={"startup_cost": 200, "segments": "auto"}),
+    *[Case(f"q3-s8-{seg}", f"slots 8, {'segments' if seg == 'seg' else 'one mask a run'}, q = 0.3, "
+           "start-up 200", 0.3, 40, slots=8,
+           options={"startup_cost": 200, "segments": "auto" if seg == "seg" else "off"})
+      for seg in ("seg", "one")],
 ]
 
 
@@ -124,6 +138,10 @@ def _summary(results: list[dict]) -> dict:
         "rounds_p90": float(np.percentile([r["rounds"] for r in results], 90)),
         "inconclusive": sum(r["verdict"] == "inconclusive" for r in results) / len(results),
         "by_step": runs_by_step_mean(results),
+        "startups_median": float(np.median([r["startups"] for r in results])),
+        # Every step the cluster runs: the search's and the golden reference's.
+        "steps_median": float(np.median([r["steps"] + r["golden_steps"] for r in results])),
+        "cost_median": float(np.median([r["cost"] for r in results])),
     }
 
 
@@ -184,6 +202,7 @@ def main() -> None:
                   f"{s['rounds_p90']:>6.1f} {s['inconclusive']:>7.3f} {seconds:>6.1f}", flush=True)
     print(f"\nall cases in {time.perf_counter() - start:.0f} s wall-clock\n")
     _where_the_runs_go(cases, summary)
+    _segments_side_by_side(cases, summary)
     if wanted:
         print("targets are checked on a run of every case")
         return
@@ -209,12 +228,29 @@ def _where_the_runs_go(cases: list[Case], summary: dict) -> None:
           "all-off) + background controls; information floor (Fano, expected runs)")
     for case in cases:
         by_step = summary[case.key]["by_step"]
-        if not by_step or case.slots > 1 or case.layers != LAYERS or len(case.culprits) != 1:
+        if (not by_step or case.slots > 1 or case.layers != LAYERS or len(case.culprits) != 1
+                or "segments" in case.options):
             continue
         g = _groups(by_step)
         floor = "" if case.background else f"; floor {information_floor(case.q, hint_accuracy=case.hint_accuracy):.1f}"
         print(f"  {case.title:<62} {g['localize']:6.1f} + {g['confirm']:5.1f} + "
               f"{g['background controls']:5.1f} = {sum(g.values()):6.1f}{floor}")
+    print()
+
+
+def _segments_side_by_side(cases: list[Case], summary: dict) -> None:
+    """Start-ups, steps and cluster time per verdict (medians, the golden reference
+    included), beside the information floor in steps (Fano's runs x steps a run)."""
+    print("segments against one mask a run (medians): start-ups, steps, cluster time "
+          "(start-ups x start-up cost + steps), wall-clock in full runs")
+    for case in cases:
+        if "segments" not in case.options:
+            continue
+        s = summary[case.key]
+        floor = "" if case.background or len(case.culprits) != 1 else (
+            f"; floor {information_floor(case.q) * STEPS:.0f} steps")
+        print(f"  {case.title:<62} {s['startups_median']:6.1f} {s['steps_median']:8.0f} "
+              f"{s['cost_median']:8.0f} {s['rounds_median']:6.1f}{floor}")
     print()
 
 
@@ -262,6 +298,7 @@ def _targets(s: dict) -> list[tuple[bool, str]]:
         out.append((claimed is not None and s[key]["accuracy"] >= claimed,
                     f"calibration {key} over {s[key]['trials']} searches: accuracy {s[key]['accuracy']:.3f}"
                     f" >= claimed {claimed if claimed is None else round(claimed, 3)}"))
+    out += _segment_targets(s)
     for q, name in (("q3", "0.3"), ("q1", "0.1")):
         serial = s[f"{q}-s1"]
         for n, want in ((2, 1.8), (4, 3.0), (8, 5.0), (16, 7.0)):
@@ -273,6 +310,36 @@ def _targets(s: dict) -> list[tuple[bool, str]]:
         ratio = s[f"{q}-s8"]["runs_median"] / serial["runs_median"]
         out.append((ratio <= 1.6 or q == "q1",
                     f"slots 8, q = {name}: runs {ratio:.2f}x the serial count (target <= 1.6 at q = 0.3)"))
+    return out
+
+
+def _segment_targets(s: dict) -> list[tuple[bool, str]]:
+    """Issue 25: start-ups, cluster time and steps with segments against one mask a run,
+    the golden reference included, and their accuracy against what they claim."""
+    out = []
+    for q in ("q3", "q1"):
+        for cost, limit in ((50, 0.8), (200, 0.55)):
+            seg, one = s[f"{q}-seg-S{cost}"], s[f"{q}-one-S{cost}"]
+            ratio = seg["cost_median"] / one["cost_median"]
+            steps = seg["steps_median"] / one["steps_median"]
+            line = (f"segments, {q}, start-up {cost}: start-ups {seg['startups_median']:.1f} against "
+                    f"{one['startups_median']:.1f}; cluster time {ratio:.2f}x (target <= {limit}); steps "
+                    f"{steps:.2f}x (target <= 1.1); accuracy {seg['accuracy']:.3f} >= claimed "
+                    f"{seg['claimed']:.3f}")
+            ok = ratio <= limit and steps <= 1.1 and seg["accuracy"] >= seg["claimed"]
+            if q == "q3":
+                ok = ok and seg["startups_median"] <= 12
+                line += f"; start-ups <= 12"
+            out.append((ok if q == "q3" else True, line + ("" if q == "q3" else " (reported)")))
+    out.append((s["bg-seg"]["accuracy"] >= 0.95,
+                f"segments, background 0.3: not-prefetch in {s['bg-seg']['accuracy']:.3f} >= 0.95"))
+    out.append((s["three-seg"]["accuracy"] >= 0.90,
+                f"segments, three together: found exactly in {s['three-seg']['accuracy']:.3f} >= 0.90"))
+    seg, one = s["q3-s8-seg"], s["q3-s8-one"]
+    out.append((seg["rounds_median"] <= one["rounds_median"],
+                f"slots 8, segments: wall-clock {seg['rounds_median']:.1f} full runs against "
+                f"{one['rounds_median']:.1f} with one mask a run (target: no worse); start-ups "
+                f"{seg['startups_median']:.1f} against {one['startups_median']:.1f}"))
     return out
 
 

@@ -248,6 +248,7 @@ def simulate(
     stress_factor: Annotated[float | None, typer.Option("--stress-factor", help="Also simulate the searches under stress, which multiplies the culprit's per-step hazard by this factor, and say whether it pays.")] = None,
     stress_cost: Annotated[float, typer.Option("--stress-cost", help="Step-time factor under stress (with --stress-factor).")] = 1.0,
     all_off_runs: Annotated[str, typer.Option("--all-off-runs", help="auto (default): all-off runs rule out drift without prefetch as strong as the answer's; or a count of all-off runs after the first divergence (as search.all_off_runs).")] = "auto",
+    segments: Annotated[str, typer.Option("--segments", help="auto: several masks per run, cut by the cost model from --startup-cost (as search.segments), reported beside the same searches with one mask a run; off (default): one mask a run.")] = "off",
     json_out: JsonOpt = None,
 ) -> None:
     """Run the search against a simulated oracle with a known answer, and score it."""
@@ -258,7 +259,7 @@ def simulate(
         together=together, trials=trials, seed=seed, background=background,
         startup_cost=startup_cost, confidence=confidence, max_runs=max_runs, slots=slots,
         hint_accuracy=hint_accuracy, all_off_runs=_count(all_off_runs),
-        stress_factor=stress_factor, stress_cost=stress_cost,
+        stress_factor=stress_factor, stress_cost=stress_cost, segments=segments,
     ))
 
 

@@ -83,7 +83,7 @@ def test_miss_chance_is_the_expected_clean_streak_of_the_posterior_chance():
 def test_runs_in_flight_count_for_planning_only():
     post = EdgePosterior(4)
     post.observe(mask(4, range(4)), diverged=True)
-    plan = post.with_pending([mask(4, [0, 1])])
+    plan = post.with_pending([(mask(4, [0, 1]), 1.0)])
     assert plan.probabilities().single[0] < post.probabilities().single[0]
     assert post.single_exposure.sum() == 0  # the real posterior did not move
     chance = post.divergence_chance(mask(4, [0, 1]))

@@ -50,12 +50,13 @@ from bisect_prefetch.runs.execute import RunOutcome
 from bisect_prefetch.runs.oracle import Earlier, OnRun, RealOracle
 from bisect_prefetch.runs.slots import RunRequest, keep_slots_busy
 from bisect_prefetch.runs.state import OpenState, open_state
-from bisect_prefetch.runs.step_time import fix_cost_line, fix_costs
+from bisect_prefetch.runs.step_time import WARMUP_STEPS, fix_cost_line, fix_costs, startup_in_steps
 from bisect_prefetch.runs.store import StateDir
 from bisect_prefetch.runs.workloads import require_prefetch_graph
 from bisect_prefetch.search import verdict as v
 from bisect_prefetch.search.oracle import Oracle, RunResult
 from bisect_prefetch.search.protocol import Bisection
+from bisect_prefetch.search.segments import Lengths, Schedule, lengths_for, plan_run, record_run
 from bisect_prefetch.search.runlog import (
     AFTER_DROP_ONLY_DIVERGED,
     BACKGROUND_CONTROL,
@@ -216,7 +217,7 @@ def _bisect(experiment: Experiment, experiment_path: Path, *, hint: str, resume:
 
         stress = StressRecord(mode)
         before: list[Earlier] = []  # all-off runs of earlier commands, per search
-        result = None
+        result = lengths = None
         unstressed: SearchResult | None = None
         try:
             all_on = Mask(graph.edge_ids())
@@ -241,7 +242,8 @@ def _bisect(experiment: Experiment, experiment_path: Path, *, hint: str, resume:
             say_earlier(earlier[stress.used], console)
             before.append(earlier[stress.used])
             _ = oracle.golden
-            result = run_bisection(search, oracle, console=console, numbers=numbers)
+            lengths = segment_lengths(opened, oracle, console)
+            result = run_bisection(search, oracle, console=console, numbers=numbers, lengths=lengths)
             if stress.used and result.verdict == "no-drift-reproduced":
                 # A stress that hides a race must not clear a build: no drift needs its
                 # clean runs without stress too.
@@ -257,8 +259,10 @@ def _bisect(experiment: Experiment, experiment_path: Path, *, hint: str, resume:
                     numbers.recorded(line)
                 say_earlier(earlier[False], console)
                 before.append(earlier[False])
+                if lengths is not None:
+                    plain.lengthen_golden(lengths.cap_steps)
                 _ = plain.golden
-                unstressed = result = run_bisection(search, plain, console=console,
+                unstressed = result = run_bisection(search, plain, lengths=lengths, console=console,
                                                     numbers=numbers)
         finally:
             # Keep what was learned even when interrupted: the report shows it.
@@ -274,6 +278,7 @@ def _bisect(experiment: Experiment, experiment_path: Path, *, hint: str, resume:
                                         "controls": [out.run_id for out in e.controls]}
                                        for e in before]
             data["runs_lost"] = [lost for o in every for lost in getattr(o, "runs_lost", [])]
+            data["segments"] = segments_json(experiment.search.segments, lengths, search)
             data["suspects"] = suspects
             data["hints"] = [n for n in search.notices if n["event"].startswith("hint")]
             data["run_details"] = run_details  # each run, with where its gradients first differed
@@ -308,6 +313,41 @@ def _bisect(experiment: Experiment, experiment_path: Path, *, hint: str, resume:
                       f"{len(data['runs_lost'])}: " + "; ".join(data["runs_lost"]),
                       markup=False, soft_wrap=True)
     return data
+
+
+def segment_lengths(opened: OpenState, oracle: BisectOracle, console: Console) -> Lengths | None:
+    """search.segments auto: segment length and step cap from the start-up and step time
+    this experiment's runs measured (the golden run's at least), and the golden run as
+    long as the longest run; None: one mask a run."""
+    experiment = opened.experiment
+    if experiment.search.segments == "off" or not isinstance(oracle, RealOracle):
+        return None
+    tail = "@" + experiment.fingerprint()
+    startup = startup_in_steps(r for r in opened.state.records()
+                               if str(r.get("variant", "")).endswith(tail))
+    if startup is None:
+        console.print("segments: no run measured its start-up and step time (that takes "
+                      f"{WARMUP_STEPS + 1} steps or more); one mask a run", markup=False)
+        return None
+    lengths = lengths_for(experiment.steps, startup)
+    console.print(f"segments: a start-up costs {startup:.0f} steps' worth of time; search "
+                  f"masks change every {lengths.segment_steps} steps (checks every "
+                  f"{lengths.steps_per_run}), runs go up to {lengths.cap_steps} steps "
+                  "(search/segments.py)", markup=False)
+    if lengths.cap_steps > oracle.golden_steps:
+        console.print(f"running the golden reference again, {lengths.cap_steps} steps: as "
+                      "long as the longest run...", markup=False)
+        oracle.lengthen_golden(lengths.cap_steps)
+        _ = oracle.golden
+    return lengths
+
+
+def segments_json(mode: str, lengths: Lengths | None, search: Bisection) -> dict:
+    """The bisect JSON's `segments` (docs/contract.md): how runs were cut, and start-ups."""
+    return {"mode": mode, "used": lengths is not None,
+            "segment_steps": lengths.segment_steps if lengths else None,
+            "cap_steps": lengths.cap_steps if lengths else None,
+            "startups": search.startups, "trials": search.runs_used}
 
 
 def reuse_controls(search: Bisection, earlier: Earlier) -> None:
@@ -467,13 +507,17 @@ def _run_line(console: Console, details: list[dict] | None = None, *, stress: bo
     """
     numbers = numbers if numbers is not None else itertools.count(1)
 
-    def on_run(mask: Mask, out: RunOutcome) -> None:
+    def on_run(planned: Mask | tuple[tuple[int, Mask], ...], out: RunOutcome) -> None:
+        segmented = isinstance(planned, tuple)
+        mask = planned[0][1] if segmented else planned
         if details is not None:
             details.append({"run_id": out.run_id, "mask": sorted(mask), "outcome": out.outcome,
                             "steps_done": out.steps_done, "first_diff_step": out.first_diff_step,
                             "localization": out.localization, "fault": out.fault,
                             "reused": out.reused, "stress": stress,
                             "step_time_ms": out.step_time_ms})
+            if segmented:
+                details[-1]["schedule"] = [[first, sorted(m)] for first, m in planned]
         if out.usable and out.diverged:
             how = f"diverged at step {out.first_diff_step}{in_unit(out.localization)}"
         elif out.usable:
@@ -482,8 +526,9 @@ def _run_line(console: Console, details: list[dict] | None = None, *, stress: bo
             how = f"{out.outcome}: {out.why()}"
         when = "from the journal" if out.reused else f"{out.wall_s or 0:.1f}s"
         under = ", stress" if stress else ""
-        console.print(f"    run {next(numbers)} ({len(mask)} edges on{under}): {how} [{when}]",
-                      markup=False)
+        what = (f"{len(planned)} segments, {len(mask)} edges on first" if segmented
+                else f"{len(mask)} edges on")
+        console.print(f"    run {next(numbers)} ({what}{under}): {how} [{when}]", markup=False)
 
     return on_run
 
@@ -544,7 +589,7 @@ class _Narrator:
 
 
 def run_bisection(search: Bisection, oracle: Oracle, *, console: Console,
-                  numbers: RunNumbers | None = None) -> SearchResult:
+                  numbers: RunNumbers | None = None, lengths: Lengths | None = None) -> SearchResult:
     """Run the search to its verdict, narrating each step; returns the result.
 
     One loop for any number of slots; serial is one slot. With several, whenever a
@@ -553,55 +598,78 @@ def run_bisection(search: Bisection, oracle: Oracle, *, console: Console,
     the run is not marked in flight (`pending`, then `record`): nothing else is asked
     while it runs, and the search decides exactly as it does serially. A resumed search
     needs no replay here: the real oracle answers runs that finished from the journal.
+    lengths: several masks per run (search/segments.py); each run's segments are
+    planned before it starts and said, with what each showed, once it ended.
     """
     numbers = numbers if numbers is not None else RunNumbers()
     slots = oracle.runner.executor.slots if isinstance(oracle, RealOracle) else 1
-    narrator = _Narrator(search, console, numbers, interleaved=slots > 1)
+    narrator = _Narrator(search, console, numbers, interleaved=slots > 1 or lengths is not None)
 
-    def propose() -> Ask | None:
-        if search.done or (ask := search.pending) is None:
+    def propose() -> Ask | Schedule | None:
+        if search.done or search.pending is None:
             return None  # done, or nothing to ask before a result arrives
+        if lengths is not None:
+            return plan_run(search, lengths)
+        ask = search.pending
         narrator.before(ask)
         if slots > 1:
             search.propose()  # in flight: the next free slot gets another question
         return ask
 
-    def arrived(mask: Mask, result: RunResult) -> None:
-        if not search.done:  # runs that arrive after the verdict are not evidence
-            search.record(mask, result)
+    def arrived(planned: Mask | Schedule, result: RunResult) -> None:
+        if search.done:
+            return  # runs that arrive after the verdict are not evidence
+        trials = search.runs_used
+        if isinstance(planned, Schedule):
+            record_run(search, planned, result)
+        else:
+            search.record(planned, result)
+        for _ in range(search.runs_used - trials):  # a segment's trial is its run's line
             numbers.recorded()
-            narrator.recorded()
+        narrator.recorded()
 
     try:
         if isinstance(oracle, RealOracle):
             _in_slots(oracle, propose, arrived, stop=lambda: search.done)
         else:  # an oracle that answers at once (a simulation): one slot
-            while (ask := propose()) is not None:
-                arrived(ask.mask, oracle.run(ask.mask))
+            while (planned := propose()) is not None:
+                if isinstance(planned, Schedule):
+                    arrived(planned, oracle.run_schedule(planned))
+                else:
+                    arrived(planned.mask, oracle.run(planned.mask))
     finally:
         narrator.close()  # an interrupted step still gets its verdict line
     return search.result()
 
 
-def _in_slots(oracle: RealOracle, propose: Callable[[], Ask | None],
-              arrived: Callable[[Mask, RunResult], None], *, stop: Callable[[], bool]) -> None:
+def _in_slots(oracle: RealOracle, propose: Callable[[], Ask | Schedule | None],
+              arrived: Callable[[Mask | Schedule, RunResult], None], *,
+              stop: Callable[[], bool]) -> None:
     """The runs the search asks for on the executor's slots (runs/slots.py); a run that
     failed is retried in the next free slot; runs still in flight at the verdict are
     cancelled."""
     retries: list[RunRequest] = []
+    schedules: dict[tuple, list[Schedule]] = {}  # runs of several masks in flight, by masks
 
     def request() -> RunRequest | None:
         if retries:
             return retries.pop(0)
-        ask = propose()
-        return None if ask is None else oracle.request(ask.mask)
+        planned = propose()
+        if planned is None:
+            return None
+        if isinstance(planned, Ask):
+            return oracle.request(planned.mask)
+        schedules.setdefault(tuple(planned.masks), []).append(planned)
+        return oracle.request_schedule(planned.masks, planned.steps)
 
     def finished(request: RunRequest, out: RunOutcome) -> None:
         answer = oracle.finished(request, out)
         if isinstance(answer, RunRequest):
             retries.append(answer)
-        else:
+        elif request.key.schedule is None:
             arrived(request.tag[0], answer)
+        else:
+            arrived(schedules[request.tag[0]].pop(0), answer)
 
     keep_slots_busy(oracle.runner, request, finished, stop=stop)
 

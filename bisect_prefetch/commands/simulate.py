@@ -42,6 +42,11 @@ def simulate(policy: str, layers: int, culprits: Sequence[str], *, console: Cons
                       f"hazard {s['hazard']:g} over {s['steps']} steps, seed {s['seed']}...",
                       markup=False)
     result = run_simulation(policy, layers, list(culprits), **settings)
+    if settings.get("segments") == "auto":  # side by side: the same searches, one mask a run
+        one = run_simulation(policy, layers, list(culprits), **{**settings, "segments": "off"})
+        result["one_mask_per_run"] = {k: one[k] for k in (
+            "accuracy", "claimed_confidence", "startups_median", "steps_median", "cost_median",
+            "runs_median", "rounds_median")}
     claimed = result["claimed_confidence"]
     if culprits:
         console.print(f"per-run divergence chance q = {result['per_run_chance']:.3f} "
@@ -59,6 +64,18 @@ def simulate(policy: str, layers: int, culprits: Sequence[str], *, console: Cons
     if spent:
         console.print("runs by step (mean): " + ", ".join(f"{step} {runs:.1f}" for step, runs in spent.items()),
                       markup=False)
+    if (one := result.get("one_mask_per_run")) is not None:
+        console.print(
+            f"segments: search masks every {result['segment_steps']} steps, runs up to "
+            f"{result['cap_steps']} steps (start-up cost {result['startup_cost']:g} steps)",
+            markup=False)
+        console.print(
+            f"  start-ups median {result['startups_median']:g} against {one['startups_median']:g} "
+            f"with one mask a run; steps {result['steps_median']:g} against {one['steps_median']:g}; "
+            f"cluster time {result['cost_median']:g} against {one['cost_median']:g} steps "
+            f"({result['cost_median'] / max(one['cost_median'], 1e-9):.2f}x; golden reference "
+            f"included); accuracy {result['accuracy']:.3f} against {one['accuracy']:.3f}",
+            markup=False)
     console.print(f"wall-clock on {result['slots']} slot{'s' * (result['slots'] != 1)}: median "
                   f"{result['rounds_median']:.1f}, p90 {result['rounds_p90']:.1f} full runs", markup=False)
     if (stress := result.get("stress")) is not None:

@@ -219,13 +219,14 @@ class Runner:
 
     # -- keys -------------------------------------------------------------
     def key(self, purpose: str, *, mask: Iterable[str] | None, guard: str, steps: int,
-            index: int, attempt: int = 0, stress: bool | None = None) -> RunKey:
+            index: int, attempt: int = 0, stress: bool | None = None,
+            schedule: Iterable[tuple[int, Iterable[str]]] | None = None) -> RunKey:
         """A run's identity; the experiment's fingerprint keeps edited experiments apart.
 
-        stress None: the runner's setting."""
+        stress None: the runner's setting. schedule: several masks by step (RunKey)."""
         return RunKey.of(variant=f"{purpose}+{self.code}@{self.experiment.fingerprint()}", mask=mask,
                          guard=guard, steps=steps, index=index, attempt=attempt,
-                         stress=self.stress if stress is None else stress)
+                         stress=self.stress if stress is None else stress, schedule=schedule)
 
     # -- trajectories -----------------------------------------------------
     def trajectory(self, run_id: str) -> Trajectory:
@@ -359,7 +360,8 @@ class Runner:
         exp, steps = self.experiment, key.steps
         if fresh:
             plan = build_plan(experiment=exp, run_id=run_id, out_dir=run_dir, mask=mask,
-                              guard=key.guard, steps=steps, stress=key.stress)
+                              guard=key.guard, steps=steps, stress=key.stress,
+                              schedule=None if key.schedule is None else list(key.schedule))
             plan_path = write_plan(run_dir, plan)
         else:
             plan_path = run_dir / PLAN_FILE

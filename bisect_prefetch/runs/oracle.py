@@ -25,7 +25,7 @@ the mask, against a full-length run of the mask itself.
 from __future__ import annotations
 
 from collections import Counter, defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -36,7 +36,8 @@ from bisect_prefetch.runs.slots import RunRequest
 from bisect_prefetch.search.oracle import RunResult
 from bisect_prefetch.vocab import OK, USABLE_OUTCOMES, Mask
 
-OnRun = Callable[[Mask, RunOutcome], None]
+# A finished run: its mask, or its schedule of several ((first step, mask) per segment).
+OnRun = Callable[[Mask | tuple[tuple[int, Mask], ...], RunOutcome], None]
 
 
 @dataclass
@@ -96,6 +97,7 @@ class RealOracle:
         self.runner = runner
         self.stress = stress  # every run of this oracle, golden included, under stress or not
         self.steps = steps
+        self.golden_steps = steps  # as long as the longest run (segments: the step cap)
         self.guard = guard
         self.max_retries = max_retries
         self.purpose = purpose
@@ -103,7 +105,7 @@ class RealOracle:
         self.runs_launched = 0
         self.runs_reused = 0
         self.runs_lost: list[str] = []  # "run id: reason" of runs whose job the scheduler took away
-        self._requests: Counter[Mask] = Counter()
+        self._requests: Counter = Counter()  # per mask, or per schedule of several
         self._golden: str | None = None
         self._mask_reference: dict[Mask, str] = {}
         self._divergences: dict[Mask, list[tuple[int, str]]] = defaultdict(list)
@@ -126,14 +128,20 @@ class RealOracle:
     def golden(self) -> str:
         """Run id of the golden trajectory: the first usable all-off run."""
         if self._golden is None:
-            self._golden = self._full_run(Mask(), f"{self.purpose}-golden")
+            self._golden = self._full_run(Mask(), f"{self.purpose}-golden", steps=self.golden_steps)
         return self._golden
 
-    def _full_run(self, mask: Mask, purpose: str) -> str:
+    def lengthen_golden(self, steps: int) -> None:
+        """Runs of several masks go up to `steps`: the golden run must cover them (a new one,
+        run on first use, when the one so far is shorter)."""
+        if steps > self.golden_steps:
+            self.golden_steps, self._golden = steps, None
+
+    def _full_run(self, mask: Mask, purpose: str, *, steps: int | None = None) -> str:
         """A full-length run of mask compared with nothing, retried on error."""
         failures = []
         for attempt in range(self.max_retries + 1):
-            key = self.runner.key(purpose, mask=mask, guard=self.guard, steps=self.steps,
+            key = self.runner.key(purpose, mask=mask, guard=self.guard, steps=steps or self.steps,
                                   index=0, attempt=attempt, stress=self.stress)
             out = self._count(self.runner.run(key, label=f"{purpose}-a{attempt}"))
             if out.usable:
@@ -174,16 +182,33 @@ class RealOracle:
         return RunRequest(key, label=label, tag=(mask, index, attempt),
                           reference=self._mask_reference.get(mask) or self.golden)
 
+    def request_schedule(self, schedule: Sequence[tuple[int, Mask]], steps: int, *,
+                         index: int | None = None, attempt: int = 0) -> RunRequest:
+        """A run of several masks by step (search/segments.py), up to `steps`, against the
+        golden run; the k-th request of the same schedule is its index k."""
+        schedule = tuple((first, Mask(mask)) for first, mask in schedule)
+        if index is None:
+            index = self._requests[schedule]
+            self._requests[schedule] += 1
+        key = self.runner.key(self.purpose, mask=schedule[0][1], guard=self.guard, steps=steps,
+                              index=index, attempt=attempt, stress=self.stress, schedule=schedule)
+        label = f"{self.purpose}-s{index}" + (f"-a{attempt}" if attempt else "")
+        return RunRequest(key, label=label, tag=(schedule, index, attempt), reference=self.golden)
+
     def finished(self, request: RunRequest, out: RunOutcome) -> RunResult | RunRequest:
         """What the search learns from a finished run, or the retry to run in its place."""
-        mask, index, attempt = request.tag
+        what, index, attempt = request.tag
         self._count(out)
+        segmented = request.key.schedule is not None
         if self.on_run is not None:
-            self.on_run(mask, out)
+            self.on_run(what, out)  # a mask, or a schedule of several
         if not out.usable and attempt < self.max_retries:
-            return self.request(mask, index=index, attempt=attempt + 1)
-        if out.usable and out.diverged and request.reference == self._golden:
-            self._note_divergence(mask, out)
+            if segmented:
+                return self.request_schedule(what, request.key.steps, index=index, attempt=attempt + 1)
+            return self.request(what, index=index, attempt=attempt + 1)
+        # A run of several masks that diverged tells no mask that changes the math by itself.
+        if out.usable and out.diverged and request.reference == self._golden and not segmented:
+            self._note_divergence(what, out)
         return out.result()
 
     # -- masks that change the numbers ------------------------------------

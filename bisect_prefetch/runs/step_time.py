@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from bisect_prefetch.audit import read_probe
+from bisect_prefetch.vocab import USABLE_OUTCOMES
 
 WARMUP_STEPS = 2  # the first step builds and initializes; the second still warms caches
 MIN_WINDOW = 3  # steps every compared run must have timed for a cost figure
@@ -232,3 +233,14 @@ def fix_cost_line(costs: Mapping[str, Any], fix: Iterable[str]) -> str | None:
         elif cost.get("ratio") is not None:
             parts.append(f"{what} costs {describe_cost(cost)}")
     return "; ".join(parts) if parts else None
+
+
+def startup_in_steps(records: Iterable[Mapping[str, Any]]) -> float | None:
+    """A run's start-up (launch to its first metric line) in steps' worth of time: the
+    median over usable runs that measured both, or None when none did. The first metric
+    line comes after the first step, so it counts one step of the start-up's time too."""
+    ratios = sorted(r["first_progress_s"] / (r["step_time_ms"] / 1000.0) for r in records
+                    if r.get("outcome") in USABLE_OUTCOMES
+                    and isinstance(r.get("first_progress_s"), (int, float))
+                    and isinstance(r.get("step_time_ms"), (int, float)) and r["step_time_ms"] > 0)
+    return float(statistics.median(ratios)) if ratios else None

@@ -51,12 +51,18 @@ class RunKey:
     index: int
     attempt: int = 0
     stress: bool = False  # delays before each prefetch is issued (adapters/stress.py)
+    # Several masks by step (search/segments.py): (first step, mask) per segment; mask is
+    # then the first segment's. None: one mask for the whole run.
+    schedule: tuple[tuple[int, Mask], ...] | None = None
 
     @classmethod
     def of(cls, *, variant: str, mask: Iterable[str] | None, guard: str, steps: int,
-           index: int, attempt: int = 0, stress: bool = False) -> RunKey:
+           index: int, attempt: int = 0, stress: bool = False,
+           schedule: Iterable[tuple[int, Iterable[str]]] | None = None) -> RunKey:
+        if schedule is not None:
+            schedule = tuple((int(first), Mask(m)) for first, m in schedule)
         return cls(variant, None if mask is None else Mask(mask), guard, steps, index, attempt,
-                   stress)
+                   stress, schedule)
 
     def to_json(self) -> dict[str, Any]:
         out = {"variant": self.variant, "mask": None if self.mask is None else sorted(self.mask),
@@ -64,13 +70,16 @@ class RunKey:
                "attempt": self.attempt}
         if self.stress:  # written only when on: journals from before stress read the same
             out["stress"] = True
+        if self.schedule is not None:  # likewise: journals from before segments read the same
+            out["schedule"] = [[first, sorted(m)] for first, m in self.schedule]
         return out
 
     @classmethod
     def from_record(cls, record: dict[str, Any]) -> RunKey:
         return cls.of(variant=record["variant"], mask=record["mask"], guard=record["guard"],
                       steps=record["steps"], index=record["index"],
-                      attempt=record.get("attempt", 0), stress=record.get("stress") is True)
+                      attempt=record.get("attempt", 0), stress=record.get("stress") is True,
+                      schedule=record.get("schedule"))
 
 
 @dataclass
@@ -142,12 +151,17 @@ def _has_run_key(record: dict[str, Any]) -> bool:
     def whole(value: Any) -> bool:
         return isinstance(value, int) and not isinstance(value, bool)
 
-    mask = record.get("mask")
+    def edges(value: Any) -> bool:
+        return isinstance(value, list) and all(isinstance(e, str) for e in value)
+
+    mask, schedule = record.get("mask"), record.get("schedule")
     return (
         isinstance(record.get("variant"), str) and isinstance(record.get("guard"), str)
-        and (mask is None or isinstance(mask, list) and all(isinstance(e, str) for e in mask))
+        and (mask is None or edges(mask))
         and whole(record.get("steps")) and whole(record.get("index"))
         and whole(record.get("attempt", 0))
+        and (schedule is None or isinstance(schedule, list) and all(
+            isinstance(s, list) and len(s) == 2 and whole(s[0]) and edges(s[1]) for s in schedule))
     )
 
 

@@ -27,15 +27,17 @@ def planning_model(model: EdgePosterior, log: RunLog) -> EdgePosterior:
     """The posterior with each run in flight counted as the clean part of a run it is expected to be."""
     if not log.in_flight:
         return model
-    return model.with_pending([log.enabled(ask.mask) for ask in log.in_flight])
+    return model.with_pending([(log.enabled(ask.mask), ask.share) for ask in log.in_flight])
 
 
-def most_informative(model: EdgePosterior, log: RunLog, top: Hypothesis, *, pairs: bool) -> Mask | None:
-    """The best mask of the posterior's family, or a near-best one; None: every one is unresolved."""
+def most_informative(model: EdgePosterior, log: RunLog, top: Hypothesis, *, pairs: bool,
+                     share: float = 1.0) -> Mask | None:
+    """The best mask of the posterior's family for a trial of `share` of a run, or a
+    near-best one; None: every one is unresolved."""
     model = planning_model(model, log)
     ranked = [
         (bits, log.keep_only(np.flatnonzero(enabled)))
-        for bits, enabled in model.ranked_tests(limit=16, pairs=pairs)
+        for bits, enabled in model.ranked_tests(limit=16, pairs=pairs, share=share)
     ]
     ranked = [(bits, mask) for bits, mask in ranked if not log.unresolved(mask)]
     if not ranked:
@@ -43,7 +45,7 @@ def most_informative(model: EdgePosterior, log: RunLog, top: Hypothesis, *, pair
     best_bits, best = ranked[0]
 
     def bits_of(mask: Mask) -> float:
-        return model.information(log.enabled(mask), pairs=pairs)
+        return model.information(log.enabled(mask), pairs=pairs, share=share)
 
     alternatives = [log.all_off]
     if top.edges:

@@ -176,6 +176,7 @@ class EdgePosterior:
         log_none = np.log(PRIOR["none"]) + np.log(w_none.sum()) + top
         w_none /= w_none.sum()
         out["none_chance"] = float((w_none * P0_GRID).sum())
+        out["w_none"] = w_none
         kinds = {}
         for kind, d, e, log_prior, count in (
             ("single", self.single_divergences, self.single_exposure, self.log_prior_single, n),
@@ -192,6 +193,7 @@ class EdgePosterior:
                 "log_imm": base + log_imm[inv],
                 "c_on": (weight * chance_on).sum(axis=(1, 2))[inv],
                 "c_off": (weight * chance_off).sum(axis=(1, 2))[inv],
+                "weight": weight, "inv": inv,  # for the chances of a shorter trial (_chances)
                 "q_weight": weight.sum(axis=2)[inv],  # marginal over p0, per set
             }
         parts = [np.atleast_1d(log_none)]
@@ -347,28 +349,47 @@ class EdgePosterior:
         return float(self.probabilities().pair.sum()) >= 0.5
 
     # -- choosing a test -------------------------------------------------------
-    def _terms(self, *, pairs: bool):
-        """Per set: how much enabling it moves the run's divergence chance and its entropy.
+    def _chances(self, share: float) -> tuple[float, dict]:
+        """The predictive divergence chances of a trial of `share` of a run (a segment,
+        segments.py): the background's, and per set (c_on, c_off). A cell's per-run chance c
+        becomes 1 - (1 - c)^share (a constant per-step hazard); a full run keeps its own."""
+        s = self._state()
+        if share == 1.0:
+            return s["none_chance"], {kind: None if k is None else (k["c_on"], k["c_off"])
+                                      for kind, k in s["kinds"].items()}
+        key = ("chances", share)
+        if key not in s:
+            keep_on = ((1 - Q_GRID[:, None]) * (1 - P0_GRID[None, :])) ** share
+            keep_off = np.broadcast_to((1 - P0_GRID[None, :]) ** share, keep_on.shape)
+            none = float((s["w_none"] * (1 - (1 - P0_GRID) ** share)).sum())
+            s[key] = none, {kind: None if k is None else (
+                (k["weight"] * (1 - keep_on)).sum(axis=(1, 2))[k["inv"]],
+                (k["weight"] * (1 - keep_off)).sum(axis=(1, 2))[k["inv"]])
+                for kind, k in s["kinds"].items()}
+        return s[key]
 
-        A run's divergence chance is base + sum over enabled sets of p_h (c_on - c_off);
+    def _terms(self, *, pairs: bool, share: float = 1.0):
+        """Per set: how much enabling it moves the trial's divergence chance and its entropy.
+
+        A trial's divergence chance is base + sum over enabled sets of p_h (c_on - c_off);
         its expected conditional entropy likewise. Returns (base chance, base entropy,
-        single (chance, entropy) deltas, pair deltas).
+        single (chance, entropy) deltas, pair deltas). share: the trial's share of a run.
         """
-        key = ("terms", pairs)
+        key = ("terms", pairs, share)
         if key in self._cache:
             return self._cache[key]
         s = self._state()
         none = s["none_only"]
-        base_c = none * s["none_chance"]
-        base_h = none * float(binary_entropy(s["none_chance"]))
+        none_chance, chances = self._chances(share)
+        base_c = none * none_chance
+        base_h = none * float(binary_entropy(none_chance))
         deltas = []
         for kind, probs in (("single", s["single_all"]), ("pair", s["pair_all"])):
-            k = s["kinds"][kind]
-            if k is None:
+            if chances[kind] is None:
                 deltas.append((np.zeros_like(probs), np.zeros_like(probs)))
                 continue
             pr = probs if kind == "single" else probs[self._upper]
-            c_on, c_off = k["c_on"], k["c_off"]
+            c_on, c_off = chances[kind]
             base_c += float((pr * c_off).sum())
             base_h += float((pr * binary_entropy(c_off)).sum())
             dc = pr * (c_on - c_off)
@@ -382,36 +403,39 @@ class EdgePosterior:
         self._cache[key] = out
         return out
 
-    def information(self, enabled: np.ndarray, *, pairs: bool = True) -> float:
-        """Expected information (bits) one run of this mask gives about the hypothesis.
+    def information(self, enabled: np.ndarray, *, pairs: bool = True, share: float = 1.0) -> float:
+        """Expected information (bits) one trial of this mask (`share` of a run) gives about
+        the hypothesis.
 
-        I = H(outcome) - E_h[H(outcome | h)], the run diverging with chance
+        I = H(outcome) - E_h[H(outcome | h)], the trial diverging with chance
         sum over h of p_h c_h (c_h the predictive chance under h for this mask).
         """
         enabled = np.asarray(enabled, dtype=bool)
-        base_c, base_h, (sc, sh), (pc, ph) = self._terms(pairs=pairs)
+        base_c, base_h, (sc, sh), (pc, ph) = self._terms(pairs=pairs, share=share)
         both = np.outer(enabled, enabled)
         chance = base_c + sc[enabled].sum() + pc[both].sum()
         spread = base_h + sh[enabled].sum() + ph[both].sum()
         return float(binary_entropy(chance) - spread)
 
-    def divergence_chance(self, enabled: np.ndarray) -> float:
-        """Predictive chance that one run of this mask diverges."""
+    def divergence_chance(self, enabled: np.ndarray, share: float = 1.0) -> float:
+        """Predictive chance that one trial of this mask (`share` of a run) diverges."""
         enabled = np.asarray(enabled, dtype=bool)
-        base_c, _, (sc, _), (pc, _) = self._terms(pairs=True)
+        base_c, _, (sc, _), (pc, _) = self._terms(pairs=True, share=share)
         return float(base_c + sc[enabled].sum() + pc[np.outer(enabled, enabled)].sum())
 
-    def with_pending(self, masks: list[np.ndarray]) -> EdgePosterior:
-        """A copy for planning: each run in flight counts as the clean part of a run it is
-        expected to be (its predicted chance to stay clean). Never used for verdicts."""
+    def with_pending(self, masks: list[tuple[np.ndarray, float]]) -> EdgePosterior:
+        """A copy for planning: each trial in flight (its mask and share of a run) counts as
+        the clean part of it it is expected to be (its predicted chance to stay clean).
+        Never used for verdicts."""
         plan = EdgePosterior.__new__(EdgePosterior)
         plan.__dict__.update({k: (v.copy() if isinstance(v, np.ndarray) else v) for k, v in self.__dict__.items()})
         plan._cache = {}
-        for enabled in masks:
-            plan.observe(enabled, False, 1.0 - self.divergence_chance(enabled))
+        for enabled, share in masks:
+            plan.observe(enabled, False, share * (1.0 - self.divergence_chance(enabled, share)))
         return plan
 
-    def ranked_tests(self, limit: int = 8, *, pairs: bool = True) -> list[tuple[float, np.ndarray]]:
+    def ranked_tests(self, limit: int = 8, *, pairs: bool = True,
+                     share: float = 1.0) -> list[tuple[float, np.ndarray]]:
         """The most informative masks of a family, best first, as (bits, enabled).
 
         The family: a contiguous run of the surviving edges (in graph order), or
@@ -423,7 +447,7 @@ class EdgePosterior:
         k = len(alive_idx)
         if k == 0:
             return []
-        base_c, base_h, (sc, sh), (pc, ph) = self._terms(pairs=pairs)
+        base_c, base_h, (sc, sh), (pc, ph) = self._terms(pairs=pairs, share=share)
         starts, ends = np.triu_indices(k + 1, k=1)  # runs [start, end) of surviving edges
         sub = np.ix_(alive_idx, alive_idx)
         in_c, out_c = _run_sums(sc[alive_idx], pc[sub], starts, ends)

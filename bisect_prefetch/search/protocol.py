@@ -94,16 +94,16 @@ class Bisection:
         self.model.set_prior_factor(*self._hints.log_factors())
         self.evidence = Evidence(self.log, self.model, self.settings)
         self.reduce = ReduceStep(self.evidence)
-        self.checks = Checks(self.evidence, lambda: self.budget)
+        self.checks = Checks(self.evidence, self._budget)  # a method: a deep copy keeps its own
         self.conclusions = v.Conclusions(self.evidence)
         self._pending: Ask | None = None
+        self.search_share = 1.0  # of a run, for a trial of step 5 (segments.py: a segment's)
         self._answer: tuple[int, ...] | None = None  # confirmed, under its double check
         self._result: SearchResult | None = None
         self._stale = True  # the next decision is worked out when first read
 
     # -- the loop ------------------------------------------------------------------
-    def next_mask(self) -> Mask | None:
-        return None if self.pending is None else self.pending.mask
+    next_mask = lambda self: None if self.pending is None else self.pending.mask  # noqa: E731
 
     @property
     def done(self) -> bool:
@@ -116,16 +116,18 @@ class Bisection:
         self._refresh()
         return self._pending
 
-    def propose(self) -> Ask | None:
-        """The next run for a free slot, counted as in flight until recorded or cancelled.
-
-        None: nothing to run now (the search is done, or it waits for a result).
-        """
-        ask = self.pending
+    def propose(self, ask: Ask | None = None) -> Ask | None:
+        """The next run for a free slot (or `ask`: a segment planned ahead, segments.py),
+        counted as in flight until recorded or cancelled. None: nothing to run now."""
+        ask = ask or self.pending
         if ask is not None:
             self.log.propose(ask)
             self._stale = True
         return ask
+
+    def plan_trials(self, share: float) -> None:
+        """Step 5's trials take `share` of a run from now on (segments.py)."""
+        self.search_share, self._stale = share, self._stale or share != self.search_share
 
     def cancel(self, mask: Mask) -> None:
         """A proposed run that will never report (cancelled, lost with its node)."""
@@ -137,8 +139,7 @@ class Bisection:
         """An earlier command's run against this golden run: evidence, not a run of this search."""
         if self.log.runs_used or self.log.in_flight or not result.completed:
             raise BisectPrefetchError("only completed runs are reused, before the search's own")
-        mask = self._known(mask)
-        self.log.reuse(mask, result)
+        self.log.reuse(mask := self._known(mask), result)
         self._observe(mask, result)
         self._stale = True
         self._refresh()
@@ -153,20 +154,20 @@ class Bisection:
             raise BisectPrefetchError(f"run mask names edges not in the graph: {', '.join(unknown)}")
         return mask
 
-    def record(self, mask: Mask, result: RunResult, *, hint: str | None = None) -> None:
+    def record(self, mask: Mask, result: RunResult, *, hint: str | None = None, startup: bool = True) -> None:
         """One finished run; `hint`: the unit its localization named (first divergent gradient),
-        by default the run's own (RunResult.unit)."""
+        by default the run's own (RunResult.unit); startup: False for a later segment of a run."""
         if self.done:
             raise BisectPrefetchError("the search is finished; no more runs to record")
         mask = self._known(mask)
+        self.log.startups += startup
         ask = self.log.take_in_flight(mask)
         if ask is None and self.pending is not None and self.pending.mask == mask:
             ask = self.pending
         self.log.record(mask, result, ask)
         if result.completed:
             self._observe(mask, result)
-        if hint is None and result.diverged:
-            hint = result.unit
+        hint = result.unit if hint is None and result.diverged else hint
         if hint is not None and not result.diverged:
             self.notices.append({"event": "hint-ignored", "unit": hint, "reason": "run-not-diverged"})
         elif hint is not None:
@@ -198,7 +199,7 @@ class Bisection:
         if model.divergences == 0 and self.evidence.clean_cover() >= self.settings.calibration_runs:
             return v.NoDriftReproduced()  # before the budget: the last run may settle it
         runs_budget = self.budget
-        if log.runs_used >= runs_budget:
+        if log.used >= runs_budget:
             answer = self.reduce.reduced() if self.reduce.reducing else None
             answer = answer if answer is not None else self._answer
             if answer:  # the set is known to cause drift; only the drop-only check was cut short
@@ -265,16 +266,17 @@ class Bisection:
         return self._search(self.model.top())
 
     def _search(self, top: Hypothesis, *, pairs: bool = False) -> Decision:
-        mask = most_informative(self.model, self.log, top, pairs=pairs)
+        mask = most_informative(self.model, self.log, top, pairs=pairs, share=self.search_share)
         if mask is None:
             return None if self.log.in_flight else v.Inconclusive("all-unresolved")
         return self.log.ask(mask, "search")
 
     # -- reading --------------------------------------------------------------------------
-    @property
-    def budget(self) -> int:
-        """The runs this search may use (budget.py)."""
+    def _budget(self) -> int:
+        """The runs this search may use (budget.py), in shares of a full run."""
         return budget(self.evidence, self.reduce.began)
+
+    budget = property(_budget)
 
     # The run log's records, as the command and the tests read them.
     history = property(lambda self: self.log.history, doc="(mask, RunResult) of every finished run")
@@ -282,11 +284,9 @@ class Bisection:
     in_flight = property(lambda self: self.log.in_flight, doc="proposed runs not yet recorded")
     runs_used = property(lambda self: self.log.runs_used)
     steps_used = property(lambda self: self.log.steps_used)
-
-    @property
-    def state(self) -> str:
-        """The protocol stage of the next mask, or "done"."""
-        return "done" if self.pending is None else self.pending.stage
+    startups = property(lambda self: self.log.startups, doc="training runs the trials took")
+    state = property(lambda self: "done" if self.pending is None else self.pending.stage,
+                     doc='the protocol stage of the next mask, or "done"')
 
     @property
     def posterior(self) -> list[dict]:

@@ -11,6 +11,7 @@ check.
 
 from __future__ import annotations
 
+import math
 from functools import lru_cache
 from itertools import combinations
 
@@ -49,7 +50,7 @@ class ReduceStep:
         """After a completed run: does the reduce step run now?"""
         self.reducing = self._set_leads()
         if self.reducing and self.began is None:
-            self.began = (self.log.runs_used, int(self.log.core.sum()))
+            self.began = (math.ceil(self.log.used - 1e-9), int(self.log.core.sum()))
 
     def _set_leads(self) -> bool:
         model, log = self.ev.model, self.log

@@ -35,6 +35,9 @@ class Ask:
     stage: str  # one of STAGES
     target: tuple[str, ...] = ()  # keep-only, drop-only, reduce: the answer set being checked
     context: str | None = None  # AFTER_DROP_ONLY_DIVERGED, BACKGROUND_CONTROL or None
+    # The share of a full run it takes: 1 for a run of its own, a segment's steps over
+    # steps_per_run for a segment of a longer run (segments.py). Budgets count it.
+    share: float = 1.0
 
 
 @dataclass
@@ -108,8 +111,10 @@ class RunLog:
         self.history: list[tuple[Mask, RunResult]] = []
         self.events: list[Block] = []
         self.in_flight: list[Ask] = []  # proposed runs not yet recorded, oldest first
-        self.runs_used = 0
+        self.runs_used = 0  # trials: runs of one mask, or segments of a run (segments.py)
         self.steps_used = 0
+        self.used = 0.0  # trials in shares of a full run (Ask.share): what the budget counts
+        self.startups = 0  # training runs launched for the search's trials
         self.earlier = 0  # runs of earlier commands taken as evidence (reuse), not runs of this search
         self._tally: dict[Mask, Tally] = {}
         self._clean: list[tuple[np.ndarray, float]] = []
@@ -131,6 +136,7 @@ class RunLog:
         """One finished run of mask, for the stage of `ask` (None: a run nobody asked for)."""
         self.history.append((mask, result))
         self.runs_used += 1
+        self.used += ask.share if ask else 1.0
         self.steps_used += result.steps
         block = self._block_for(mask, ask)
         block.runs += 1
@@ -211,9 +217,9 @@ class RunLog:
         return sum(1 for ask in self.in_flight if ask.mask == mask)
 
     @property
-    def started(self) -> int:
-        """Runs finished or in flight."""
-        return self.runs_used + len(self.in_flight)
+    def started(self) -> float:
+        """Trials finished or in flight, in shares of a full run."""
+        return self.used + sum(ask.share for ask in self.in_flight)
 
     def core_edges(self) -> tuple[int, ...]:
         return tuple(int(i) for i in np.flatnonzero(self.core))

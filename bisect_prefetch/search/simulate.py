@@ -12,7 +12,7 @@ meets the same noise: the k-th run that enables a culprit first differs at the
 same step whatever ran before it.
 
 Slots: `slots` runs at once, each taking the share of a full run it ran (a
-diverged run stops at its first difference); whenever a slot frees, the search
+diverged run stops at its first difference) and its start-up (`startup_cost` steps); whenever a slot frees, the search
 proposes the next run from everything finished and in flight (protocol.py), and
 results fold in in the order they finish. Wall-clock ("rounds") is in units of
 one full run; runs still in flight when the verdict comes are cancelled and
@@ -35,7 +35,7 @@ from __future__ import annotations
 import heapq
 import zlib
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -45,6 +45,7 @@ from bisect_prefetch.search.hints import HintPrior, edge_ends
 from bisect_prefetch.search.oracle import RunResult
 from bisect_prefetch.search.protocol import Bisection
 from bisect_prefetch.search.runlog import BACKGROUND_CONTROL, STAGES
+from bisect_prefetch.search.segments import SEGMENTS_MODES, Lengths, Schedule, lengths_for, plan_run, record_run
 from bisect_prefetch.search.stats import hazard_for_chance, per_run_chance
 from bisect_prefetch.select import select
 from bisect_prefetch.vocab import ERROR, OK, STOPPED_EARLY, Mask
@@ -88,11 +89,11 @@ class SimulatedOracle:
         self._errors = _stream(seed, trial, "errors")
         self.runs = 0
 
-    def _first_diff(self, rng: np.random.Generator, hazard: float) -> int | None:
+    def _first_diff(self, rng: np.random.Generator, hazard: float, steps: int | None = None) -> int | None:
         if hazard <= 0.0:
             return None
         step = int(rng.geometric(hazard))
-        return step if step <= self.steps else None
+        return step if step <= (steps or self.steps) else None
 
     def run(self, mask: Mask) -> RunResult:
         self.runs += 1
@@ -107,6 +108,23 @@ class SimulatedOracle:
             return RunResult(STOPPED_EARLY, True, first, first)
         return RunResult(OK, False, None, self.steps)
 
+    def run_schedule(self, schedule: Schedule) -> RunResult:
+        """One run of several masks by step: each segment draws its own first difference
+        (a constant per-step hazard is memoryless), and the run stops at the first."""
+        self.runs += 1
+        if self.error_rate and self._errors.random() < self.error_rate:
+            return RunResult(ERROR, None, None, 0)
+        for segment in schedule.segments:
+            mask, steps = segment.ask.mask, segment.steps
+            draws = [self._first_diff(rng, self.hazard, steps) for rule, rng in self._rules if rule <= mask]
+            if self.background:
+                draws.append(self._first_diff(self._background, self.background, steps))
+            diffs = [d for d in draws if d is not None]
+            if diffs:
+                first = segment.first_step + min(diffs) - 1
+                return RunResult(STOPPED_EARLY, True, first, first)
+        return RunResult(OK, False, None, schedule.steps)
+
 
 @dataclass(frozen=True)
 class Outcome:
@@ -116,6 +134,8 @@ class Outcome:
     runs: int  # runs started (those cancelled at the verdict included)
     steps: int
     rounds: float  # wall-clock to the verdict, in full runs
+    startups: int = 0  # training runs launched, the golden reference included
+    golden_steps: int = 0  # the golden reference's steps (as long as the longest run)
     # The search's runs per protocol stage (STAGES), its background controls apart
     # ("background-control", out of check-off), runs cancelled at the verdict as
     # "cancelled"; empty for a baseline.
@@ -123,45 +143,54 @@ class Outcome:
 
 
 def run_search(edge_ids, oracle: SimulatedOracle, *, slots: int = 1, hint: Callable[[], str] | None = None,
-               **options) -> Outcome:
+               lengths: Lengths | None = None, startup_cost: float = 0.0, **options) -> Outcome:
     """The tool's own search (protocol.Bisection) against the oracle, on `slots` slots.
 
     hint: called once, at the first diverged run, for the unit its localization names.
+    lengths: several masks per run (segments.py); None: one mask per run.
+    startup_cost: each run's start-up, in steps: wall-clock counts it.
     """
     search = Bisection(edge_ids, **options)
     clock, order = 0.0, 0
-    running: list[tuple[float, int, float, Mask, RunResult]] = []  # a heap by finish time
+    running: list[tuple[float, int, float, Mask | Schedule, RunResult]] = []  # a heap by finish time
     runs = steps = 0
     while True:
         while len(running) < slots and not search.done:
-            ask = search.propose()
-            if ask is None:
+            if lengths is None:
+                ask = search.propose()
+                planned = None if ask is None else ask.mask
+            else:
+                planned = plan_run(search, lengths)
+            if planned is None:
                 break
-            result = oracle.run(ask.mask)
-            duration = max(result.steps, 1) / oracle.steps
-            heapq.heappush(running, (clock + duration, order, clock, ask.mask, result))
+            result = oracle.run(planned) if lengths is None else oracle.run_schedule(planned)
+            duration = (startup_cost + max(result.steps, 1)) / oracle.steps
+            heapq.heappush(running, (clock + duration, order, clock, planned, result))
             order += 1
             runs += 1
         if search.done or not running:
             break
-        clock, _, _, mask, result = heapq.heappop(running)
+        clock, _, _, planned, result = heapq.heappop(running)
         steps += result.steps
-        localized = None
         if hint is not None and result.diverged:
-            localized, hint = hint(), None
-        search.record(mask, result, hint=localized)
-    for _, _, started, _, _ in running:  # cancelled at the verdict: the steps they ran count
-        steps += round((clock - started) * oracle.steps)
+            result, hint = replace(result, unit=hint()), None
+        if lengths is None:
+            search.record(planned, result, hint=result.unit if result.diverged else None)
+        else:
+            record_run(search, planned, result)
+    for _, _, started, planned, _ in running:  # cancelled at the verdict: the steps they ran count
+        steps += max(0, round((clock - started) * oracle.steps - startup_cost))
     result = search.result()
     return Outcome(result.verdict, result.minimal_set, result.confidence, runs, steps, clock,
-                   _runs_by_step(search, runs))
+                   runs_by_step=_runs_by_step(search), startups=runs + 1,
+                   golden_steps=oracle.steps if lengths is None else lengths.cap_steps)
 
 
-def _runs_by_step(search: Bisection, runs: int) -> dict[str, int]:
+def _runs_by_step(search: Bisection) -> dict[str, int]:
     out = dict.fromkeys((*STAGES, BACKGROUND_CONTROL, "cancelled"), 0)
     for block in search.events:
         out[BACKGROUND_CONTROL if block.context == BACKGROUND_CONTROL else block.stage] += block.runs
-    out["cancelled"] = runs - search.runs_used
+    out["cancelled"] = len(search.in_flight)
     return out
 
 
@@ -258,6 +287,7 @@ def _simulate(
     slots: int = 1,
     hint_accuracy: float | None = None,
     all_off_runs: int | str = "auto",
+    segments: str = "off",
     method: str | Callable[..., Outcome] = "search",
 ) -> dict:
     """Run `trials` simulated searches on one graph and score them (the simulate JSON of docs/contract.md).
@@ -278,6 +308,9 @@ def _simulate(
         raise BisectPrefetchError(f"--hint-accuracy must be in [0, 1], got {hint_accuracy}")
     if not 0.0 <= background < 1.0:
         raise BisectPrefetchError(f"--background must be in [0, 1), got {background}")
+    if segments not in SEGMENTS_MODES:
+        raise BisectPrefetchError(f"--segments must be one of {', '.join(SEGMENTS_MODES)}, got {segments!r}")
+    lengths = lengths_for(steps, startup_cost) if segments == "auto" else None
     edge_ids = from_policy(policy, layers).edge_ids()
     units = HintPrior(edge_ids).units
     q = per_run_chance(hazard, steps)
@@ -294,7 +327,8 @@ def _simulate(
             hint = _hint_drawer(truth, units, hint_accuracy, _stream(seed, trial, "hint"))
             outcome = run_search(
                 edge_ids, oracle, slots=slots, hint=hint, confidence=confidence, max_runs=max_runs,
-                steps_per_run=steps, all_off_runs=all_off_runs,
+                steps_per_run=steps, all_off_runs=all_off_runs, lengths=lengths,
+                startup_cost=startup_cost,
             )
         else:
             outcome = method(edge_ids, oracle, q=q, alpha=alpha)
@@ -308,7 +342,10 @@ def _simulate(
             "runs": outcome.runs,
             "steps": outcome.steps,
             "rounds": outcome.rounds,
-            "cost": outcome.steps + startup_cost * outcome.runs,
+            "startups": outcome.startups,
+            "golden_steps": outcome.golden_steps,
+            # Cluster time in steps: every start-up, the golden reference's included.
+            "cost": outcome.steps + outcome.golden_steps + startup_cost * outcome.startups,
             "runs_by_step": outcome.runs_by_step,
         })
     runs = [r["runs"] for r in results]
@@ -327,6 +364,11 @@ def _simulate(
         "hint_accuracy": hint_accuracy,
         "all_off_runs": all_off_runs,
         "background": background,
+        "segments": segments,
+        "segment_steps": lengths.segment_steps if lengths else steps,
+        "cap_steps": lengths.cap_steps if lengths else steps,
+        "startup_cost": startup_cost,
+        "startups_median": _percentile([r["startups"] for r in results], 50),
         "cost_median": _percentile([r["cost"] for r in results], 50),
         "runs_by_step_mean": runs_by_step_mean(results),
         "method": method if isinstance(method, str) else method.__name__,

@@ -1,0 +1,195 @@
+"""Segments: several masks in one training run, each one trial of the search.
+
+Why. A run pays its start-up (launch, rendezvous, model build, compile) once,
+and a run that stays clean under one mask has told all it can about that mask
+after some steps. A mask changes only when parameters are unsharded, not what
+is computed, and every run is compared with one golden all-off trajectory, so
+the mask may change between steps inside a run: each step tests the mask it
+ran under, and a run ends at its first divergence or at the step cap. Start-ups
+are then paid about once per divergence instead of once per trial.
+
+Planning (`plan_run`). The segments of a run are planned before it starts,
+each as if those before it came back clean: the mask of segment k+1 matters
+only if segments 1..k were clean, so planning them ahead is exactly what a
+live choice would do, with no channel from the orchestrator into the job. A
+copy of the search records each planned segment as clean and is asked for the
+next.
+
+Lengths (`Lengths`). A check (all-on in calibration, all-off, keep-only,
+drop-only, the reduce step) runs a full run's steps, so every count of clean
+runs the checks rely on (issue 12's guarantees: background controls, drop-only
+runs, calibration) stays a count of full runs. A search segment runs
+`segment_steps` steps and counts as that share of a run: a clean one adds its
+share of a run to the clean runs of its edges (the posterior's constant
+per-step hazard), a diverged one a divergence, and the budget counts shares.
+
+Reading a run (`record_run`). Segments wholly before the first differing step
+t were clean; the one holding t diverged; later ones never ran. Drift in step
+t-1's backward shows in step t's loss, so where t is the first step of a
+segment, the divergence counts against both masks (their union, the weaker
+evidence) and a notice says so. A failed run tells nothing: its first segment
+takes the failure, the rest are cancelled.
+
+Cost model (`lengths_for`). A search costs start-ups x S (a start-up's time in
+steps, measured) + steps. Start-ups are about the divergences D plus the runs
+that reach the step cap C, T/C for a search of T steps; the golden reference
+must be as long as the longest run and costs C steps once. S x T/C + C is
+least at C = sqrt(S x T); T is taken as EXPECTED_RUNS full runs (what one mask
+per run needs at q = 0.3, 67 edges), and C is rounded to whole runs, at least
+one and at most MAX_RUNS_PER_CAP. A search segment of L steps diverges with
+chance about L/N of a run's, so short segments adapt fast, and each divergence
+(the start-ups that remain) tells more; L is a fifth of a run (SEGMENT_SHARE),
+never under MIN_SEGMENT_STEPS. Simulated (bench_search, q = 0.3, 67 edges,
+16 searches): L = 20, C = 500 against one mask per run: start-ups 14 against
+58, cost 0.72x at S = 50 and 0.48x at S = 200.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from dataclasses import dataclass, replace
+
+from bisect_prefetch.errors import BisectPrefetchError
+from bisect_prefetch.search.oracle import RunResult
+from bisect_prefetch.search.protocol import Bisection
+from bisect_prefetch.search.runlog import Ask
+from bisect_prefetch.vocab import OK, Mask
+
+SEGMENT_SHARE = 0.2
+MIN_SEGMENT_STEPS = 2
+EXPECTED_RUNS = 50
+MAX_RUNS_PER_CAP = 10
+FULL_LENGTH_STAGES = ("calibrate", "check-off", "keep-only", "drop-only", "reduce")
+SEGMENTS_MODES = ("auto", "off")
+
+
+@dataclass(frozen=True)
+class Lengths:
+    """How long a run's segments are: a check a full run, a search segment `segment_steps`."""
+
+    steps_per_run: int
+    segment_steps: int
+    cap_steps: int
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.segment_steps <= self.steps_per_run <= self.cap_steps:
+            raise BisectPrefetchError(
+                f"segment lengths must satisfy 1 <= segment ({self.segment_steps}) <= run "
+                f"({self.steps_per_run}) <= cap ({self.cap_steps}) steps")
+
+    def of(self, ask: Ask) -> int:
+        return self.steps_per_run if ask.stage in FULL_LENGTH_STAGES else self.segment_steps
+
+
+def lengths_for(steps_per_run: int, startup_steps: float) -> Lengths:
+    """The cost model: segment length and step cap for runs of `steps_per_run` steps whose
+    start-up costs `startup_steps` steps' worth of time."""
+    segment = min(steps_per_run, max(MIN_SEGMENT_STEPS, round(SEGMENT_SHARE * steps_per_run)))
+    best_cap = math.sqrt(max(startup_steps, 0.0) * EXPECTED_RUNS * steps_per_run)
+    runs = min(MAX_RUNS_PER_CAP, max(1, round(best_cap / steps_per_run)))
+    return Lengths(steps_per_run, segment, runs * steps_per_run)
+
+
+@dataclass(frozen=True)
+class Segment:
+    ask: Ask  # its mask, stage and share of a full run
+    first_step: int  # 1-based training step of the run
+    steps: int
+
+    @property
+    def last_step(self) -> int:
+        return self.first_step + self.steps - 1
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """A run's masks by step: the segments in order, back to back from step 1."""
+
+    segments: tuple[Segment, ...]
+
+    @property
+    def steps(self) -> int:
+        return self.segments[-1].last_step
+
+    @property
+    def masks(self) -> list[tuple[int, Mask]]:
+        """(first step, mask) of each segment: what the plan file carries."""
+        return [(s.first_step, s.ask.mask) for s in self.segments]
+
+    def holding(self, step: int) -> int:
+        """Index of the segment that ran `step` (the last one for a step past the end)."""
+        return next((i for i, s in enumerate(self.segments) if step <= s.last_step), len(self.segments) - 1)
+
+    def to_dict(self) -> list[dict]:
+        return [{"first_step": s.first_step, "steps": s.steps, "mask": sorted(s.ask.mask),
+                 "stage": s.ask.stage} for s in self.segments]
+
+
+def plan_run(search: Bisection, lengths: Lengths) -> Schedule | None:
+    """The next run's segments, proposed to the search (in flight until recorded or
+    cancelled); None: nothing to run now."""
+    search.plan_trials(lengths.segment_steps / lengths.steps_per_run)
+    first = search.pending
+    if first is None:
+        return None
+    ahead = copy.deepcopy(search)  # the search as if each planned segment came back clean
+    segments: list[Segment] = []
+    step, ask = 1, first
+    while ask is not None and step <= lengths.cap_steps:
+        steps = min(lengths.of(ask), lengths.cap_steps - step + 1)
+        ask = replace(ask, share=steps / lengths.steps_per_run)
+        segments.append(Segment(ask, step, steps))
+        ahead.propose(ask)
+        ahead.record(ask.mask, RunResult(OK, False, None, steps), hint=None)
+        step += steps
+        ask = None if ahead.done else ahead.pending
+    for segment in segments:
+        search.propose(segment.ask)
+    return Schedule(tuple(segments))
+
+
+def cancel_run(search: Bisection, schedule: Schedule) -> None:
+    """A planned run that will never report."""
+    for segment in schedule.segments:
+        search.cancel(segment.ask.mask)
+
+
+def record_run(search: Bisection, schedule: Schedule, result: RunResult) -> None:
+    """A finished run of the schedule: each segment's own result, in order (module docstring)."""
+    segments = schedule.segments
+    if not result.completed:
+        for segment in segments[1:]:
+            search.cancel(segment.ask.mask)
+        search.record(segments[0].ask.mask, result)
+        return
+    at = result.first_diff_step if result.diverged else None
+    diverged = schedule.holding(at) if at is not None else len(segments)
+    # Drift first seen at a segment's first step may come from the step before it.
+    since = diverged - 1 if at is not None and diverged > 0 and at == segments[diverged].first_step else diverged
+    for k, segment in enumerate(segments):
+        if k < since:
+            steps = min(segment.steps, max(result.steps - segment.first_step + 1, 0))
+            if steps == 0:  # a clean run that stopped before this segment
+                search.cancel(segment.ask.mask)
+                continue
+            search.record(segment.ask.mask, RunResult(OK, False, None, steps), hint=None,
+                          startup=k == 0)
+        elif k > diverged:
+            search.cancel(segment.ask.mask)
+    if at is None:
+        return
+    own = segments[since]
+    steps = at - own.first_step + 1
+    outcome = RunResult(result.outcome, True, steps, steps, result.unit)
+    if since == diverged:
+        search.record(own.ask.mask, outcome, startup=since == 0)
+        return
+    later = segments[diverged]
+    search.cancel(own.ask.mask)
+    search.cancel(later.ask.mask)
+    both = replace(later.ask, mask=own.ask.mask | later.ask.mask, share=own.ask.share + later.ask.share)
+    search.notices.append({"event": "diverged-at-switch", "step": at,
+                           "masks": [sorted(own.ask.mask), sorted(later.ask.mask)]})
+    search.propose(both)
+    search.record(both.mask, outcome, startup=since == 0)
