@@ -86,9 +86,16 @@ class ToyScheduler:
             target.hsdp_scheduler.hsdp_state.prefetch()
 
 
-def toy_model(shard_size: int = 1) -> tuple[ToyModule, list[ToyModule]]:
-    layers = [ToyModule() for _ in range(3)]
-    root = ToyModule({f"layers.{i}": layer for i, layer in enumerate(layers)})
+class ToyCell(ToyModule):
+    """A module that walks its children as a MindSpore Cell does."""
+
+    def cells_and_names(self):
+        return self.named_modules()
+
+
+def toy_model(shard_size: int = 1, module: type = ToyModule) -> tuple[ToyModule, list[ToyModule]]:
+    layers = [module() for _ in range(3)]
+    root = module({f"layers.{i}": layer for i, layer in enumerate(layers)})
     for module in [*layers, root]:
         ToyScheduler(module, shard_size)
     for a, b in zip(layers, layers[1:], strict=False):
@@ -109,8 +116,8 @@ def one_step(root: ToyModule, layers: list[ToyModule]) -> None:
 def adapter_with(monkeypatch, tmp_path):
     hp.patch_scheduler_class(ToyScheduler)
 
-    def make(mask=None, guard="none") -> hp.HyperParallelAdapter:
-        plan = {"version": 1, "out_dir": str(tmp_path), "mask": mask, "guard": guard}
+    def make(mask=None, guard="none", **fields) -> hp.HyperParallelAdapter:
+        plan = {"version": 1, "out_dir": str(tmp_path), "mask": mask, "guard": guard, **fields}
         adapter = hp.HyperParallelAdapter(Session(parse_plan(plan), rank=0))
         monkeypatch.setattr(hp, "_adapter", adapter)
         return adapter
@@ -195,6 +202,52 @@ def test_prefetch_outside_a_hook_is_not_an_edge_but_is_guarded(adapter_with):
     state.prefetch()  # e.g. a user's unshard(async_op=True)
     assert state.hsdp_params[0].async_calls == 0
     assert all("?" not in edge for edge in adapter.session.tally.edges)
+
+
+# -- a schedule of masks: switched at step boundaries, unless the engine compiles the hooks --
+SCHEDULE = [{"first_step": 1, "mask": []},
+            {"first_step": 2, "mask": ["fwd:layers.0->layers.1", "bwd:layers.2->layers.1"]}]
+
+
+def _scheduled_steps(adapter_with, tmp_path, module: type) -> dict:
+    """Three steps of the toy under SCHEDULE (steps end at report_step: it has no optimizer)."""
+    adapter = adapter_with(mask=[], schedule=SCHEDULE)
+    root, layers = toy_model(shard_size=2, module=module)
+    for step in (1, 2, 3):
+        one_step(root, layers)
+        adapter.session.report_step(step, {"loss": 1.0})
+    adapter.session.close()
+    return json.loads((tmp_path / "probe.rank0.json").read_text())
+
+
+def test_the_schedule_switches_masks_at_step_boundaries(adapter_with, tmp_path):
+    probe = _scheduled_steps(adapter_with, tmp_path, ToyModule)  # torch backend: eager hooks
+    assert probe["schedule_followed"] == [[0, 1], [1, 2]] and "schedule_refused" not in probe
+    steps = {entry["step"]: entry for entry in probe["steps"]}
+    assert steps[1]["issued"] == []
+    for step in (2, 3):
+        assert set(steps[step]["issued"]) == set(SCHEDULE[1]["mask"])
+
+
+@pytest.mark.mindspore
+@pytest.mark.parametrize("graph_mode", [True, False])
+def test_under_mindspore_graph_mode_the_schedule_is_refused(adapter_with, tmp_path, graph_mode):
+    """In graph mode the hooks run when the graph is compiled: the gate's decisions then are
+    every step's, so the adapter keeps segment 0's mask and says why."""
+    ms = pytest.importorskip("mindspore")
+    before = ms.get_context("mode")
+    ms.set_context(mode=ms.GRAPH_MODE if graph_mode else ms.PYNATIVE_MODE)
+    try:
+        probe = _scheduled_steps(adapter_with, tmp_path, ToyCell)
+    finally:
+        ms.set_context(mode=before)
+    if graph_mode:
+        assert "MindSpore graph mode" in probe["schedule_refused"]
+        assert probe["schedule_followed"] == [[0, 1]]
+        assert all(entry["issued"] == [] for entry in probe["steps"])  # segment 0: all off
+    else:
+        assert "schedule_refused" not in probe
+        assert probe["schedule_followed"] == [[0, 1], [1, 2]]
 
 
 FAKE_SCHEDULER = '''

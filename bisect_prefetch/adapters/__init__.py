@@ -46,6 +46,18 @@ For framework adapters (fsdp2, hyper_parallel, ...), through ``session()``:
   report each unit's use (``stress.used``) while it measures the issue-to-use gaps,
   and prefetches that left no window (``stress.no_window``). Its record is the
   probe's ``stress``.
+- The plan's ``schedule`` (adapters/plan.py): the gate's mask starts as step 1's; when
+  the clock ends step s (``_end_step``), step s+1's mask becomes the gate's, before any
+  prefetch of step s+1 (where each clock source puts that boundary: adapters/steps.py;
+  ``report``: wherever the job calls ``report_step``, numbered as the job numbers its
+  steps, and the probe's ``step_notes`` say so). The probe says ``schedule_followed``:
+  ``[[segment index, step it held from], ...]``, one entry per segment this rank ran
+  under, listed once a prefetch went through the gate under it or a step ended under
+  it (a segment whose first step never began, the job having exited, is absent). A job
+  whose clock found no step boundary keeps segment 0's mask throughout, and the probe's
+  ``step_notes`` say so. ``Session.refuse_schedule(reason)``: a framework adapter whose
+  engine fixes the prefetch decisions once (compiled) keeps segment 0's mask; the probe
+  says ``schedule_refused``: the reason.
 - ``Session.recorder`` (None when the plan records nothing), ``Session.plan``,
   ``Session.probe_extra`` (a dict merged into probe.rank{R}.json),
   ``Session.write_environment()`` (env.rank{R}.json, adapters/environment.py: written at
@@ -70,7 +82,7 @@ from .import_hook import when_imported
 from .order import OrderLog
 from .plan import Plan, load_plan
 from .recorder import ProbeTally, Recorder
-from .steps import StepClock
+from .steps import REPORT, StepClock
 from .stress import Stress
 
 PrefetchListener = Callable[[str, Any, bool], None]
@@ -118,7 +130,15 @@ class Session:
         self._step_end_listeners: list[Callable[[int], None]] = []
         self._exit_listeners: list[Callable[[], None]] = []
         self._guard_size_one = plan is not None and plan.guard == GUARD_SIZE_ONE
-        self._mask = plan.mask if plan is not None else None
+        self._mask = plan.mask if plan is not None else None  # the gate's: the current segment's
+        # The schedule of masks by step (None: the plan's mask throughout).
+        self._schedule = plan.schedule if plan is not None else None
+        self._segment = 0  # the schedule's segment whose mask the gate holds
+        self._segment_first_step = 1  # ... since this step
+        self._segment_pending = self._schedule is not None  # not yet listed as followed
+        self.schedule_followed: list[list[int]] = []  # [segment, first step it held]
+        self.schedule_refused: str | None = None
+        self._followed_unwritten = False  # a segment was listed since the probe was written
         self._last_probe_write = 0.0
         self._environment_written = False
         self._lock = threading.Lock()
@@ -144,6 +164,8 @@ class Session:
         target_module: Any,
         run: Callable[[], bool],
     ) -> str:
+        if self._segment_pending:  # the first prefetch under a new segment: it is followed
+            self._list_segment()
         order = self.order
         event = order.begin_prefetch(edge_id) if order is not None else None
         if self._mask is not None and edge_id not in self._mask:
@@ -198,6 +220,19 @@ class Session:
         self.errors.append(message)
         print(f"bisect-prefetch: {message}", file=sys.stderr, flush=True)
 
+    def refuse_schedule(self, reason: str) -> None:
+        """The engine cannot switch masks inside a run (``reason``, one line): segment 0's
+        mask stays for the whole run, and the probe says ``schedule_refused``. A framework
+        adapter calls it before the first step ends."""
+        if self._schedule is None or self.schedule_refused is not None:
+            return
+        self.schedule_refused = reason
+        self._segment, self._segment_first_step = 0, 1
+        self._mask = self._schedule[0][1]
+        self._segment_pending = [0, 1] not in self.schedule_followed
+        self.note(f"the plan's schedule of masks is not followed: {reason}; segment 0's mask "
+                  "stays for the whole run")
+
     def note(self, message: str) -> None:
         """Something about the job the run's record must say (not an error), on stderr; the
         clock keeps its own notes for the probe's ``step_notes``."""
@@ -224,14 +259,42 @@ class Session:
         with self._lock:
             self.tally.end_step(step)
         self.last_step = step
+        if self._schedule is not None:
+            if self._segment_pending:  # a step ended under it: it is followed
+                self._list_segment()
+            # Step step+1's mask, before its first prefetch (the clock ends a step before the
+            # next one's first forward begins). At exit none follows: the segment stays unlisted.
+            if self.schedule_refused is None:
+                self._switch_segment(step + 1)
         if not self._environment_written:
             self.write_environment()
         for listener in self._step_end_listeners:
             listener(step)
-        if step <= _PROBE_EVERY_STEP_UNTIL or (
+        if step <= _PROBE_EVERY_STEP_UNTIL or self._followed_unwritten or (
             time.monotonic() - self._last_probe_write >= _PROBE_MIN_INTERVAL_S
         ):
             self.write_probe()
+
+    def _switch_segment(self, step: int) -> None:
+        """Make the mask of the segment that holds at ``step`` the gate's."""
+        index = self.plan.segment_for_step(step)
+        if index != self._segment:
+            self._segment, self._segment_first_step = index, step
+            self._mask = self._schedule[index][1]
+            self._segment_pending = True
+            if self.clock.source == REPORT:
+                self.clock.say_once("schedule-report", (
+                    "the schedule of masks switches at the job's report_step calls (no "
+                    "optimizer or backward boundary seen): a call inside a step moves the "
+                    "rest of that step to the next segment's mask"))
+
+    def _list_segment(self) -> None:
+        """The current segment is followed: list it in ``schedule_followed`` (once)."""
+        with self._lock:
+            if self._segment_pending:
+                self._segment_pending = False
+                self.schedule_followed.append([self._segment, self._segment_first_step])
+                self._followed_unwritten = True
 
     def write_probe(self) -> None:
         if self.recorder is None or not self.plan.record_probe:
@@ -242,9 +305,14 @@ class Session:
                 "step_notes": clock.notes, "step_seconds": self.step_seconds}
         if self.stress is not None:
             head["stress"] = self.stress.record()
+        if self.schedule_refused is not None:
+            head["schedule_refused"] = self.schedule_refused
         if self.errors:
             head["errors"] = list(self.errors)
         with self._lock:
+            if self._schedule is not None:
+                head["schedule_followed"] = [list(entry) for entry in self.schedule_followed]
+                self._followed_unwritten = False
             self.recorder.probe(head, self.tally)
         self._last_probe_write = time.monotonic()
 
@@ -265,6 +333,12 @@ class Session:
                 "no step boundary found (no optimizer step of a hooked framework, no "
                 "backward of a root unit, no report_step): digests, unit order and step "
                 "times are off")
+        schedule = self._schedule
+        if (schedule is not None and len(schedule) > 1 and self.clock.source is None
+                and self.schedule_refused is None and (self.forwards or self.tally.edges)):
+            self.clock.say_once("schedule-no-steps", (
+                "no step boundary found: the plan's schedule of masks was not followed; "
+                "segment 0's mask held for the whole run"))
         for listener in self._exit_listeners:
             try:
                 listener()

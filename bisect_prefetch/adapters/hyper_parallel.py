@@ -46,6 +46,20 @@ While the session records the order (the first steps), the state's
 work (an async unshard leaves its gathers pending until the state is
 unsharded) and reshards, and each prefetching hook records its cell's use.
 
+A plan's schedule of masks (adapters/plan.py) is followed at the step boundaries the
+optimizer shows, as in any adapter, except where the engine takes the prefetch decisions
+once: at discovery, a MindSpore root under MindSpore's graph mode
+(``mindspore.get_context("mode") == mindspore.GRAPH_MODE``) runs its hooks when the
+graph is compiled (Cell's ``_jit_forward_pre_hook``), so whatever the gate decides then
+is what every step does; the adapter calls ``Session.refuse_schedule`` (the probe's
+``schedule_refused``) and segment 0's mask stays. (hyper-parallel's older scheduler
+registers no prefetching hooks in graph mode at all: there is then no prefetch to gate
+and no step boundary, and the record says so.) What the adapter cannot tell: a job in
+PyNative mode that compiles its own training step (``mindspore.jit`` around forward and
+backward) fixes the decisions at compile time too; the context says PyNative there, so
+the adapter switches, and the probe's per-step tally would show the gate's decisions,
+not the compiled graph's.
+
 Effective shard size of a parameter: ``shard_size`` where present (the FSDP
 shard group's size, from ``_init_group_infos()``), else ``shard_world_size``
 if ``is_sharded``, else 1. Of a state: the largest over its parameters
@@ -253,6 +267,9 @@ class HyperParallelAdapter(FrameworkAdapter):
             self.instrument_state(scheduler)
             for phase, attr in LIST_SETTERS.values():
                 self.note_list(scheduler, phase, getattr(scheduler, attr, None) or [])
+        reason = compiled_once(root)
+        if reason is not None:  # before the first step ends: no switch has happened yet
+            self.session.refuse_schedule(reason)
         self.check_plan_agreement(root)
         self.write_graph()
 
@@ -436,6 +453,24 @@ class HyperParallelAdapter(FrameworkAdapter):
                 norms.append(math.sqrt(float(wide.dot(wide))))
                 peaks.append(float(abs(wide).max()))  # exact: a max does not round
         return names, digests, norms, peaks
+
+
+def compiled_once(root: Any) -> str | None:
+    """Why this root's prefetch decisions are taken once, when its graph is compiled (a
+    MindSpore root under graph mode), or None where every hook runs at each step."""
+    if not hasattr(root, "cells_and_names"):
+        return None  # torch: the hooks run eagerly
+    ms = sys.modules.get("mindspore")  # never import a framework the job did not
+    if ms is None:
+        return None
+    try:
+        mode = ms.get_context("mode")
+    except Exception:  # a MindSpore without this context key: nothing known
+        return None
+    if mode == getattr(ms, "GRAPH_MODE", 0):
+        return ("MindSpore graph mode: the prefetch hooks run when the graph is compiled, "
+                "so the mask is fixed for the whole run")
+    return None
 
 
 def _gather_plan_hashes(root: Any, plan_hash: str) -> list[str] | None:

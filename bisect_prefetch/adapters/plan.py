@@ -6,6 +6,7 @@ environment variable ``BISECT_PREFETCH_PLAN``. Version 1::
     {"version": 1, "experiment": str, "run_id": str,
      "out_dir": str,                 # absolute run dir: where the recorder writes
      "mask": [edge ids] | null,      # enabled edges; null = change nothing, only record
+     "schedule": null | [{"first_step": int, "mask": [edge ids]}, ...],  # masks by step
      "guard": "none" | "size-one",   # size-one: skip prefetches into shard-size-1 units
      "record": {"graph": bool, "probe": bool,
                 "digests": null | glob over parameter names, "digest_every": int,
@@ -14,14 +15,26 @@ environment variable ``BISECT_PREFETCH_PLAN``. Version 1::
      "stress": null | {"measure_steps": int, "default_gap_ms": float},  # adapters/stress.py
      "seed": int, "steps": int}
 
+``schedule`` (optional; absent or null: ``mask`` holds for the whole run): the run
+switches masks at step boundaries, segment by segment. Segment k holds from its
+``first_step`` (a 1-based training step as the job's step clock counts it,
+adapters/steps.py) until the step before the next segment's. The first segment starts
+at step 1, first steps increase strictly, and ``mask`` must equal the first segment's
+mask, so a reader of ``mask`` sees step 1's. A mask changes only which prefetches
+are issued early, not what is computed, so one run can try several masks in turn.
+Every rank follows the same schedule by step number; what a rank actually followed is
+the probe's ``schedule_followed`` (adapters/__init__.py).
+
 API: ``load_plan(path=None) -> Plan | None`` (None when no plan is set),
 ``parse_plan(dict) -> Plan`` (raises ``PlanError``), ``plan_hash(dict) -> str``
-(sha256 hex of the canonical JSON; the orchestrator may use it too), and
-``Plan.allows(edge_id)``. Standard library only.
+(sha256 hex of the canonical JSON; the orchestrator may use it too),
+``Plan.allows(edge_id)`` (step 1's mask), ``Plan.mask_for_step(step)`` and
+``Plan.segment_for_step(step)``. Standard library only.
 """
 
 from __future__ import annotations
 
+import bisect
 import hashlib
 import json
 import os
@@ -52,7 +65,7 @@ class Plan:
     raw: dict[str, Any]
     hash: str
     out_dir: str | None
-    mask: Mask | None  # read once here; the gate uses it as is
+    mask: Mask | None  # read once here; the gate uses it as is (with a schedule: step 1's)
     guard: str
     record_graph: bool
     record_probe: bool
@@ -61,10 +74,26 @@ class Plan:
     fault: dict[str, Any] | None
     order_steps: int = DEFAULT_ORDER_STEPS
     stress: dict[str, Any] | None = None  # Stress's keyword arguments; None: no delays
+    # ((first_step, mask), ...), first steps from 1, strictly increasing; None: ``mask`` throughout
+    schedule: tuple[tuple[int, Mask], ...] | None = None
 
     def allows(self, edge_id: str) -> bool:
-        """Whether the mask lets this edge prefetch (no mask: every edge)."""
+        """Whether the mask lets this edge prefetch (no mask: every edge). With a schedule:
+        step 1's mask (``mask_for_step`` for another step's)."""
         return self.mask is None or edge_id in self.mask
+
+    def segment_for_step(self, step: int) -> int | None:
+        """The index of the schedule's segment that holds at this 1-based step (steps
+        below 1: the first); None without a schedule."""
+        if self.schedule is None:
+            return None
+        firsts = [first for first, _ in self.schedule]
+        return max(bisect.bisect_right(firsts, step) - 1, 0)
+
+    def mask_for_step(self, step: int) -> Mask | None:
+        """The mask that holds at this 1-based training step (no schedule: the plan's mask)."""
+        index = self.segment_for_step(step)
+        return self.mask if index is None else self.schedule[index][1]
 
 
 def parse_plan(data: Any) -> Plan:
@@ -111,6 +140,10 @@ def parse_plan(data: Any) -> Plan:
         if not isinstance(gap, (int, float)) or not gap > 0:
             raise PlanError("plan stress.default_gap_ms must be a number > 0")
         stress = {"measure_steps": steps, "default_gap_ms": float(gap)}
+    schedule = _parse_schedule(data.get("schedule"))
+    if schedule is not None and mask != schedule[0][1]:
+        raise PlanError("plan mask must equal schedule[0].mask when a schedule is set "
+                        "(a reader of mask sees step 1)")
     return Plan(
         raw=data,
         hash=plan_hash(data),
@@ -124,7 +157,37 @@ def parse_plan(data: Any) -> Plan:
         fault=fault,
         order_steps=order_steps,
         stress=stress,
+        schedule=schedule,
     )
+
+
+def _parse_schedule(schedule: Any) -> tuple[tuple[int, Mask], ...] | None:
+    """The plan's ``schedule`` as ((first_step, mask), ...); PlanError names what is wrong."""
+    if schedule is None:
+        return None
+    if not isinstance(schedule, list) or not schedule:
+        raise PlanError("plan schedule must be null or a non-empty list of "
+                        "{first_step, mask} segments")
+    segments: list[tuple[int, Mask]] = []
+    for k, segment in enumerate(schedule):
+        if not isinstance(segment, dict) or set(segment) != {"first_step", "mask"}:
+            raise PlanError(f"plan schedule[{k}] must be an object with first_step and mask, "
+                            "nothing else")
+        first = segment["first_step"]
+        if isinstance(first, bool) or not isinstance(first, int) or first < 1:
+            raise PlanError(f"plan schedule[{k}].first_step must be an integer >= 1, "
+                            f"got {first!r}")
+        if k == 0 and first != 1:
+            raise PlanError(f"plan schedule[0].first_step must be 1 (the first segment holds "
+                            f"from step 1), got {first}")
+        if segments and first <= segments[-1][0]:
+            raise PlanError(f"plan schedule[{k}].first_step must be greater than "
+                            f"schedule[{k - 1}].first_step ({segments[-1][0]}), got {first}")
+        mask = segment["mask"]
+        if not isinstance(mask, list) or not all(isinstance(e, str) for e in mask):
+            raise PlanError(f"plan schedule[{k}].mask must be a list of edge ids")
+        segments.append((first, Mask(mask)))
+    return tuple(segments)
 
 
 def load_plan(path: str | None = None) -> Plan | None:

@@ -17,7 +17,10 @@ Files (all in the plan's ``out_dir``; R is the rank):
 - ``probe.rank{R}.json``: ``{"rank", "plan_hash", "edges": {EDGE: {"fired",
   "issued", "noop", "masked", "guarded"}}, "steps": [{"step", "issued": [...],
   "noop": [...], "masked": [...], "guarded": [...]}], "step_seconds": [[step, s]], ...}``, rewritten
-  atomically (temp file + rename) so a reader never sees half a file.
+  atomically (temp file + rename) so a reader never sees half a file. A plan with a
+  schedule of masks adds ``"schedule_followed": [[segment, first step], ...]`` (the
+  segments this rank ran under, each with the step it held from) and, where the engine
+  cannot switch masks inside a run, ``"schedule_refused": reason`` (adapters/__init__.py).
 
 Probe outcomes of one prefetch attempt: ``issued`` (it started a real
 unshard/all-gather), ``noop`` (target already unsharded or its all-gather

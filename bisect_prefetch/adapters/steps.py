@@ -18,6 +18,21 @@ sources that the job shows:
 3. ``report``: ``report_step`` calls, where the job makes them and neither of the above
    is seen (no framework adapter is active).
 
+Where a step ends relative to the prefetches (what a plan's schedule of masks relies on:
+the session switches masks when a step ends, adapters/__init__.py):
+
+- ``optimizer``: at the root's forward pre-hook of the next step, before it unshards or
+  prefetches anything (FSDP2: before ``FSDPState._pre_forward`` of the root; hyper-parallel:
+  before the root's forward pre-hook): every prefetch of step s+1 sees step s+1's mask.
+- ``backward``: when the root's backward ends, after the step's last backward prefetch and
+  before the next forward. (hyper-parallel's adapter reports no backward end: its jobs
+  count steps by the optimizer or ``report_step``.)
+- ``report``: where the job calls ``report_step``, numbered as the job numbers its steps.
+  A call between the optimizer and the next forward is a clean boundary; a call inside a
+  step (after the forward, before the backward) moves the rest of that step to the next
+  step's mask, and the clock cannot tell: the record says a schedule followed such
+  boundaries.
+
 ``report_step`` stays the explicit way to write metrics. When the clock counts steps from
 another source, each call is checked against it: a different step number is said once
 (which count the signals use, and why), never silently mixed.
@@ -122,6 +137,11 @@ class StepClock:
                            "boundaries: digests, order and step times use that count; the "
                            "metrics keep the job's numbers")
         return False
+
+    def say_once(self, kind: str, message: str) -> None:
+        """A note of the session's about the steps (``notes``, the probe's ``step_notes``),
+        said once per kind."""
+        self._say_once(kind, message)
 
     def close(self) -> None:
         """At exit: an update still open is the last step."""

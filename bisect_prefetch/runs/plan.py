@@ -11,7 +11,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from bisect_prefetch.adapters.plan import PLAN_ENV, PLAN_VERSION, plan_hash
+from bisect_prefetch.adapters.plan import PLAN_ENV, PLAN_VERSION, PlanError, parse_plan, plan_hash
 from bisect_prefetch.adapters.stress import DEFAULT_GAP_MS as STRESS_DEFAULT_GAP_MS
 from bisect_prefetch.adapters.stress import DEFAULT_MEASURE_STEPS as STRESS_MEASURE_STEPS
 from bisect_prefetch.experiment import Experiment
@@ -32,18 +32,31 @@ def build_plan(
     guard: str,
     steps: int,
     stress: bool = False,
+    schedule: list[tuple[int, Mask]] | None = None,
 ) -> dict[str, Any]:
     """The plan of one run. mask None: change nothing, only record.
 
     stress: delays before each prefetch is issued (adapters/stress.py, docs/stress.md).
 
+    schedule: ``[(first_step, mask), ...]``, masks by training step (1-based; the first
+    segment starts at step 1, first steps increase): the job switches masks at step
+    boundaries (adapters/plan.py). The plan's ``mask`` is then the first segment's; a
+    ``mask`` given as well must be that one (or None). A schedule the job would refuse
+    raises PlanError here, before any job starts.
+
     What it records comes from the experiment's ``record`` (digests on by default).
     """
+    if schedule is not None:
+        if not schedule:
+            raise PlanError("a schedule needs at least one segment")
+        if mask is not None and Mask(mask) != Mask(schedule[0][1]):
+            raise PlanError("the plan's mask must be the schedule's first segment's mask")
+        mask = schedule[0][1]
     record = experiment.record
     fault = None
     if experiment.workload is not None and experiment.workload.fault is not None:
         fault = experiment.workload.fault.model_dump(mode="json")
-    return {
+    plan = {
         "version": PLAN_VERSION,
         "experiment": experiment.name,
         "run_id": run_id,
@@ -59,6 +72,11 @@ def build_plan(
         "seed": experiment.seed,
         "steps": steps,
     }
+    if schedule is not None:
+        plan["schedule"] = [{"first_step": first, "mask": sorted(segment_mask)}
+                            for first, segment_mask in schedule]
+        parse_plan(plan)  # the job's own check, here: a bad schedule never reaches a job
+    return plan
 
 
 def write_plan(run_dir: Path, plan: dict[str, Any]) -> Path:
