@@ -329,7 +329,7 @@ def _segment_targets(s: dict) -> list[tuple[bool, str]]:
             ok = ratio <= limit and steps <= 1.1 and seg["accuracy"] >= seg["claimed"]
             if q == "q3":
                 ok = ok and seg["startups_median"] <= 12
-                line += f"; start-ups <= 12"
+                line += "; start-ups <= 12"
             out.append((ok if q == "q3" else True, line + ("" if q == "q3" else " (reported)")))
     out.append((s["bg-seg"]["accuracy"] >= 0.95,
                 f"segments, background 0.3: not-prefetch in {s['bg-seg']['accuracy']:.3f} >= 0.95"))

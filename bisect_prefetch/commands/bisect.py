@@ -56,7 +56,6 @@ from bisect_prefetch.runs.workloads import require_prefetch_graph
 from bisect_prefetch.search import verdict as v
 from bisect_prefetch.search.oracle import Oracle, RunResult
 from bisect_prefetch.search.protocol import Bisection
-from bisect_prefetch.search.segments import Lengths, Schedule, lengths_for, plan_run, record_run
 from bisect_prefetch.search.runlog import (
     AFTER_DROP_ONLY_DIVERGED,
     BACKGROUND_CONTROL,
@@ -64,6 +63,7 @@ from bisect_prefetch.search.runlog import (
     Block,
     mask_name,
 )
+from bisect_prefetch.search.segments import Lengths, Schedule, lengths_for, plan_run, record_run
 from bisect_prefetch.search.stress import Hazard, StressChoice, choose_stress
 from bisect_prefetch.search.verdict import SearchResult
 from bisect_prefetch.vocab import STRESS_AUTO, STRESS_OFF, STRESS_ON, Mask
@@ -281,6 +281,8 @@ def _bisect(experiment: Experiment, experiment_path: Path, *, hint: str, resume:
             data["segments"] = segments_json(experiment.search.segments, lengths, search)
             data["suspects"] = suspects
             data["hints"] = [n for n in search.notices if n["event"].startswith("hint")]
+            data["segments"]["diverged_at_switch"] = [n for n in search.notices
+                                                      if n["event"] == "diverged-at-switch"]
             data["run_details"] = run_details  # each run, with where its gradients first differed
             data["stress"] = stress.to_json(run_details, unstressed=unstressed)
             stressed = [r["signals"]["stress"] for r in opened.state.records()
@@ -570,7 +572,7 @@ class _Narrator:
         the search (once a unit)."""
         self.close(len(self.search.events) - 1)  # every block but the last is complete
         for notice in self.search.notices[self.notices_said:]:
-            if notice.get("unit") not in self.units_said:
+            if notice["event"] == "diverged-at-switch" or notice.get("unit") not in self.units_said:
                 self.console.print(f"  {notice_line(notice)}", markup=False)
                 self.units_said.add(notice.get("unit"))
         self.notices_said = len(self.search.notices)
@@ -708,8 +710,14 @@ def step_title(stage: str, mask: str, target: Sequence[str], context: str | None
 
 
 def notice_line(notice: dict) -> str:
-    """What a localization hint (hints.py's events) does to the search, in words."""
+    """What a localization hint (hints.py's events) or a divergence at a switch of masks
+    (segments.py) does to the search, in words."""
     event, unit = notice["event"], notice.get("unit")
+    if event == "diverged-at-switch":
+        before, after = (len(m) for m in notice["masks"])
+        return (f"diverged at step {notice['step']}, the first step under a new mask: the drift "
+                f"may come from the step before, so it counts against both masks ({before} and "
+                f"{after} edges on)")
     if event == "hint":
         edges = ", ".join(notice["edges"]) or "its neighbours' edges"
         return (f"localization points at {unit}: the search weighs {edges} first "
@@ -816,9 +824,9 @@ def render_result(result: SearchResult, console: Console, *, reproduce: str | No
     console.print(f"verdict: {result.verdict}", markup=False)
     if result.minimal_set:
         console.print(f"minimal set: {', '.join(result.minimal_set)}", markup=False)
-    console.print(
-        f"confidence: {result.confidence:.3f}   runs: {result.runs_used}   steps: {result.steps_used}"
-    )
+    runs = (f"runs: {result.runs_used}" if result.startups is None
+            else f"runs: {result.startups} ({result.runs_used} trials, several masks a run)")
+    console.print(f"confidence: {result.confidence:.3f}   {runs}   steps: {result.steps_used}")
     for fact in fact_lines(result, run=run):
         console.print(f"  - {fact}", markup=False)
     console.print(evidence_table(result))

@@ -16,7 +16,7 @@ import hashlib
 import json
 import os
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -53,7 +53,7 @@ from bisect_prefetch.runs.launcher import (
     free_port,
     job_env,
 )
-from bisect_prefetch.runs.merge import GRAPH_FILE, merge_graphs, merge_probes
+from bisect_prefetch.runs.merge import GRAPH_FILE, merge_graphs, merge_probes, schedule_problems
 from bisect_prefetch.runs.plan import PLAN_ENV, PLAN_FILE, build_plan, plan_hash, write_plan
 from bisect_prefetch.runs.procs import kill_leftovers
 from bisect_prefetch.runs.signals import run_signals, signal_problems
@@ -332,7 +332,7 @@ class Runner:
                          else round(job.first_progress_s, 3),
                          exit_code=job.exit_code)
         self._collect(out, started.run_dir, started.plan_hash, started.key.steps,
-                      started.ref_trajectory, started.comparator)
+                      started.ref_trajectory, started.comparator, schedule=started.key.schedule)
         write_text_atomic(started.run_dir / STATUS_FILE,
                           json.dumps(out.to_record(), indent=1, allow_nan=True) + "\n")
         self.state.append(started.key, out.to_record())
@@ -402,14 +402,16 @@ class Runner:
                           comparator=comparator, plan_hash=plan_hash(plan))
 
     def _collect(self, out: RunOutcome, run_dir: Path, expected_hash: str, steps: int,
-                 ref: Trajectory | None, comparator: StreamingComparator | None) -> None:
+                 ref: Trajectory | None, comparator: StreamingComparator | None, *,
+                 schedule: Sequence[tuple[int, Mask]] | None = None) -> None:
         """Merge the ranks' files, read the metrics, compare; downgrade a bad run.
 
         A run that ended by itself (any exit code) after some but fewer steps than
-        asked is truncated; a failed run gets the fault its logs name, if any.
+        asked is truncated; a failed run gets the fault its logs name, if any. A run of
+        several masks whose ranks did not follow its schedule is never evidence.
         """
         _, graph_problems = merge_graphs(run_dir)
-        _, probe_problems = merge_probes(run_dir, expected_hash)
+        merged, probe_problems = merge_probes(run_dir, expected_hash)
         out.signals = self._signals(run_dir)
         out.environment = envprint.summary(envprint.add_job_print(run_dir))
         # A job we stopped at its first difference was killed mid-step: its ranks may
@@ -421,6 +423,10 @@ class Runner:
         out.load_avg = round(os.getloadavg()[0], 2) if hasattr(os, "getloadavg") else None
         out.step_time_ms = run_step_time_ms(run_dir)
         self._read_metrics(out, run_dir, steps, ref, comparator)
+        if schedule is not None and out.usable:
+            before = out.first_diff_step or out.steps_done + (out.outcome == OK)
+            if problems := schedule_problems(merged, schedule, before):
+                out.outcome, out.reason = ERROR, "; ".join(problems)
         if out.outcome == ERROR and out.steps_done == 0:
             line = first_error_line(run_dir)  # why it never reached a step
             if line:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -90,6 +91,42 @@ def merge_probes(run_dir: Path, expected_plan_hash: str) -> tuple[dict | None, l
               "ranks": {str(r): p for r, p in probes.items()}}
     write_text_atomic(Path(run_dir) / PROBE_FILE, json.dumps(merged, indent=1) + "\n")
     return merged, problems
+
+
+def schedule_problems(merged: dict | None, schedule: Sequence[tuple[int, Any]],
+                      before_step: int) -> list[str]:
+    """What shows that the ranks of a run did not follow its schedule of masks (search/
+    segments.py): an engine that refused to switch, a segment begun at another step than
+    planned or out of order, or a segment begun before `before_step` that a rank never
+    recorded. A rank's record of a segment reaches its probe once the segment's first
+    step ended, so a run stopped at a difference at step t must show the segments begun
+    before t (before_step = t), a run that ran to its end every one it reached."""
+    needed = sum(1 for first, _ in schedule if first < before_step)
+    if not merged:
+        return [] if needed <= 1 else ["no probe: nothing shows the ranks followed the schedule of masks"]
+    problems = []
+    for rank, probe in sorted(merged.get("ranks", {}).items()):
+        if not isinstance(probe, dict):
+            continue
+        if refused := probe.get("schedule_refused"):
+            problems.append(f"rank {rank} cannot switch masks inside a run: {refused}")
+            continue
+        followed = probe.get("schedule_followed")
+        if not isinstance(followed, list) or not all(
+                isinstance(e, list) and len(e) == 2 and all(type(x) is int for x in e) for e in followed):
+            problems.append(f"rank {rank} recorded no schedule it followed")
+            continue
+        for place, (index, first) in enumerate(followed):
+            if index != place or index >= len(schedule) or schedule[index][0] != first:
+                planned = schedule[index][0] if 0 <= index < len(schedule) else "no step"
+                problems.append(f"rank {rank} began segment {index} at step {first} "
+                                f"(planned: {planned})")
+                break
+        else:
+            if len(followed) < needed:
+                problems.append(f"rank {rank} never began segment {len(followed)} (planned "
+                                f"at step {schedule[len(followed)][0]})")
+    return problems
 
 
 def _ranks(ranks: list[int]) -> str:

@@ -198,11 +198,12 @@ def fix_costs(records: Iterable[Mapping[str, Any]], *, edge_ids: Iterable[str],
     runs of drop-only(fix), every edge on but the fix's, against all-on;
     ``guard``: all-on runs under the size-one guard, against all-on. Each is
     a group_cost or None when no such run timed its steps. Runs under stress are
-    left out.
+    left out; a run of several masks counts as one run per segment, each with
+    the steps it ran under that segment's mask.
     """
     every, dropped = frozenset(edge_ids), frozenset(fix)
     groups: dict[str, list[Any]] = {"all_on": [], "drop": [], "guard": []}
-    for record in records:
+    for record in (piece for r in records for piece in _segments(r)):
         if not str(record.get("variant", "")).endswith(variant_suffix):
             continue
         if record.get("stress"):  # stress's delays are no cost of a fix
@@ -218,6 +219,20 @@ def fix_costs(records: Iterable[Mapping[str, Any]], *, edge_ids: Iterable[str],
     base = group_cost([statistics.median(t.values()) for t in timed if t], None)
     return {"all_on": base, "drop": compare_runs(groups["all_on"], groups["drop"]),
             "guard": compare_runs(groups["all_on"], groups["guard"])}
+
+
+def _segments(record: Mapping[str, Any]) -> list[Mapping[str, Any]]:
+    """A journal record as one record per mask it ran: a run of several masks (its
+    `schedule`, search/segments.py) split by step, each piece with its steps' times."""
+    schedule = record.get("schedule")
+    if not isinstance(schedule, list) or not schedule:
+        return [record]
+    times = record.get("step_times_ms") if isinstance(record.get("step_times_ms"), list) else []
+    bounds = [first for first, _ in schedule[1:]] + [math.inf]
+    return [{**record, "schedule": None, "mask": mask,
+             "step_times_ms": [t for t in times if isinstance(t, list) and len(t) == 2
+                               and isinstance(t[0], int) and first <= t[0] < end]}
+            for (first, mask), end in zip(schedule, bounds, strict=True)]
 
 
 def fix_cost_line(costs: Mapping[str, Any], fix: Iterable[str]) -> str | None:

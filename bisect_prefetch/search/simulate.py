@@ -45,7 +45,14 @@ from bisect_prefetch.search.hints import HintPrior, edge_ends
 from bisect_prefetch.search.oracle import RunResult
 from bisect_prefetch.search.protocol import Bisection
 from bisect_prefetch.search.runlog import BACKGROUND_CONTROL, STAGES
-from bisect_prefetch.search.segments import SEGMENTS_MODES, Lengths, Schedule, lengths_for, plan_run, record_run
+from bisect_prefetch.search.segments import (
+    SEGMENTS_MODES,
+    Lengths,
+    Schedule,
+    lengths_for,
+    plan_run,
+    record_run,
+)
 from bisect_prefetch.search.stats import hazard_for_chance, per_run_chance
 from bisect_prefetch.select import select
 from bisect_prefetch.vocab import ERROR, OK, STOPPED_EARLY, Mask
@@ -178,7 +185,7 @@ def run_search(edge_ids, oracle: SimulatedOracle, *, slots: int = 1, hint: Calla
             search.record(planned, result, hint=result.unit if result.diverged else None)
         else:
             record_run(search, planned, result)
-    for _, _, started, planned, _ in running:  # cancelled at the verdict: the steps they ran count
+    for _, _, started, _, _ in running:  # cancelled at the verdict: the steps they ran count
         steps += max(0, round((clock - started) * oracle.steps - startup_cost))
     result = search.result()
     return Outcome(result.verdict, result.minimal_set, result.confidence, runs, steps, clock,

@@ -136,13 +136,14 @@ class SearchResult:
     verdict: str  # one of VERDICTS
     minimal_set: list[str]
     confidence: float
-    runs_used: int
+    runs_used: int  # trials: runs of one mask, or segments of runs (segments.py)
     steps_used: int
     evidence: list[dict]  # one row per block of runs (Block.to_dict)
     calibration: dict  # per_run_chance, interval, hazard_per_step, runs, divergences, ...
     facts: list[Fact]  # the checked statements behind the verdict
     drop_only_diverges: bool | None = None  # None when drop-only was not run
     top_hypotheses: list[dict] = field(default_factory=list)
+    startups: int | None = None  # the training runs the trials took (None: as many as trials)
     finished: bool = True
 
 
@@ -285,4 +286,5 @@ class Conclusions:
             drop_only_diverges=drop,
             top_hypotheses=self.top_hypotheses(),
             finished=finished,
+            startups=self.log.startups if self.log.startups != self.log.runs_used else None,
         )
