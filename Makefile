@@ -56,9 +56,15 @@ test-fast: $(STAMP)
 # The main job on the reference workload: bisect the FSDP2 workload with a planted
 # fault. Exit code 1 means "culprit found", which is the demo's expected ending.
 # Run again, it resumes from its journal; `make clean` starts over.
+# Then the same search with one mask a run, and the two side by side (runs launched, steps).
 demo: $(STAMP)
 	$(BIN)/bisect-prefetch bisect configs/fsdp2-fault.yaml --resume --state-dir .bisect-prefetch/demo \
 		--json .bisect-prefetch/demo/bisect-result.json; rc=$$?; [ $$rc -le 1 ]
+	$(BIN)/bisect-prefetch bisect configs/fsdp2-fault.yaml --segments off --resume \
+		--state-dir .bisect-prefetch/demo-one-mask \
+		--json .bisect-prefetch/demo-one-mask/bisect-result.json; rc=$$?; [ $$rc -le 1 ]
+	$(BIN)/python -m benchmarks.demo_side_by_side .bisect-prefetch/demo/bisect-result.json \
+		.bisect-prefetch/demo-one-mask/bisect-result.json
 
 bench: $(STAMP) $(MF_STAMP) $(TT_STAMP) slurm
 	$(BIN)/python -m benchmarks

@@ -142,6 +142,7 @@ def bisect(
     executor: ExecutorOpt = None,
     slots: SlotsOpt = None,
     stress: StressOpt = None,
+    segments: Annotated[str | None, typer.Option("--segments", help="auto: several masks a run, so that a start-up is paid about once per divergence (docs/segments.md); off: one mask a run (default: the experiment's search.segments).")] = None,
 ) -> None:
     """Find the smallest edge set whose presence makes A/A runs diverge."""
     from bisect_prefetch.commands.bisect import bisect as command
@@ -149,7 +150,7 @@ def bisect(
     raise typer.Exit(command(experiment, confidence=confidence, max_runs=max_runs, resume=resume,
                              state_dir=state_dir, console=console, json_out=json_out,
                              executor=executor.value if executor else None, slots=slots,
-                             stress=stress.value if stress else None))
+                             stress=stress.value if stress else None, segments=segments))
 
 
 @app.command()

@@ -210,6 +210,11 @@ class Search(_Strict):
     # and step cap from the start-up and step time the runs measure. off: one mask a run.
     segments: Literal["auto", "off"] = "off"
 
+    @field_validator("segments", mode="before")
+    @classmethod
+    def _switch_words(cls, value: Any) -> Any:
+        return _yaml_switch(value)  # `segments: off` (on is no mode of it: refused as a bool)
+
 
 class Record(_Strict):
     """What the in-job adapter records besides metrics (the plan's ``record``)."""
@@ -427,6 +432,16 @@ def with_stress(experiment: Experiment, mode: str | None) -> Experiment:
         except ValueError as e:
             raise BisectPrefetchError(f"--stress {mode}: {e}") from None
     return experiment.model_copy(update={"stress": Stress(mode=mode)})
+
+
+def with_segments(experiment: Experiment, mode: str | None) -> Experiment:
+    """The experiment with --segments applied (None: its own search.segments)."""
+    if mode is None or mode == experiment.search.segments:
+        return experiment
+    if mode not in ("auto", "off"):
+        raise BisectPrefetchError(f"--segments must be auto or off, got {mode!r}")
+    return experiment.model_copy(
+        update={"search": experiment.search.model_copy(update={"segments": mode})})
 
 
 class Cell(_Strict):

@@ -20,12 +20,13 @@ pytestmark = pytest.mark.slow
 FAULT_EDGE = "bwd:layers.5->layers.4"
 
 
-def write_experiment(tmp_path: Path, *, fault: bool, layers: int, world_size: int, steps: int) -> Path:
-    fault_line = f'  fault: {{edge: "{FAULT_EDGE}", hazard: 0.3}}\n' if fault else ""
+def write_experiment(tmp_path: Path, *, fault: bool, layers: int, world_size: int, steps: int,
+                     edge: str = FAULT_EDGE, hazard: float = 0.3, extra: str = "") -> Path:
+    fault_line = f'  fault: {{edge: "{edge}", hazard: {hazard}}}\n' if fault else ""
     path = tmp_path / "exp.yaml"
     path.write_text(
         f"name: e2e\nworkload:\n  builtin: fsdp2\n  layers: {layers}\n  world_size: {world_size}\n"
-        f"{fault_line}steps: {steps}\nseed: 7\ntimeout_s: 240\nno_progress_timeout_s: 120\n"
+        f"{fault_line}steps: {steps}\nseed: 7\ntimeout_s: 240\nno_progress_timeout_s: 120\n{extra}"
     )
     return path
 
@@ -37,7 +38,8 @@ def cli(*args: str) -> list[str]:
 def journal_keys(state: Path) -> list[tuple]:
     lines = (state / "e2e" / "journal.jsonl").read_text().splitlines()
     records = [json.loads(line) for line in lines if line.strip()]
-    return [(r["variant"], tuple(r["mask"] or ()), r["index"], r["attempt"]) for r in records]
+    return [(r["variant"], tuple(r["mask"] or ()), r["steps"], json.dumps(r.get("schedule")),
+             r["index"], r["attempt"]) for r in records]
 
 
 def test_bisect_names_the_planted_edge_and_resumes_after_sigkill(tmp_path):
@@ -76,6 +78,60 @@ def test_bisect_names_the_planted_edge_and_resumes_after_sigkill(tmp_path):
     assert result["runs_reused"] >= len(before) - 1  # the discovery run is not the oracle's
     assert "verdict: culprit-found" in out
     assert (state / "e2e" / "report.html").is_file()
+
+
+def test_bisect_with_segments_takes_fewer_runs_than_trials_and_resumes_exactly(tmp_path):
+    """search.segments auto: several masks a run, switched by every rank at the planned
+    steps (their probes say so), the planted edge named, and a SIGKILLed search resumed
+    with the same schedules, re-running nothing."""
+    edge = "bwd:layers.2->layers.1"
+    exp = write_experiment(tmp_path, fault=True, layers=4, world_size=2, steps=8, edge=edge,
+                           hazard=0.1, extra="search: {segments: auto}\n")
+    state = tmp_path / "state"
+    first = subprocess.Popen(cli("bisect", str(exp), "--state-dir", str(state)), cwd=tmp_path,
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    journal = state / "e2e" / "journal.jsonl"
+    deadline = time.monotonic() + 400
+    # Discovery, the golden run, the golden run at the step cap, and a run of the search.
+    while time.monotonic() < deadline and first.poll() is None:
+        if journal.exists() and any('"schedule"' in line for line in journal.read_text().splitlines()):
+            break
+        time.sleep(0.5)
+    assert first.poll() is None, first.communicate()[0]
+    os.kill(first.pid, signal.SIGKILL)
+    first.wait(timeout=30)
+    before = journal_keys(state)
+
+    done = subprocess.run(cli("bisect", str(exp), "--resume", "--state-dir", str(state),
+                              "--json", str(tmp_path / "bisect.json")),
+                          cwd=tmp_path, capture_output=True, text=True, timeout=900)
+    out = done.stdout
+    assert done.returncode == 1, out + done.stderr
+    result = json.loads((tmp_path / "bisect.json").read_text())
+    assert (result["verdict"], result["minimal_set"]) == ("culprit-found", [edge])
+    segments = result["segments"]
+    assert segments["used"] and segments["cap_steps"] > 8
+    assert segments["startups"] < segments["trials"] == result["runs_used"]
+    assert f"runs: {segments['startups']} ({segments['trials']} trials" in out
+    after = journal_keys(state)
+    assert after[: len(before)] == before and len(set(after)) == len(after)
+    records = [json.loads(line) for line in journal.read_text().splitlines() if line.strip()]
+    golden = [r for r in records if r["variant"].startswith("search-golden+")]
+    assert max(r["steps"] for r in golden) == segments["cap_steps"]
+    runs = [r for r in records if r.get("schedule")]
+    assert runs and any(len(r["schedule"]) > 1 for r in runs)
+    # Every rank of every run of several masks began each segment it reached at its planned step.
+    switched = 0
+    for r in runs:
+        if r["outcome"] not in ("ok", "stopped-early"):
+            continue
+        probe = json.loads((state / "e2e" / "runs" / r["run_id"] / "probe.json").read_text())
+        planned = [first for first, _ in r["schedule"]]
+        for rank in probe["ranks"].values():
+            followed = rank["schedule_followed"]
+            assert [step for _, step in followed] == planned[: len(followed)]
+            switched += len(followed) > 1
+    assert switched
 
 
 def test_bisect_without_fault_reproduces_no_drift(tmp_path):

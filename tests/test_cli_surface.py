@@ -12,7 +12,7 @@ SURFACE = {
            "--executor", "--slots", "--stress"},
     "audit": {"experiment", "--guard", "--kinds", "--json", "--state-dir"},
     "bisect": {"experiment", "--confidence", "--max-runs", "--resume", "--json", "--state-dir",
-               "--executor", "--slots", "--stress"},
+               "--executor", "--slots", "--stress", "--segments"},
     "compare": {"a", "b", "--format", "--json", "--allow-truncated"},
     "graph": {"experiment", "--policy", "--layers", "--format", "--out", "--state-dir"},
     "init": {"command", "--out", "--log", "--steps", "--force", "--state-dir"},
@@ -23,7 +23,7 @@ SURFACE = {
     "simulate": {
         "--policy", "--layers", "--culprit", "--together", "--hazard", "--steps", "--trials",
         "--seed", "--background", "--startup-cost", "--confidence", "--max-runs", "--slots",
-        "--stress-factor", "--stress-cost",
+        "--stress-factor", "--stress-cost", "--segments",
         "--hint-accuracy", "--all-off-runs", "--json",
     },
 }

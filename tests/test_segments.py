@@ -133,7 +133,7 @@ def test_the_same_runs_give_the_same_schedules():
         b, schedules = search(), []
         while not b.done and len(schedules) < 6:
             schedule = plan_run(b, LENGTHS)
-            schedules.append(schedule.to_dict())
+            schedules.append([(s.first_step, s.steps, s.ask.mask, s.ask.stage) for s in schedule.segments])
             record_run(b, schedule, o.run_schedule(schedule))
         return schedules
 
@@ -190,3 +190,60 @@ def test_simulate_reports_startups_steps_and_cost_side_by_side_keys():
         assert r["golden_steps"] == out["cap_steps"]
     with pytest.raises(BisectPrefetchError, match="--segments"):
         simulate("fsdp2-chain", 4, [CULPRIT], hazard=0.01, steps=STEPS, trials=1, segments="on")
+
+
+# -- what the orchestrator checks and reads of a run of several masks -----------------------
+def test_segments_in_an_experiment_file_and_on_the_command_line(tmp_path):
+    from bisect_prefetch.experiment import load_experiment, with_segments
+
+    path = tmp_path / "exp.yaml"
+    base = "name: x\nworkload: {builtin: fsdp2, layers: 2}\nsteps: 4\nseed: 1\n"
+    path.write_text(base + "search: {segments: off}\n")  # YAML 1.1 reads a bare off as false
+    assert load_experiment(path).search.segments == "off"
+    path.write_text(base + "search: {segments: auto}\n")
+    experiment = load_experiment(path)
+    assert experiment.search.segments == "auto"
+    assert with_segments(experiment, "off").search.segments == "off"
+    assert with_segments(experiment, None) is experiment
+    with pytest.raises(BisectPrefetchError, match="--segments must be auto or off"):
+        with_segments(experiment, "on")
+
+
+SCHEDULE = [(1, frozenset({"a"})), (5, frozenset()), (9, frozenset({"b"}))]
+
+
+def probe_of(**ranks):
+    return {"ranks": {str(r): p for r, p in ranks.items()}}
+
+
+def test_a_run_counts_only_where_every_rank_followed_its_schedule():
+    from bisect_prefetch.runs.merge import schedule_problems
+
+    followed = {"schedule_followed": [[0, 1], [1, 5], [2, 9]]}
+    assert schedule_problems(probe_of(**{"0": followed, "1": followed}), SCHEDULE, 13) == []
+    # A rank that switched a step late, or never: the run is no evidence.
+    late = {"schedule_followed": [[0, 1], [1, 6]]}
+    assert schedule_problems(probe_of(**{"0": followed, "1": late}), SCHEDULE, 13) == [
+        "rank 1 began segment 1 at step 6 (planned: 5)"]
+    stuck = {"schedule_followed": [[0, 1]]}
+    assert schedule_problems(probe_of(**{"0": stuck}), SCHEDULE, 13) == [
+        "rank 0 never began segment 1 (planned at step 5)"]
+    refused = {"schedule_refused": "MindSpore graph mode compiles the hooks once"}
+    assert "cannot switch masks inside a run" in schedule_problems(probe_of(**{"0": refused}), SCHEDULE, 13)[0]
+    assert schedule_problems(probe_of(**{"0": {}}), SCHEDULE, 13) == ["rank 0 recorded no schedule it followed"]
+    # Stopped at a difference at step 5: only the segments begun before it must be on disk.
+    assert schedule_problems(probe_of(**{"0": stuck}), SCHEDULE, 5) == []
+    assert schedule_problems(None, SCHEDULE, 5) == []  # killed before its probe: segment 0 only
+    assert schedule_problems(None, SCHEDULE, 6) != []
+
+
+def test_step_times_of_a_run_of_several_masks_count_for_each_segments_mask():
+    from bisect_prefetch.runs.step_time import _segments
+
+    record = {"mask": ["a"], "schedule": [[1, ["a"]], [4, ["a", "b"]]],
+              "step_times_ms": [[s, 10.0 * s] for s in range(1, 8)]}
+    first, second = _segments(record)
+    assert first["mask"] == ["a"] and [s for s, _ in first["step_times_ms"]] == [1, 2, 3]
+    assert second["mask"] == ["a", "b"] and [s for s, _ in second["step_times_ms"]] == [4, 5, 6, 7]
+    plain = {"mask": ["a"], "step_times_ms": [[1, 1.0]]}
+    assert _segments(plain) == [plain]

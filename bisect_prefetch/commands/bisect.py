@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Protocol
@@ -40,7 +41,7 @@ from bisect_prefetch.commands.common import (
     write_json,
 )
 from bisect_prefetch.errors import BisectPrefetchError
-from bisect_prefetch.experiment import Experiment, load_experiment, with_stress
+from bisect_prefetch.experiment import Experiment, load_experiment, with_segments, with_stress
 from bisect_prefetch.files import write_text_atomic
 from bisect_prefetch.report.html import BISECT_FILE, build_report
 from bisect_prefetch.report.localization import in_unit
@@ -142,17 +143,19 @@ def bisect(
     executor: str | None = None,
     slots: int | None = None,
     stress: str | None = None,
+    segments: str | None = None,
 ) -> int:
     """Run (or resume) the bisection, print its story and verdict; returns the exit code.
 
     oracle_for makes the oracle once the state dir is open (tests give a simulated one).
-    stress: --stress (off, on, auto), over the experiment's stress.mode.
+    stress: --stress (off, on, auto), over the experiment's stress.mode; segments:
+    --segments (auto, off), over its search.segments.
     """
-    experiment = with_stress(load_experiment(experiment_path), stress)
+    experiment = with_segments(with_stress(load_experiment(experiment_path), stress), segments)
     require_prefetch_graph(experiment)
     check_outputs(json_out, state_dir=state_dir, name=experiment.name)
     hint = resume_command(experiment_path, state_dir, confidence, max_runs, executor, slots,
-                          stress)
+                          stress, segments)
     with resume_hint_on_interrupt(console, hint):
         data = _bisect(
             experiment, experiment_path, hint=hint, resume=resume, state_dir=state_dir,
@@ -175,6 +178,7 @@ def _bisect(experiment: Experiment, experiment_path: Path, *, hint: str, resume:
             state_dir: Path, confidence: float, max_runs: int | None, console: Console,
             oracle_for: OracleFor, executor: str | None = None,
             slots: int | None = None) -> dict:
+    began = time.monotonic()
     with open_state(experiment, state_dir, console=console, executor=executor,
                     slots=slots) as opened:
         earlier = _earlier_search_runs(opened.state, experiment)
@@ -270,6 +274,7 @@ def _bisect(experiment: Experiment, experiment_path: Path, *, hint: str, resume:
             data = result_to_json(partial, reproduce_command(experiment_path, partial),
                                   run=numbers.of)
             data["experiment"] = experiment.name
+            data["elapsed_s"] = round(time.monotonic() - began, 1)  # this command's, to its verdict
             every = list(oracles.values())
             data["deterministic_masks"] = [sorted(m) for o in every for m in o.deterministic_masks()]
             data["runs_launched"] = sum(o.runs_launched for o in every)
@@ -324,9 +329,16 @@ def segment_lengths(opened: OpenState, oracle: BisectOracle, console: Console) -
     experiment = opened.experiment
     if experiment.search.segments == "off" or not isinstance(oracle, RealOracle):
         return None
-    tail = "@" + experiment.fingerprint()
-    startup = startup_in_steps(r for r in opened.state.records()
-                               if str(r.get("variant", "")).endswith(tail))
+    # Measured on the runs before the search's own (and none longer than a run: not the
+    # golden run lengthened below), so that a resumed search cuts its runs the same way.
+    tail, before = "@" + experiment.fingerprint(), []
+    for record in opened.state.records():
+        variant = str(record.get("variant", ""))
+        if variant.endswith(tail) and variant.partition("+")[0] == PURPOSE:
+            break
+        if variant.endswith(tail) and record.get("steps", 0) <= experiment.steps:
+            before.append(record)
+    startup = startup_in_steps(before)
     if startup is None:
         console.print("segments: no run measured its start-up and step time (that takes "
                       f"{WARMUP_STEPS + 1} steps or more); one mask a run", markup=False)
@@ -484,10 +496,11 @@ def _earlier_search_runs(state: StateDir, experiment: Experiment) -> int:
 
 def resume_command(experiment_path: Path, state_dir: Path, confidence: float | None,
                    max_runs: int | None, executor: str | None = None,
-                   slots: int | None = None, stress: str | None = None) -> str:
+                   slots: int | None = None, stress: str | None = None,
+                   segments: str | None = None) -> str:
     return command_line("bisect", str(experiment_path), *options(
         resume=True, state_dir=state_dir, confidence=confidence, max_runs=max_runs,
-        executor=executor, slots=slots, stress=stress))
+        executor=executor, slots=slots, stress=stress, segments=segments))
 
 
 def reproduce_mask(result: SearchResult) -> str | None:

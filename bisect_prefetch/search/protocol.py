@@ -44,7 +44,8 @@ Parallel runs (slots): `ask = b.propose()` (None: nothing to run now), run it,
 will never report. Runs in flight never count as evidence; for planning each counts
 as the clean part of a run it is expected to be, so slots ask different questions.
 Replaying the same events gives the same decisions; serial (`pending`, then
-`record`) is one slot.
+`record`) is one slot. Several masks a run (segments.py): each segment is a trial
+of its share of a run, proposed ahead (`propose(ask)`, `plan_trials(share)`).
 """
 
 from __future__ import annotations
@@ -180,8 +181,7 @@ class Bisection:
 
     def _refresh(self) -> None:
         if self._stale:
-            self._stale = False
-            self._pending = None
+            self._stale, self._pending = False, None
             if self._result is None:
                 decision = self._next()
                 if isinstance(decision, Ask):

@@ -121,10 +121,6 @@ class Schedule:
         """Index of the segment that ran `step` (the last one for a step past the end)."""
         return next((i for i, s in enumerate(self.segments) if step <= s.last_step), len(self.segments) - 1)
 
-    def to_dict(self) -> list[dict]:
-        return [{"first_step": s.first_step, "steps": s.steps, "mask": sorted(s.ask.mask),
-                 "stage": s.ask.stage} for s in self.segments]
-
 
 def plan_run(search: Bisection, lengths: Lengths) -> Schedule | None:
     """The next run's segments, proposed to the search (in flight until recorded or
@@ -147,12 +143,6 @@ def plan_run(search: Bisection, lengths: Lengths) -> Schedule | None:
     for segment in segments:
         search.propose(segment.ask)
     return Schedule(tuple(segments))
-
-
-def cancel_run(search: Bisection, schedule: Schedule) -> None:
-    """A planned run that will never report."""
-    for segment in schedule.segments:
-        search.cancel(segment.ask.mask)
 
 
 def record_run(search: Bisection, schedule: Schedule, result: RunResult) -> None:
