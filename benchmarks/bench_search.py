@@ -177,7 +177,8 @@ def main() -> None:
     start = time.perf_counter()
     summary = {}
     print(f"  {'case':<62} {'trials':>6} {'acc':>6} {'claim':>6} {'runs p50':>8} {'p90':>6}"
-          f" {'rounds p50':>10} {'p90':>6} {'inconcl':>7} {'cpu s':>6}", flush=True)
+          f" {'rounds p50':>10} {'p90':>6} {'inconcl':>7} {'cpu s':>6} {'start-ups':>9} {'steps':>7}"
+          f" {'cost':>7}", flush=True)
     # Trials split into chunks, each its own seed offset, so the processes share the work;
     # each case prints as soon as its chunks are in.
     with ProcessPoolExecutor(WORKERS) as pool:
@@ -199,11 +200,16 @@ def main() -> None:
             claimed = f"{s['claimed']:.3f}" if s["claimed"] is not None else "-"
             print(f"  {case.title:<62} {s['trials']:>6} {s['accuracy']:>6.3f} {claimed:>6} "
                   f"{s['runs_median']:>8.1f} {s['runs_p90']:>6.1f} {s['rounds_median']:>10.1f} "
-                  f"{s['rounds_p90']:>6.1f} {s['inconclusive']:>7.3f} {seconds:>6.1f}", flush=True)
+                  f"{s['rounds_p90']:>6.1f} {s['inconclusive']:>7.3f} {seconds:>6.1f} "
+                  f"{s['startups_median']:>9.1f} {s['steps_median']:>7.0f} {s['cost_median']:>7.0f}",
+                  flush=True)
     print(f"\nall cases in {time.perf_counter() - start:.0f} s wall-clock\n")
     _where_the_runs_go(cases, summary)
     _segments_side_by_side(cases, summary)
     if wanted:
+        if all(k in summary for k in SEGMENT_CASES):
+            for ok, line in _segment_targets(summary):
+                print(f"{'PASS' if ok else 'FAIL'} {line}")
         print("targets are checked on a run of every case")
         return
     for ok, line in _targets(summary):
@@ -311,6 +317,9 @@ def _targets(s: dict) -> list[tuple[bool, str]]:
         out.append((ratio <= 1.6 or q == "q1",
                     f"slots 8, q = {name}: runs {ratio:.2f}x the serial count (target <= 1.6 at q = 0.3)"))
     return out
+
+
+SEGMENT_CASES = [c.key for c in CASES if "segments" in c.options]
 
 
 def _segment_targets(s: dict) -> list[tuple[bool, str]]:

@@ -1,6 +1,7 @@
 """`make demo`'s last lines: the bisection with segments beside the same one with one mask
 a run, from their bisect JSONs (docs/contract.md): verdict, training runs launched (the
-discovery and golden runs included), trials, steps and time to the verdict.
+golden runs included, the graph's discovery run apart), trials, steps and time to the
+verdict.
 
     python -m benchmarks.demo_side_by_side SEGMENTS.json ONE_MASK.json
 """

@@ -157,6 +157,8 @@ def test_the_cost_model_caps_runs_by_the_startup_and_keeps_checks_a_full_run():
     assert caps == sorted(caps) and caps[-1] == 1000  # never more than 10 runs
     assert lengths_for(100, 50).segment_steps == 20
     assert lengths_for(3, 50).segment_steps == 2
+    # A smaller graph needs a shorter search: a shorter cap (the golden run's extra steps).
+    assert lengths_for(30, 50, edges=15).cap_steps < lengths_for(30, 50, edges=67).cap_steps
     with pytest.raises(BisectPrefetchError, match="segment"):
         Lengths(10, 20, 40)
     with pytest.raises(BisectPrefetchError, match="cap"):

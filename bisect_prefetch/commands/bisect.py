@@ -246,7 +246,7 @@ def _bisect(experiment: Experiment, experiment_path: Path, *, hint: str, resume:
             say_earlier(earlier[stress.used], console)
             before.append(earlier[stress.used])
             _ = oracle.golden
-            lengths = segment_lengths(opened, oracle, console)
+            lengths = segment_lengths(opened, oracle, console, edges=len(graph.edge_ids()))
             result = run_bisection(search, oracle, console=console, numbers=numbers, lengths=lengths)
             if stress.used and result.verdict == "no-drift-reproduced":
                 # A stress that hides a race must not clear a build: no drift needs its
@@ -322,7 +322,8 @@ def _bisect(experiment: Experiment, experiment_path: Path, *, hint: str, resume:
     return data
 
 
-def segment_lengths(opened: OpenState, oracle: BisectOracle, console: Console) -> Lengths | None:
+def segment_lengths(opened: OpenState, oracle: BisectOracle, console: Console, *,
+                    edges: int) -> Lengths | None:
     """search.segments auto: segment length and step cap from the start-up and step time
     this experiment's runs measured (the golden run's at least), and the golden run as
     long as the longest run; None: one mask a run."""
@@ -343,7 +344,7 @@ def segment_lengths(opened: OpenState, oracle: BisectOracle, console: Console) -
         console.print("segments: no run measured its start-up and step time (that takes "
                       f"{WARMUP_STEPS + 1} steps or more); one mask a run", markup=False)
         return None
-    lengths = lengths_for(experiment.steps, startup)
+    lengths = lengths_for(experiment.steps, startup, edges)
     console.print(f"segments: a start-up costs {startup:.0f} steps' worth of time; search "
                   f"masks change every {lengths.segment_steps} steps (checks every "
                   f"{lengths.steps_per_run}), runs go up to {lengths.cap_steps} steps "

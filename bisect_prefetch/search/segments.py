@@ -35,13 +35,17 @@ steps, measured) + steps. Start-ups are about the divergences D plus the runs
 that reach the step cap C, T/C for a search of T steps; the golden reference
 must be as long as the longest run and costs C steps once. S x T/C + C is
 least at C = sqrt(S x T); T is taken as EXPECTED_RUNS full runs (what one mask
-per run needs at q = 0.3, 67 edges), and C is rounded to whole runs, at least
-one and at most MAX_RUNS_PER_CAP. A search segment of L steps diverges with
+per run needs at q = 0.3, 67 edges), scaled by the bits that name one set or
+pair of the graph's edges against 67 edges', and C is rounded to whole runs, at
+least one and at most MAX_RUNS_PER_CAP. (Where drift shows in most runs the
+search is shorter than T and the golden run's extra steps may cost more than
+the start-ups saved: `make demo`'s CPU job, docs/segments.md.) A search segment of L steps diverges with
 chance about L/N of a run's, so short segments adapt fast, and each divergence
 (the start-ups that remain) tells more; L is a fifth of a run (SEGMENT_SHARE),
-never under MIN_SEGMENT_STEPS. Simulated (bench_search, q = 0.3, 67 edges,
-16 searches): L = 20, C = 500 against one mask per run: start-ups 14 against
-58, cost 0.72x at S = 50 and 0.48x at S = 200.
+never under MIN_SEGMENT_STEPS. bench_search (q = 0.3, 67 edges, 100 searches,
+the golden run included): start-ups 15 against 49.5 at S = 50 (C = 500), 10 at
+S = 200 (C = 1000); cluster time 0.94x and 0.58x; but 1.27x and 1.38x the
+steps (docs/segments.md).
 """
 
 from __future__ import annotations
@@ -59,6 +63,7 @@ from bisect_prefetch.vocab import OK, Mask
 SEGMENT_SHARE = 0.2
 MIN_SEGMENT_STEPS = 2
 EXPECTED_RUNS = 50
+EXPECTED_EDGES = 67
 MAX_RUNS_PER_CAP = 10
 FULL_LENGTH_STAGES = ("calibrate", "check-off", "keep-only", "drop-only", "reduce")
 SEGMENTS_MODES = ("auto", "off")
@@ -82,13 +87,19 @@ class Lengths:
         return self.steps_per_run if ask.stage in FULL_LENGTH_STAGES else self.segment_steps
 
 
-def lengths_for(steps_per_run: int, startup_steps: float) -> Lengths:
+def lengths_for(steps_per_run: int, startup_steps: float, edges: int = EXPECTED_EDGES) -> Lengths:
     """The cost model: segment length and step cap for runs of `steps_per_run` steps whose
-    start-up costs `startup_steps` steps' worth of time."""
+    start-up costs `startup_steps` steps' worth of time, on a graph of `edges` edges."""
     segment = min(steps_per_run, max(MIN_SEGMENT_STEPS, round(SEGMENT_SHARE * steps_per_run)))
-    best_cap = math.sqrt(max(startup_steps, 0.0) * EXPECTED_RUNS * steps_per_run)
+    runs = EXPECTED_RUNS * _set_bits(edges) / _set_bits(EXPECTED_EDGES)
+    best_cap = math.sqrt(max(startup_steps, 0.0) * runs * steps_per_run)
     runs = min(MAX_RUNS_PER_CAP, max(1, round(best_cap / steps_per_run)))
     return Lengths(steps_per_run, segment, runs * steps_per_run)
+
+
+def _set_bits(edges: int) -> float:
+    """Bits that name one edge or one pair of the graph (at least one bit)."""
+    return max(1.0, math.log2(edges + edges * (edges - 1) / 2))
 
 
 @dataclass(frozen=True)

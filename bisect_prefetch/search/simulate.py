@@ -317,8 +317,8 @@ def _simulate(
         raise BisectPrefetchError(f"--background must be in [0, 1), got {background}")
     if segments not in SEGMENTS_MODES:
         raise BisectPrefetchError(f"--segments must be one of {', '.join(SEGMENTS_MODES)}, got {segments!r}")
-    lengths = lengths_for(steps, startup_cost) if segments == "auto" else None
     edge_ids = from_policy(policy, layers).edge_ids()
+    lengths = lengths_for(steps, startup_cost, len(edge_ids)) if segments == "auto" else None
     units = HintPrior(edge_ids).units
     q = per_run_chance(hazard, steps)
     alpha = 1.0 - confidence
