@@ -14,6 +14,10 @@ of its group) is the golden run, and the all-off runs compared with it are the
 search's first background controls. Only records journaled before this search's
 first own run are looked at, so a resumed search reuses the same ones.
 
+Runs of several masks (search/segments.py) come from `request_schedule`: their key
+holds the schedule, and the golden run is lengthened to the step cap first
+(`lengthen_golden`), so it covers the longest run.
+
 Golden comparison assumes masks do not change the numbers (prefetch only
 moves copies earlier). This is checked, not assumed: every run's trajectory
 hash (over the steps up to its first difference) is kept, and a mask whose
