@@ -182,6 +182,16 @@ def test_segments_find_the_culprit_with_fewer_startups_than_one_mask_a_run():
     assert segmented < 0.6 * one_mask
 
 
+def test_runs_of_several_masks_on_several_slots_end_at_the_verdict():
+    """A run planned before other slots' runs came in may outlast the search: its segments
+    after the verdict are not recorded."""
+    hazard = hazard_for_chance(0.5, STEPS)
+    for trial in range(3):
+        o = SimulatedOracle([CULPRIT], hazard=hazard, steps=STEPS, seed=13, trial=trial)
+        out = run_search(EDGES, o, slots=4, lengths=LENGTHS, steps_per_run=STEPS, startup_cost=20)
+        assert out.verdict == "culprit-found" and CULPRIT in out.minimal_set
+
+
 def test_simulate_reports_startups_steps_and_cost_side_by_side_keys():
     out = simulate("fsdp2-chain", 4, [CULPRIT], hazard=hazard_for_chance(0.5, STEPS), steps=STEPS,
                    trials=3, seed=5, startup_cost=50, segments="auto")

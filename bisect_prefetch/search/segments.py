@@ -157,7 +157,9 @@ def plan_run(search: Bisection, lengths: Lengths) -> Schedule | None:
 
 
 def record_run(search: Bisection, schedule: Schedule, result: RunResult) -> None:
-    """A finished run of the schedule: each segment's own result, in order (module docstring)."""
+    """A finished run of the schedule: each segment's own result, in order (module docstring),
+    until the search reaches its verdict (with runs of other slots recorded since it was
+    planned, it may before the planned segments end)."""
     segments = schedule.segments
     if not result.completed:
         for segment in segments[1:]:
@@ -169,6 +171,8 @@ def record_run(search: Bisection, schedule: Schedule, result: RunResult) -> None
     # Drift first seen at a segment's first step may come from the step before it.
     since = diverged - 1 if at is not None and diverged > 0 and at == segments[diverged].first_step else diverged
     for k, segment in enumerate(segments):
+        if search.done:
+            return
         if k < since:
             steps = min(segment.steps, max(result.steps - segment.first_step + 1, 0))
             if steps == 0:  # a clean run that stopped before this segment
@@ -178,7 +182,7 @@ def record_run(search: Bisection, schedule: Schedule, result: RunResult) -> None
                           startup=k == 0)
         elif k > diverged:
             search.cancel(segment.ask.mask)
-    if at is None:
+    if at is None or search.done:
         return
     own = segments[since]
     steps = at - own.first_step + 1
