@@ -125,8 +125,13 @@ def test_bisect_with_segments_takes_fewer_runs_than_trials_and_resumes_exactly(t
     for r in runs:
         if r["outcome"] not in ("ok", "stopped-early"):
             continue
-        probe = json.loads((state / "e2e" / "runs" / r["run_id"] / "probe.json").read_text())
         planned = [first for first, _ in r["schedule"]]
+        probe_file = state / "e2e" / "runs" / r["run_id"] / "probe.json"
+        if not probe_file.exists():  # stopped at a difference before any rank wrote one:
+            assert r["outcome"] == "stopped-early"  # only then, and within its first segment
+            assert len(planned) == 1 or r["first_diff_step"] <= planned[1]
+            continue
+        probe = json.loads(probe_file.read_text())
         for rank in probe["ranks"].values():
             followed = rank["schedule_followed"]
             assert [step for _, step in followed] == planned[: len(followed)]
