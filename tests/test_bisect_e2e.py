@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -42,28 +43,34 @@ def journal_keys(state: Path) -> list[tuple]:
              r["index"], r["attempt"]) for r in records]
 
 
-def test_bisect_names_the_planted_edge_and_resumes_after_sigkill(tmp_path):
-    exp = write_experiment(tmp_path, fault=True, layers=8, world_size=2, steps=10)
+def kill_then_resume(tmp_path: Path, exp: Path, ready: Callable[[list[str]], bool]):
+    """`bisect` SIGKILLed once its journal's lines are `ready`, then `bisect --resume` to
+    the verdict: (journal keys before the kill, the resumed process, its stdout)."""
     state = tmp_path / "state"
     first = subprocess.Popen(cli("bisect", str(exp), "--state-dir", str(state)), cwd=tmp_path,
                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     journal = state / "e2e" / "journal.jsonl"
     deadline = time.monotonic() + 400
-    # Kill hard once a few runs have finished: the golden, all-on, all-off and more.
     while time.monotonic() < deadline and first.poll() is None:
-        if journal.exists() and len(journal.read_text().splitlines()) >= 5:
+        if journal.exists() and ready(journal.read_text().splitlines()):
             break
         time.sleep(0.5)
     assert first.poll() is None, first.communicate()[0]
     os.kill(first.pid, signal.SIGKILL)
     first.wait(timeout=30)
     before = journal_keys(state)
-    assert len(before) >= 5
-
     done = subprocess.run(cli("bisect", str(exp), "--resume", "--state-dir", str(state),
                               "--json", str(tmp_path / "bisect.json")),
                           cwd=tmp_path, capture_output=True, text=True, timeout=900)
-    out = done.stdout
+    return before, done, done.stdout
+
+
+def test_bisect_names_the_planted_edge_and_resumes_after_sigkill(tmp_path):
+    exp = write_experiment(tmp_path, fault=True, layers=8, world_size=2, steps=10)
+    state = tmp_path / "state"
+    # Kill hard once a few runs have finished: the golden, all-on, all-off and more.
+    before, done, out = kill_then_resume(tmp_path, exp, lambda lines: len(lines) >= 5)
+    assert len(before) >= 5
     assert done.returncode == 1, out + done.stderr
     result = json.loads((tmp_path / "bisect.json").read_text())
     assert result["verdict"] == "culprit-found"
@@ -87,25 +94,10 @@ def test_bisect_with_segments_takes_fewer_runs_than_trials_and_resumes_exactly(t
     edge = "bwd:layers.2->layers.1"
     exp = write_experiment(tmp_path, fault=True, layers=4, world_size=2, steps=8, edge=edge,
                            hazard=0.1, extra="search: {segments: auto}\n")
-    state = tmp_path / "state"
-    first = subprocess.Popen(cli("bisect", str(exp), "--state-dir", str(state)), cwd=tmp_path,
-                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    journal = state / "e2e" / "journal.jsonl"
-    deadline = time.monotonic() + 400
+    state, journal = tmp_path / "state", tmp_path / "state" / "e2e" / "journal.jsonl"
     # Discovery, the golden run, the golden run at the step cap, and a run of the search.
-    while time.monotonic() < deadline and first.poll() is None:
-        if journal.exists() and any('"schedule"' in line for line in journal.read_text().splitlines()):
-            break
-        time.sleep(0.5)
-    assert first.poll() is None, first.communicate()[0]
-    os.kill(first.pid, signal.SIGKILL)
-    first.wait(timeout=30)
-    before = journal_keys(state)
-
-    done = subprocess.run(cli("bisect", str(exp), "--resume", "--state-dir", str(state),
-                              "--json", str(tmp_path / "bisect.json")),
-                          cwd=tmp_path, capture_output=True, text=True, timeout=900)
-    out = done.stdout
+    before, done, out = kill_then_resume(
+        tmp_path, exp, lambda lines: any('"schedule"' in line for line in lines))
     assert done.returncode == 1, out + done.stderr
     result = json.loads((tmp_path / "bisect.json").read_text())
     assert (result["verdict"], result["minimal_set"]) == ("culprit-found", [edge])
