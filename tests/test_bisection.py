@@ -64,6 +64,7 @@ class _Oracle:
                                      background=sim.background, seed=SEED, trial=sim.commands)
         self.requests: Counter[frozenset[str]] = Counter()
         self.runs_launched = self.runs_reused = 0
+        self.golden_steps = STEPS
 
     def reuse_earlier(self):
         return Earlier()  # no aa or matrix runs before these searches
@@ -167,16 +168,15 @@ double checking the answer: drop-only:bwd:layers.2->layers.1 should be consisten
   -> clean (5 runs)
 ruling out drift without prefetch as strong as the answer's: checking that all-off is consistent...
     run 13 (0 edges on): clean over 20 steps [0.2s]
-    run 14 (0 edges on): clean over 20 steps [0.2s]
-  -> clean (2 runs)
+  -> clean (1 run)
 
 verdict: culprit-found
 minimal set: bwd:layers.2->layers.1
-confidence: 0.973   runs: 14   steps: 263
+confidence: 0.972   runs: 13   steps: 243
   - keep-only:bwd:layers.2->layers.1 diverged (run 7, step 19): the set is enough for drift
   - drop-only:bwd:layers.2->layers.1: 7 runs, all consistent: removing the set removes drift
-  - all-off and drop-only:bwd:layers.2->layers.1 after the search: 8 runs, all consistent: drift without prefetch at a per-run chance of 0.312 or more is ruled
-out at 95%; as strong as the answer's (0.4), it would have shown at 98.3%
+  - all-off and drop-only:bwd:layers.2->layers.1 after the search: 8 runs (counting the golden run as 1: the steps runs matched), all consistent: drift without
+prefetch at a per-run chance of 0.312 or more is ruled out at 95%; as strong as the answer's (0.4), it would have shown at 98.3%
 evidence
 ┏━━━━━━━━━━━┳━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━┳━━━━━━━┳━━━━━━┳━━━━━━━━━━┳━━━━━━━━━━━━━━━━━━━━━━━┳━━━━━━━━━━┓
 ┃ step      ┃ mask                             ┃ edges ┃ runs ┃ diverged ┃ first differing steps ┃ verdict  ┃
@@ -188,11 +188,11 @@ evidence
 │ keep-only │ keep-only:bwd:layers.2->layers.1 │ 1     │ 1    │ 0        │ -                     │ clean    │
 │ search    │ keep-only:bwd:layers.2->layers.1 │ 1     │ 1    │ 1        │ 19                    │ diverged │
 │ drop-only │ drop-only:bwd:layers.2->layers.1 │ 3     │ 5    │ 0        │ -                     │ clean    │
-│ check-off │ all-off                          │ 0     │ 2    │ 0        │ -                     │ clean    │
+│ check-off │ all-off                          │ 0     │ 1    │ 0        │ -                     │ clean    │
 └───────────┴──────────────────────────────────┴───────┴──────┴──────────┴───────────────────────┴──────────┘
 per-run chance 0.75 (95% interval 0.194-0.994), per-step hazard 0.0476, from 4 runs that enabled the set
 reproduce: bisect-prefetch aa TMP/exp.yaml --runs=4 '--mask=keep-only:bwd:layers.2->layers.1'
-runs launched 15, reused from the journal 0; report: TMP/state/sim/report.html
+runs launched 14, reused from the journal 0; report: TMP/state/sim/report.html
 wrote TMP/out.json
 """
 
@@ -362,16 +362,15 @@ double checking the answer: drop-only:bwd:layers.2->layers.1 should be consisten
   -> clean (5 runs)
 ruling out drift without prefetch as strong as the answer's: checking that all-off is consistent...
     run 13 (0 edges on): clean over 20 steps [0.2s]
-    run 14 (0 edges on): clean over 20 steps [0.2s]
-  -> clean (2 runs)
+  -> clean (1 run)
 
 verdict: culprit-found
 minimal set: bwd:layers.2->layers.1
-confidence: 0.973   runs: 14   steps: 246
+confidence: 0.972   runs: 13   steps: 226
   - keep-only:bwd:layers.2->layers.1 diverged (run 7, step 2): the set is enough for drift
   - drop-only:bwd:layers.2->layers.1: 7 runs, all consistent: removing the set removes drift
-  - all-off and drop-only:bwd:layers.2->layers.1 after the search: 8 runs, all consistent: drift without prefetch at a per-run chance of 0.312 or more is ruled
-out at 95%; as strong as the answer's (0.4), it would have shown at 98.3%
+  - all-off and drop-only:bwd:layers.2->layers.1 after the search: 8 runs (counting the golden run as 1: the steps runs matched), all consistent: drift without
+prefetch at a per-run chance of 0.312 or more is ruled out at 95%; as strong as the answer's (0.4), it would have shown at 98.3%
 evidence
 ┏━━━━━━━━━━━┳━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━┳━━━━━━━┳━━━━━━┳━━━━━━━━━━┳━━━━━━━━━━━━━━━━━━━━━━━┳━━━━━━━━━━┓
 ┃ step      ┃ mask                             ┃ edges ┃ runs ┃ diverged ┃ first differing steps ┃ verdict  ┃
@@ -383,11 +382,11 @@ evidence
 │ keep-only │ keep-only:bwd:layers.2->layers.1 │ 1     │ 1    │ 0        │ -                     │ clean    │
 │ search    │ keep-only:bwd:layers.2->layers.1 │ 1     │ 1    │ 1        │ 2                     │ diverged │
 │ drop-only │ drop-only:bwd:layers.2->layers.1 │ 3     │ 5    │ 0        │ -                     │ clean    │
-│ check-off │ all-off                          │ 0     │ 2    │ 0        │ -                     │ clean    │
+│ check-off │ all-off                          │ 0     │ 1    │ 0        │ -                     │ clean    │
 └───────────┴──────────────────────────────────┴───────┴──────┴──────────┴───────────────────────┴──────────┘
 per-run chance 0.75 (95% interval 0.194-0.994), per-step hazard 0.0652, from 4 runs that enabled the set
 reproduce: bisect-prefetch aa TMP/exp.yaml --runs=4 '--mask=keep-only:bwd:layers.2->layers.1'
-runs launched 11, reused from the journal 4; report: TMP/state/sim/report.html
+runs launched 10, reused from the journal 4; report: TMP/state/sim/report.html
 wrote TMP/out.json
 """
 
@@ -402,7 +401,7 @@ def test_culprit_found(tmp_path):
     assert lines(text) == lines(CULPRIT_FOUND)
     assert code == 1
     data = json.loads((tmp_path / "out.json").read_text())
-    assert (data["verdict"], data["minimal_set"], data["runs_used"]) == ("culprit-found", [CULPRIT], 14)
+    assert (data["verdict"], data["minimal_set"], data["runs_used"]) == ("culprit-found", [CULPRIT], 13)
     assert data["facts"][0].startswith(f"keep-only:{CULPRIT} diverged (run 7, step 19)")
     assert data == json.loads((tmp_path / "state" / "sim" / "bisect.json").read_text())
 
@@ -472,7 +471,7 @@ def test_interrupted_then_resumed(tmp_path):
     assert lines(text) == lines(RESUMED)
     assert code == 1
     data = json.loads((tmp_path / "out.json").read_text())
-    assert (data["runs_launched"], data["runs_reused"]) == (11, 4)
+    assert (data["runs_launched"], data["runs_reused"]) == (10, 4)
 
 
 def test_a_second_bisection_without_resume_is_refused(tmp_path):

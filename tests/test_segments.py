@@ -11,6 +11,7 @@ from bisect_prefetch.graph import from_policy
 from bisect_prefetch.search.oracle import RunResult
 from bisect_prefetch.search.protocol import Bisection
 from bisect_prefetch.search.segments import (
+    CONTROL_RUNS,
     FULL_LENGTH_STAGES,
     Lengths,
     Schedule,
@@ -152,17 +153,49 @@ def test_planning_leaves_the_search_as_it_was_but_for_the_runs_in_flight():
 
 
 def test_the_cost_model_caps_runs_by_the_startup_and_keeps_checks_a_full_run():
-    assert lengths_for(100, 0).cap_steps == 100
-    caps = [lengths_for(100, s).cap_steps for s in (5, 50, 200, 10_000)]
-    assert caps == sorted(caps) and caps[-1] == 1000  # never more than 10 runs
-    assert lengths_for(100, 50).segment_steps == 20
-    assert lengths_for(3, 50).segment_steps == 2
-    # A smaller graph needs a shorter search: a shorter cap (the golden run's extra steps).
-    assert lengths_for(30, 50, edges=15).cap_steps < lengths_for(30, 50, edges=67).cap_steps
+    assert lengths_for(100, 0).cap_steps == 100  # a start-up that costs nothing: one mask a run
+    caps = [lengths_for(100, s).cap_steps for s in (5, 50, 200, 1000, 10_000)]
+    assert caps == sorted(caps)
+    # The golden run at the cap serves as background controls: a cap up to those costs no steps.
+    assert caps[:3] == [CONTROL_RUNS * 100] * 3
+    assert caps[-1] == caps[-2] < 2 * CONTROL_RUNS * 100  # past them, a bounded share of the search
+    assert lengths_for(100, 50).segment_steps == 100
+    # A smaller graph needs a shorter search: a shorter cap where the start-up sets it.
+    assert lengths_for(30, 5000, edges=15).cap_steps < lengths_for(30, 5000, edges=67).cap_steps
     with pytest.raises(BisectPrefetchError, match="segment"):
         Lengths(10, 20, 40)
     with pytest.raises(BisectPrefetchError, match="cap"):
         Lengths(10, 5, 8)
+
+
+def test_the_golden_run_counts_as_controls_only_through_the_steps_runs_matched():
+    b = search()
+    b.golden(5 * STEPS)
+    b.record(frozenset(EDGES), RunResult(STOPPED_EARLY, True, 7, 7))  # matched steps 1-6
+    assert b.log.golden_runs() == 6 / STEPS
+    b.record(frozenset(), RunResult(ERROR, None, None, 0))  # a failed run matched nothing
+    assert b.log.golden_runs() == 6 / STEPS
+    b.record(frozenset(), RunResult(OK, False, None, 3 * STEPS), matched=3 * STEPS)
+    assert b.log.golden_runs() == 3
+    b.golden(2 * STEPS)  # a new golden run: nothing has matched it yet
+    assert b.log.golden_runs() == 0
+    b.record(frozenset(), RunResult(OK, False, None, 3 * STEPS), matched=3 * STEPS)
+    assert b.log.golden_runs() == 2  # no more than it has steps
+
+
+def test_a_golden_run_as_long_as_six_runs_stands_in_for_background_controls():
+    """Runs of up to six masks, and a golden run as long, which clean runs match through
+    its end: the same searches need fewer all-off control runs of their own."""
+    hazard = hazard_for_chance(0.3, STEPS)
+    controls = {}
+    for lengths in (None, Lengths(STEPS, STEPS, 6 * STEPS)):
+        controls[lengths] = 0
+        for trial in range(6):
+            o = SimulatedOracle([CULPRIT], hazard=hazard, steps=STEPS, seed=21, trial=trial)
+            out = run_search(EDGES, o, lengths=lengths, steps_per_run=STEPS)
+            assert out.minimal_set == [CULPRIT]
+            controls[lengths] += out.runs_by_step["background-control"]
+    assert controls[Lengths(STEPS, STEPS, 6 * STEPS)] < controls[None]
 
 
 def test_segments_find_the_culprit_with_fewer_startups_than_one_mask_a_run():

@@ -185,6 +185,7 @@ class _StressOracle:
         self.random = random.Random(3 + stress)
         self.requests: dict = {}
         self.runs_launched = self.runs_reused = 0
+        self.golden_steps = 20
 
     def reuse_earlier(self):
         return Earlier()  # no aa or matrix runs before these searches

@@ -82,6 +82,7 @@ class BisectOracle(Oracle, Protocol):
 
     runs_launched: int
     runs_reused: int
+    golden_steps: int
 
     @property
     def golden(self) -> str: ...
@@ -247,6 +248,7 @@ def _bisect(experiment: Experiment, experiment_path: Path, *, hint: str, resume:
             before.append(earlier[stress.used])
             _ = oracle.golden
             lengths = segment_lengths(opened, oracle, console, edges=len(graph.edge_ids()))
+            search.golden(oracle.golden_steps)  # one more all-off run: a background control
             result = run_bisection(search, oracle, console=console, numbers=numbers, lengths=lengths)
             if stress.used and result.verdict == "no-drift-reproduced":
                 # A stress that hides a race must not clear a build: no drift needs its
@@ -266,6 +268,7 @@ def _bisect(experiment: Experiment, experiment_path: Path, *, hint: str, resume:
                 if lengths is not None:
                     plain.lengthen_golden(lengths.cap_steps)
                 _ = plain.golden
+                search.golden(plain.golden_steps)
                 unstressed = result = run_bisection(search, plain, lengths=lengths, console=console,
                                                     numbers=numbers)
         finally:
@@ -345,9 +348,13 @@ def segment_lengths(opened: OpenState, oracle: BisectOracle, console: Console, *
                       f"{WARMUP_STEPS + 1} steps or more); one mask a run", markup=False)
         return None
     lengths = lengths_for(experiment.steps, startup, edges)
-    console.print(f"segments: a start-up costs {startup:.0f} steps' worth of time; search "
-                  f"masks change every {lengths.segment_steps} steps (checks every "
-                  f"{lengths.steps_per_run}), runs go up to {lengths.cap_steps} steps "
+    if lengths.segment_steps == lengths.steps_per_run:
+        cut = (f"a run holds up to {lengths.cap_steps // lengths.steps_per_run} masks of "
+               f"{lengths.steps_per_run} steps each")
+    else:
+        cut = (f"search masks change every {lengths.segment_steps} steps (checks every "
+               f"{lengths.steps_per_run}), runs go up to {lengths.cap_steps} steps")
+    console.print(f"segments: a start-up costs {startup:.0f} steps' worth of time; {cut} "
                   "(search/segments.py)", markup=False)
     if lengths.cap_steps > oracle.golden_steps:
         console.print(f"running the golden reference again, {lengths.cap_steps} steps: as "
@@ -780,9 +787,10 @@ def fact_line(fact: v.Fact, *, confidence: float, run: Callable[[int], int] = _s
         case v.BackgroundRuledOut():
             level = 1 - (1 - fact.chance) ** fact.runs  # the search's confidence (stats.upper_bound_none_seen)
             shown = 1 - (1 - fact.strength) ** fact.runs  # drift as strong as the answer's would have shown
-            ruled_out = (f"all-off and drop-only:{names} after the search: {fact.runs} runs, all consistent: "
-                         f"drift without prefetch at a per-run chance of {fact.chance:.3g} or more is ruled "
-                         f"out at {level:.0%}")
+            golden = f" (counting the golden run as {fact.golden:.3g}: the steps runs matched)" if fact.golden else ""
+            ruled_out = (f"all-off and drop-only:{names} after the search: {fact.runs:.3g} runs{golden}, all "
+                         f"consistent: drift without prefetch at a per-run chance of {fact.chance:.3g} or more "
+                         f"is ruled out at {level:.0%}")
             if shown >= 1 - (1 - level) / 2:  # what search.all_off_runs: auto asks for
                 return f"{ruled_out}; as strong as the answer's ({fact.strength:.3g}), it would have shown at {shown:.1%}"
             return (f"{ruled_out} (the answer's: {fact.strength:.3g}; search.all_off_runs: auto "

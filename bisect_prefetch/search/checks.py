@@ -18,6 +18,7 @@ answer's would have shown with chance 1 - alpha/2 (`background_controls`).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 
 from bisect_prefetch.search.evidence import Evidence
@@ -100,7 +101,7 @@ class Checks:
         if ev.settings.background_controls and not log.unresolved(log.all_off):
             if log.tally(log.all_off).divergences and confirmed(ev) != edges:
                 return WITHDRAW  # background drift showed: the answer must stand clearly above it
-            controls = max(0, ev.controls_for(edges) - ev.controls(edges))
+            controls = max(0, math.ceil(ev.controls_for(edges) - ev.controls(edges) - 1e-9))
             if controls > 0:
                 if log.in_flight_of(log.all_off) < controls:
                     return log.ask(log.all_off, "check-off", edges, BACKGROUND_CONTROL)

@@ -160,16 +160,16 @@ class Evidence:
         return (1 - strength) ** clean_without_answer
 
     # -- background controls ----------------------------------------------------------------
-    def controls(self, edges: tuple[int, ...]) -> int:
-        """Clean runs that could not have singled the answer out: all-off, and the
-        drop-only runs of the double check.
+    def controls(self, edges: tuple[int, ...]) -> float:
+        """Clean runs that could not have singled the answer out: all-off (the golden run's
+        matched steps among them, in runs), and the drop-only runs of the double check.
 
         The search's other runs without the answer do not count: under background
         drift the answer is the set every diverged run happened to enable, so those
         runs are clean by selection.
         """
         checked = self.log.clean_runs_of("drop-only", self.log.drop_only(edges))
-        return self.log.tally(self.log.all_off).clean + checked
+        return self.log.tally(self.log.all_off).clean + checked + self.log.golden_runs()
 
     def controls_at(self, chance: float, miss: float | None = None) -> int:
         """Clean control runs that show drift of this per-run chance with chance 1 - miss

@@ -35,17 +35,16 @@ step_title). The next run is that of the first step whose condition holds:
 Out of runs (budget.py): inconclusive with the best guess so far, or
 culprit-found where only the drop-only check was cut short.
 
-Hints (hints.py): `record(..., hint=unit)` (by default `result.unit`) and
-`Bisection(..., suspects=[edge ids])` reweight the prior softly and learn their own
-reliability; the verdict stays that of the runs. Each becomes an event in `notices`.
+Hints (hints.py): `record(..., hint=unit)` and `Bisection(..., suspects=[...])`
+reweight the prior softly and learn their reliability; each is a notice.
 
-Parallel runs (slots): `ask = b.propose()` (None: nothing to run now), run it,
-`b.record(mask, result)` in any order, `b.cancel(mask)` for a proposed run that
-will never report. Runs in flight never count as evidence; for planning each counts
-as the clean part of a run it is expected to be, so slots ask different questions.
-Replaying the same events gives the same decisions; serial (`pending`, then
-`record`) is one slot. Several masks a run (segments.py): each segment is a trial
-of its share of a run, proposed ahead (`propose(ask)`, `plan_trials(share)`).
+Slots: `ask = b.propose()` (None: nothing to run now), run it, `b.record(mask,
+result)` in any order, `b.cancel(mask)` for a run that will never report. Runs
+in flight are never evidence; planning counts each as the clean part of a run it
+is expected to be. Serial is one slot. Segments (segments.py): each segment of a
+run is a trial of its share of a run, proposed ahead (`propose(ask)`). The golden
+run (`golden(steps)`) is one more all-off run: what later runs matched of it is a
+background control (RunLog.golden_runs).
 """
 
 from __future__ import annotations
@@ -130,6 +129,10 @@ class Bisection:
         """Step 5's trials take `share` of a run from now on (segments.py)."""
         self.search_share, self._stale = share, self._stale or share != self.search_share
 
+    def golden(self, steps: int) -> None:
+        """The golden run later runs are compared with: `steps` long (RunLog.golden_runs)."""
+        self.log.golden_steps, self.log.golden_matched, self._stale = steps, 0, True
+
     def cancel(self, mask: Mask) -> None:
         """A proposed run that will never report (cancelled, lost with its node)."""
         if self.log.take_in_flight(frozenset(mask)) is None:
@@ -155,13 +158,16 @@ class Bisection:
             raise BisectPrefetchError(f"run mask names edges not in the graph: {', '.join(unknown)}")
         return mask
 
-    def record(self, mask: Mask, result: RunResult, *, hint: str | None = None, startup: bool = True) -> None:
-        """One finished run; `hint`: the unit its localization named (first divergent gradient),
-        by default the run's own (RunResult.unit); startup: False for a later segment of a run."""
+    def record(self, mask: Mask, result: RunResult, *, hint: str | None = None, startup: bool = True,
+               matched: int | None = None) -> None:
+        """One finished run; `hint`: the unit its localization named (by default RunResult.unit);
+        startup: False for a later segment of a run; matched: the steps of the run that matched
+        the golden run (None: this trial is the whole run)."""
         if self.done:
             raise BisectPrefetchError("the search is finished; no more runs to record")
         mask = self._known(mask)
         self.log.startups += startup
+        self.log.match_golden(result if matched is None else matched)
         ask = self.log.take_in_flight(mask)
         if ask is None and self.pending is not None and self.pending.mask == mask:
             ask = self.pending
@@ -246,14 +252,11 @@ class Bisection:
         return check
 
     def _calibrate(self) -> Decision:
-        """Until a run diverges: all-on first, then the search's own masks.
-
-        A search mask's divergence shows the drift reproduces and where it comes
-        from at once, and its clean runs narrow the search, where more all-on runs
-        would only measure q. After SEARCH_BEFORE_DRIFT of calibration_runs runs
-        with nothing diverged, or once the budget left only holds the all-on runs
-        still needed, all-on again: no-drift-reproduced needs every edge enabled in
-        calibration_runs clean runs, and all-on enables them all.
+        """Until a run diverges: all-on first, then the search's own masks (a divergence of
+        one shows the drift reproduces and where at once; clean runs narrow the search).
+        After SEARCH_BEFORE_DRIFT of calibration_runs runs with nothing diverged, or once the
+        budget left only holds the all-on runs still needed, all-on again: no-drift-reproduced
+        needs every edge enabled in calibration_runs clean runs, and all-on enables them all.
         """
         log, calibration_runs = self.log, self.settings.calibration_runs
         if log.unresolved(log.all_on):
@@ -288,13 +291,9 @@ class Bisection:
     state = property(lambda self: "done" if self.pending is None else self.pending.stage,
                      doc='the protocol stage of the next mask, or "done"')
 
-    @property
-    def posterior(self) -> list[dict]:
-        """The five most probable culprit sets with their probabilities."""
-        return self.conclusions.top_hypotheses()
+    posterior = property(lambda self: self.conclusions.top_hypotheses(),
+                         doc="the five most probable culprit sets with their probabilities")
 
     def result(self) -> SearchResult:
         """The verdict; before the search is done, what was learned so far (inconclusive)."""
-        if self.done:
-            return self._result
-        return self._conclude(v.Inconclusive("not-finished"), finished=False)
+        return self._result if self.done else self._conclude(v.Inconclusive("not-finished"), finished=False)

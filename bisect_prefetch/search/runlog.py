@@ -116,6 +116,8 @@ class RunLog:
         self.used = 0.0  # trials in shares of a full run (Ask.share): what the budget counts
         self.startups = 0  # training runs launched for the search's trials
         self.earlier = 0  # runs of earlier commands taken as evidence (reuse), not runs of this search
+        self.golden_steps = 0  # the golden run's steps (Bisection.golden)
+        self.golden_matched = 0  # its first steps that some run compared with it matched
         self._tally: dict[Mask, Tally] = {}
         self._clean: list[tuple[np.ndarray, float]] = []
         self._diverged: list[np.ndarray] = []
@@ -180,6 +182,22 @@ class RunLog:
                       target=ask.target if ask else (), context=ask.context if ask else None)
         self.events.append(block)
         return block
+
+    def match_golden(self, matched: RunResult | int) -> None:
+        """A run's steps that matched the golden run (a whole run's: before its first difference)."""
+        if isinstance(matched, RunResult):
+            result = matched
+            matched = 0 if not result.completed else (
+                (result.first_diff_step or result.steps) - 1 if result.diverged else result.steps)
+        self.golden_matched = max(self.golden_matched, matched)
+
+    def golden_runs(self) -> float:
+        """The golden run as a clean all-off run, in runs: the steps of it some run matched.
+        It is one more all-off run, and a run that matched it through step m shows that it
+        had not drifted by step m (drift at step g would make every run differ by step g)."""
+        if not self.steps_per_run:
+            return 0.0
+        return min(self.golden_steps, self.golden_matched) / self.steps_per_run
 
     # -- masks ------------------------------------------------------------------------
     def enabled(self, mask: Mask) -> np.ndarray:

@@ -31,21 +31,21 @@ evidence) and a notice says so. A failed run tells nothing: its first segment
 takes the failure, the rest are cancelled.
 
 Cost model (`lengths_for`). A search costs start-ups x S (a start-up's time in
-steps, measured) + steps. Start-ups are about the divergences D plus the runs
-that reach the step cap C, T/C for a search of T steps; the golden reference
-must be as long as the longest run and costs C steps once. S x T/C + C is
-least at C = sqrt(S x T); T is taken as EXPECTED_RUNS full runs (what one mask
-per run needs at q = 0.3, 67 edges), scaled by the bits that name one set or
-pair of the graph's edges against 67 edges', and C is rounded to whole runs, at
-least one and at most MAX_RUNS_PER_CAP. (Where drift shows in most runs the
-search is shorter than T and the golden run's extra steps may cost more than
-the start-ups saved: `make demo`'s CPU job, docs/segments.md.) A search segment of L steps diverges with
-chance about L/N of a run's, so short segments adapt fast, and each divergence
-(the start-ups that remain) tells more; L is a fifth of a run (SEGMENT_SHARE),
-never under MIN_SEGMENT_STEPS. bench_search (q = 0.3, 67 edges, 100 searches,
-the golden run included): start-ups 15 against 49.5 at S = 50 (C = 500), 10 at
-S = 200 (C = 1000); cluster time 0.94x and 0.58x; but 1.27x and 1.38x the
-steps (docs/segments.md).
+steps, measured) + steps. Start-ups are about the divergences plus the runs that
+reach the step cap C: R/C of them for runs of R steps in all. The golden run
+must be as long as the longest run, C steps, but it is one more all-off run:
+the steps of it that later runs matched count as background controls
+(RunLog.golden_runs), of which a search needs about CONTROL_RUNS (at q = 0.3).
+So a cap up to CONTROL_RUNS runs costs no steps, and S x R/C + max(0, C -
+CONTROL_RUNS runs) is least at C = max(CONTROL_RUNS runs, sqrt(S x R)); past
+CONTROL_RUNS, the golden run may add at most GOLDEN_SHARE of the search's steps.
+R is what one mask a run needs at q = 0.3 on 67 edges, less the controls:
+CHECK_RUNS runs of checks whatever the graph, and SEARCH_RUNS of search scaled by
+the bits that name one set or pair of the graph's edges against 67 edges'. C is
+rounded to whole runs; a start-up that costs nothing gets one mask a run. A
+search segment is a full run's steps (SEGMENT_SHARE): shorter segments were
+measured to cost steps and save no start-ups under the search's unknown q.
+bench_search: docs/segments.md.
 """
 
 from __future__ import annotations
@@ -60,11 +60,19 @@ from bisect_prefetch.search.protocol import Bisection
 from bisect_prefetch.search.runlog import Ask
 from bisect_prefetch.vocab import OK, Mask
 
-SEGMENT_SHARE = 0.2
+# A search segment's share of a run. 20 searches at q = 0.3, S = 50, cap 500 (same
+# seeds): segments of 20, 50 and 100 steps took 5205, 4952 and 4700 median steps
+# (one mask a run: 4700) for 14.5, 14 and 14 start-ups: a short segment tells less
+# per step about a q the search does not know, and diverges no sooner per step.
+SEGMENT_SHARE = 1.0
 MIN_SEGMENT_STEPS = 2
-EXPECTED_RUNS = 50
+# What one mask a run takes at q = 0.3 on 67 edges (bench_search, mean runs by stage):
+# background controls, other checks (calibration, all-off, keep-only, drop-only), search.
+CONTROL_RUNS = 10
+CHECK_RUNS = 7
+SEARCH_RUNS = 33
 EXPECTED_EDGES = 67
-MAX_RUNS_PER_CAP = 10
+GOLDEN_SHARE = 0.1  # the golden run's steps past CONTROL_RUNS: at most this share of the search's
 FULL_LENGTH_STAGES = ("calibrate", "check-off", "keep-only", "drop-only", "reduce")
 SEGMENTS_MODES = ("auto", "off")
 
@@ -91,10 +99,12 @@ def lengths_for(steps_per_run: int, startup_steps: float, edges: int = EXPECTED_
     """The cost model: segment length and step cap for runs of `steps_per_run` steps whose
     start-up costs `startup_steps` steps' worth of time, on a graph of `edges` edges."""
     segment = min(steps_per_run, max(MIN_SEGMENT_STEPS, round(SEGMENT_SHARE * steps_per_run)))
-    runs = EXPECTED_RUNS * _set_bits(edges) / _set_bits(EXPECTED_EDGES)
-    best_cap = math.sqrt(max(startup_steps, 0.0) * runs * steps_per_run)
-    runs = min(MAX_RUNS_PER_CAP, max(1, round(best_cap / steps_per_run)))
-    return Lengths(steps_per_run, segment, runs * steps_per_run)
+    if startup_steps <= 0:
+        return Lengths(steps_per_run, segment, steps_per_run)
+    runs = CHECK_RUNS + SEARCH_RUNS * _set_bits(edges) / _set_bits(EXPECTED_EDGES)  # R, in runs
+    best = max(CONTROL_RUNS, math.sqrt(startup_steps * runs / steps_per_run))  # C, in runs
+    cap = math.floor(min(best + 0.5, CONTROL_RUNS + GOLDEN_SHARE * (runs + CONTROL_RUNS)))
+    return Lengths(steps_per_run, segment, cap * steps_per_run)
 
 
 def _set_bits(edges: int) -> float:
@@ -148,7 +158,7 @@ def plan_run(search: Bisection, lengths: Lengths) -> Schedule | None:
         ask = replace(ask, share=steps / lengths.steps_per_run)
         segments.append(Segment(ask, step, steps))
         ahead.propose(ask)
-        ahead.record(ask.mask, RunResult(OK, False, None, steps), hint=None)
+        ahead.record(ask.mask, RunResult(OK, False, None, steps), hint=None, matched=step + steps - 1)
         step += steps
         ask = None if ahead.done else ahead.pending
     for segment in segments:
@@ -167,6 +177,7 @@ def record_run(search: Bisection, schedule: Schedule, result: RunResult) -> None
         search.record(segments[0].ask.mask, result)
         return
     at = result.first_diff_step if result.diverged else None
+    matched = result.steps if at is None else at - 1  # of the golden run, by the whole run
     diverged = schedule.holding(at) if at is not None else len(segments)
     # Drift first seen at a segment's first step may come from the step before it.
     since = diverged - 1 if at is not None and diverged > 0 and at == segments[diverged].first_step else diverged
@@ -179,7 +190,7 @@ def record_run(search: Bisection, schedule: Schedule, result: RunResult) -> None
                 search.cancel(segment.ask.mask)
                 continue
             search.record(segment.ask.mask, RunResult(OK, False, None, steps), hint=None,
-                          startup=k == 0)
+                          startup=k == 0, matched=matched)
         elif k > diverged:
             search.cancel(segment.ask.mask)
     if at is None or search.done:
@@ -188,7 +199,7 @@ def record_run(search: Bisection, schedule: Schedule, result: RunResult) -> None
     steps = at - own.first_step + 1
     outcome = RunResult(result.outcome, True, steps, steps, result.unit)
     if since == diverged:
-        search.record(own.ask.mask, outcome, startup=since == 0)
+        search.record(own.ask.mask, outcome, startup=since == 0, matched=matched)
         return
     later = segments[diverged]
     search.cancel(own.ask.mask)
@@ -197,4 +208,4 @@ def record_run(search: Bisection, schedule: Schedule, result: RunResult) -> None
     search.notices.append({"event": "diverged-at-switch", "step": at,
                            "masks": [sorted(own.ask.mask), sorted(later.ask.mask)]})
     search.propose(both)
-    search.record(both.mask, outcome, startup=since == 0)
+    search.record(both.mask, outcome, startup=since == 0, matched=matched)

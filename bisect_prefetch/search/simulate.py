@@ -158,6 +158,8 @@ def run_search(edge_ids, oracle: SimulatedOracle, *, slots: int = 1, hint: Calla
     startup_cost: each run's start-up, in steps: wall-clock counts it.
     """
     search = Bisection(edge_ids, **options)
+    golden_steps = oracle.steps if lengths is None else lengths.cap_steps
+    search.golden(golden_steps)
     clock, order = 0.0, 0
     running: list[tuple[float, int, float, Mask | Schedule, RunResult]] = []  # a heap by finish time
     runs = steps = 0
@@ -190,7 +192,7 @@ def run_search(edge_ids, oracle: SimulatedOracle, *, slots: int = 1, hint: Calla
     result = search.result()
     return Outcome(result.verdict, result.minimal_set, result.confidence, runs, steps, clock,
                    runs_by_step=_runs_by_step(search), startups=runs + 1,
-                   golden_steps=oracle.steps if lengths is None else lengths.cap_steps)
+                   golden_steps=golden_steps)
 
 
 def _runs_by_step(search: Bisection) -> dict[str, int]:

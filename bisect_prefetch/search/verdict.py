@@ -117,14 +117,16 @@ class DropOnlyNotRun:
 
 @dataclass(frozen=True)
 class BackgroundRuledOut:
-    """Clean control runs (all-off, drop-only of the double check); chance: the per-run
-    chance of drift without prefetch they rule out; strength: the answer's per-run chance."""
+    """Clean control runs (all-off, drop-only of the double check, in runs: the golden run's
+    matched steps count as `golden` runs of them); chance: the per-run chance of drift
+    without prefetch they rule out; strength: the answer's per-run chance."""
 
     kind: ClassVar[str] = "background-ruled-out"
     edges: tuple[str, ...]
-    runs: int
+    runs: float
     chance: float
     strength: float
+    golden: float = 0.0
 
 
 Fact = (Background | NoDrift | AllOffDiverged | Stopped | KeepOnlyDiverged | EachNeeded | DropOnlyDiverges
@@ -236,7 +238,8 @@ class Conclusions:
             # chance that such drift hid from every control is part of the verdict's error.
             runs, strength = ev.controls(edges), ev.strength(edges)
             confidence -= (1 - strength) ** runs
-            facts.append(BackgroundRuledOut(ids, runs, upper_bound_none_seen(runs, self.confidence), strength))
+            facts.append(BackgroundRuledOut(ids, runs, upper_bound_none_seen(runs, self.confidence), strength,
+                                            self.log.golden_runs()))
         return self._result("culprit-found", edges, max(confidence, 0.0), facts,
                             drop=drop_diverges if ran_drop else None)
 
