@@ -225,6 +225,18 @@ def test_runs_of_several_masks_on_several_slots_end_at_the_verdict():
         assert out.verdict == "culprit-found" and CULPRIT in out.minimal_set
 
 
+def test_background_drift_with_segments_is_named_not_prefetch():
+    """Asking for an all-off run may settle the search (not-prefetch): planning stops there
+    (it recorded a segment into a finished search before)."""
+    verdicts = []
+    for trial in range(8):
+        o = SimulatedOracle([], hazard=0.0, steps=STEPS, background=hazard_for_chance(0.9, STEPS),
+                            seed=3, trial=trial)
+        verdicts.append(run_search(EDGES, o, lengths=Lengths(STEPS, STEPS, 6 * STEPS),
+                                   steps_per_run=STEPS).verdict)
+    assert verdicts.count("not-prefetch") >= 7
+
+
 def test_simulate_reports_startups_steps_and_cost_side_by_side_keys():
     out = simulate("fsdp2-chain", 4, [CULPRIT], hazard=hazard_for_chance(0.5, STEPS), steps=STEPS,
                    trials=3, seed=5, startup_cost=50, segments="auto")

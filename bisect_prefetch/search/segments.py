@@ -158,6 +158,8 @@ def plan_run(search: Bisection, lengths: Lengths) -> Schedule | None:
         ask = replace(ask, share=steps / lengths.steps_per_run)
         segments.append(Segment(ask, step, steps))
         ahead.propose(ask)
+        if ahead.done:  # asking for it settled the search (not-prefetch once all-off is asked)
+            break
         ahead.record(ask.mask, RunResult(OK, False, None, steps), hint=None, matched=step + steps - 1)
         step += steps
         ask = None if ahead.done else ahead.pending
