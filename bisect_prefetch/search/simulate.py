@@ -3,7 +3,8 @@
 Culprit rule: one edge; several edges any of which is enough (`together=False`);
 or several edges needed together (`together=True`). While the rule holds for a
 mask, each step of a run diverges with chance `hazard`; optional background
-drift does so whatever the mask. A diverging run stops at its first difference.
+drift does so whatever the mask, and in the golden run too: drifted at step g, it
+differs from every run by step g. A diverging run stops at its first difference.
 
 Random streams: each culprit edge (or the set needed together), the background
 and run failures draw from their own generator, seeded from (seed, trial, name),
@@ -94,7 +95,14 @@ class SimulatedOracle:
         self._rules = [(set(rule), _stream(seed, trial, "culprit:" + ",".join(rule))) for rule in rules]
         self._background = _stream(seed, trial, "background")
         self._errors = _stream(seed, trial, "errors")
+        self._golden = _stream(seed, trial, "golden")
+        self.golden_diff: int | None = None  # the golden run's own background drift (run_golden)
         self.runs = 0
+
+    def run_golden(self, steps: int) -> None:
+        """The golden run, `steps` long. Background drift hits it too: drifted at step g, it
+        differs from every run by step g (what makes its matched steps a control)."""
+        self.golden_diff = self._first_diff(self._golden, self.background, steps)
 
     def _first_diff(self, rng: np.random.Generator, hazard: float, steps: int | None = None) -> int | None:
         if hazard <= 0.0:
@@ -109,6 +117,7 @@ class SimulatedOracle:
         draws = [self._first_diff(rng, self.hazard) for rule, rng in self._rules if rule <= mask]
         if self.background:
             draws.append(self._first_diff(self._background, self.background))
+        draws.append(self.golden_diff)  # the golden run is as long as a run
         diffs = [d for d in draws if d is not None]
         if diffs:
             first = min(diffs)
@@ -126,6 +135,8 @@ class SimulatedOracle:
             draws = [self._first_diff(rng, self.hazard, steps) for rule, rng in self._rules if rule <= mask]
             if self.background:
                 draws.append(self._first_diff(self._background, self.background, steps))
+            if self.golden_diff is not None and segment.first_step <= self.golden_diff <= segment.last_step:
+                draws.append(self.golden_diff - segment.first_step + 1)
             diffs = [d for d in draws if d is not None]
             if diffs:
                 first = segment.first_step + min(diffs) - 1
@@ -160,6 +171,7 @@ def run_search(edge_ids, oracle: SimulatedOracle, *, slots: int = 1, hint: Calla
     search = Bisection(edge_ids, **options)
     golden_steps = oracle.steps if lengths is None else lengths.cap_steps
     search.golden(golden_steps)
+    oracle.run_golden(golden_steps)
     clock, order = 0.0, 0
     running: list[tuple[float, int, float, Mask | Schedule, RunResult]] = []  # a heap by finish time
     runs = steps = 0
