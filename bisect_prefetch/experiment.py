@@ -434,6 +434,16 @@ def with_stress(experiment: Experiment, mode: str | None) -> Experiment:
     return experiment.model_copy(update={"stress": Stress(mode=mode)})
 
 
+def segments_unfit(experiment: Experiment) -> str | None:
+    """Why the engine cannot switch masks inside a run (search/segments.py), or None."""
+    w = experiment.workload
+    if (w is not None and w.builtin == "mindformers") or (
+            experiment.graph.source == "static" and experiment.graph.policy == "mindformers"):
+        return ("MindSpore graph mode compiles the prefetch hooks into the graph once, so a "
+                "run keeps its first mask")
+    return None
+
+
 def with_segments(experiment: Experiment, mode: str | None) -> Experiment:
     """The experiment with --segments applied (None: its own search.segments)."""
     if mode is None or mode == experiment.search.segments:

@@ -5,7 +5,8 @@ Its numbers follow the mask the way a prefetch fault would, without torch:
   entropy, like a race), so two runs differ;
 - `fwd:layers.0->layers.1` enabled with mode `det`: every value shifted by a
   constant (a mask that changes the math deterministically).
-Modes (argv[1]): clean, det, crash, crash-when-fwd, hang, rank-graphs-differ, wrong-plan-hash.
+Modes (argv[1]): clean, det, crash, crash-when-fwd, hang, rank-graphs-differ, wrong-plan-hash,
+graph-mode (a plan's schedule of several masks is refused, as under MindSpore graph mode).
 """
 
 import json
@@ -38,9 +39,12 @@ def main() -> None:
         with open(os.path.join(out, f"graph.rank{rank}.json"), "w") as f:
             json.dump(ranked, f)
         recorded = "0" * 64 if mode == "wrong-plan-hash" and rank == 1 else plan_hash(plan)
+        probe = {"rank": rank, "plan_hash": recorded,
+                 "edges": {e: {"fired": 1, "issued": 1} for e in sorted(mask)}}
+        if mode == "graph-mode" and plan.get("schedule"):
+            probe["schedule_refused"] = "graph mode: hooks compiled once"
         with open(os.path.join(out, f"probe.rank{rank}.json"), "w") as f:
-            json.dump({"rank": rank, "plan_hash": recorded,
-                       "edges": {e: {"fired": 1, "issued": 1} for e in sorted(mask)}}, f)
+            json.dump(probe, f)
     rng = random.SystemRandom()
     loss = 2.0
     with open(os.path.join(out, "metrics.jsonl"), "a") as f:

@@ -101,3 +101,20 @@ def test_mask_that_changes_the_math_is_compared_within_itself(tmp_path):
         assert oracle.deterministic_masks() == [CLEAN]
         third = oracle.run(CLEAN)
     assert third.diverged is False
+
+
+def test_a_job_that_cannot_switch_masks_is_said_once_and_never_retried(tmp_path):
+    """A run of several masks whose ranks refused the schedule (MindSpore graph mode) is an
+    error, never evidence; retrying it would be refused again, so the oracle says why
+    and the command goes on with one mask a run (commands/bisect.py run_bisection)."""
+    experiment = _experiment(tmp_path, "graph-mode")
+    with StateDir(tmp_path / "state", "fake") as state:
+        oracle = _oracle(state, experiment, max_retries=2)
+        request = oracle.request_schedule([(1, CLEAN), (4, frozenset())], 6)
+        out = oracle.runner.run(request.key, label=request.label, reference=request.reference)
+        result = oracle.finished(request, out)
+        assert not result.completed  # a failure: no retry request came back
+        assert "cannot switch masks inside a run: graph mode" in oracle.schedule_refused
+        assert oracle.runs_launched == 2  # the golden run and this one
+        # One mask a run is not refused.
+        assert oracle.run(CLEAN).completed and oracle.schedule_refused is not None

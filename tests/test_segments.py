@@ -264,6 +264,13 @@ def test_segments_in_an_experiment_file_and_on_the_command_line(tmp_path):
     assert with_segments(experiment, None) is experiment
     with pytest.raises(BisectPrefetchError, match="--segments must be auto or off"):
         with_segments(experiment, "on")
+    # MindSpore graph mode cannot switch masks inside a run: said, and one mask a run.
+    from bisect_prefetch.experiment import segments_unfit
+
+    assert segments_unfit(experiment) is None
+    path.write_text("name: x\ncommand: [train]\nsteps: 4\nsearch: {segments: auto}\n"
+                    "graph: {source: static, policy: mindformers, layers: 2}\n")
+    assert "graph mode" in segments_unfit(load_experiment(path))
 
 
 SCHEDULE = [(1, frozenset({"a"})), (5, frozenset()), (9, frozenset({"b"}))]

@@ -41,7 +41,13 @@ from bisect_prefetch.commands.common import (
     write_json,
 )
 from bisect_prefetch.errors import BisectPrefetchError
-from bisect_prefetch.experiment import Experiment, load_experiment, with_segments, with_stress
+from bisect_prefetch.experiment import (
+    Experiment,
+    load_experiment,
+    segments_unfit,
+    with_segments,
+    with_stress,
+)
 from bisect_prefetch.files import write_text_atomic
 from bisect_prefetch.report.html import BISECT_FILE, build_report
 from bisect_prefetch.report.localization import in_unit
@@ -332,6 +338,9 @@ def segment_lengths(opened: OpenState, oracle: BisectOracle, console: Console, *
     long as the longest run; None: one mask a run."""
     experiment = opened.experiment
     if experiment.search.segments == "off" or not isinstance(oracle, RealOracle):
+        return None
+    if unfit := segments_unfit(experiment):
+        console.print(f"segments: {unfit}; one mask a run", markup=False)
         return None
     # Measured on the runs before the search's own (and none longer than a run: not the
     # golden run lengthened below), so that a resumed search cuts its runs the same way.
@@ -629,8 +638,13 @@ def run_bisection(search: Bisection, oracle: Oracle, *, console: Console,
     narrator = _Narrator(search, console, numbers, interleaved=slots > 1 or lengths is not None)
 
     def propose() -> Ask | Schedule | None:
+        nonlocal lengths
         if search.done or search.pending is None:
             return None  # done, or nothing to ask before a result arrives
+        refused = oracle.schedule_refused if isinstance(oracle, RealOracle) else None
+        if lengths is not None and refused:
+            console.print(f"segments: {refused}; one mask a run from here", markup=False)
+            lengths = None
         if lengths is not None:
             return plan_run(search, lengths)
         ask = search.pending

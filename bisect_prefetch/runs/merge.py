@@ -19,6 +19,7 @@ from bisect_prefetch.files import write_text_atomic
 
 GRAPH_FILE = "graph.json"
 PROBE_FILE = "probe.json"
+REFUSED = "cannot switch masks inside a run"  # a run's error where its engine refused a schedule
 _RANK_FILE = re.compile(r"^(graph|probe)\.rank(\d+)\.json$")
 
 
@@ -109,7 +110,7 @@ def schedule_problems(merged: dict | None, schedule: Sequence[tuple[int, Any]],
         if not isinstance(probe, dict):
             continue
         if refused := probe.get("schedule_refused"):
-            problems.append(f"rank {rank} cannot switch masks inside a run: {refused}")
+            problems.append(f"rank {rank} {REFUSED}: {refused}")
             continue
         followed = probe.get("schedule_followed")
         if not isinstance(followed, list) or not all(

@@ -36,6 +36,7 @@ from typing import Any
 from bisect_prefetch.errors import BisectPrefetchError
 from bisect_prefetch.runs.execute import Runner, RunOutcome
 from bisect_prefetch.runs.executors.base import LOST
+from bisect_prefetch.runs.merge import REFUSED
 from bisect_prefetch.runs.slots import RunRequest
 from bisect_prefetch.search.oracle import RunResult
 from bisect_prefetch.vocab import OK, USABLE_OUTCOMES, Mask
@@ -109,6 +110,7 @@ class RealOracle:
         self.runs_launched = 0
         self.runs_reused = 0
         self.runs_lost: list[str] = []  # "run id: reason" of runs whose job the scheduler took away
+        self.schedule_refused: str | None = None  # why the job cannot switch masks inside a run
         self._requests: Counter = Counter()  # per mask, or per schedule of several
         self._golden: str | None = None
         self._mask_reference: dict[Mask, str] = {}
@@ -206,6 +208,9 @@ class RealOracle:
         segmented = request.key.schedule is not None
         if self.on_run is not None:
             self.on_run(what, out)  # a mask, or a schedule of several
+        if segmented and REFUSED in (out.reason or ""):  # the engine: a retry would refuse too
+            self.schedule_refused = out.reason
+            return out.result()
         if not out.usable and attempt < self.max_retries:
             if segmented:
                 return self.request_schedule(what, request.key.steps, index=index, attempt=attempt + 1)
