@@ -15,7 +15,9 @@ what a bisection of the 7 edges would cost at these figures (simulate, same seed
 in runs x steps, with and without stress. The machine's load average is printed:
 timing decides a race.
 
-Run: ``python -m benchmarks.bench_race [--runs N] [--stress-runs N] [--aa-runs N] [--json FILE]``.
+Run: ``python -m benchmarks.bench_race [--runs N] [--stress-runs N] [--aa-runs N]
+[--config FILE] [--compute-ms MS] [--json FILE]`` (``--compute-ms`` overrides the
+config's ``workload.compute_ms``).
 """
 
 from __future__ import annotations
@@ -44,8 +46,16 @@ def _median(values: list[float]) -> float | None:
     return statistics.median(values) if values else None
 
 
-def race(runs: int, stress_runs: int) -> dict:
-    experiment = load_experiment(CONFIG)
+def _experiment(config: Path, compute_ms: float | None):
+    experiment = load_experiment(config)
+    if compute_ms is not None:
+        experiment = with_overrides(experiment, {"workload.compute_ms": compute_ms})
+    return experiment
+
+
+def race(runs: int, stress_runs: int, *, config: Path = CONFIG,
+         compute_ms: float | None = None) -> dict:
+    experiment = _experiment(config, compute_ms)
     steps = experiment.steps
     outcomes: dict[bool, list] = {False: [], True: []}
     with tempfile.TemporaryDirectory() as tmp, StateDir(tmp, experiment.name) as state:
@@ -86,9 +96,10 @@ def race(runs: int, stress_runs: int) -> dict:
     return figures
 
 
-def aa_without_fault(runs: int) -> dict:
+def aa_without_fault(runs: int, *, config: Path = CONFIG,
+                     compute_ms: float | None = None) -> dict:
     """The race workload without its fault: A/A without and with stress, bitwise identical."""
-    experiment = load_experiment(CONFIG)
+    experiment = _experiment(config, compute_ms)
     experiment = with_overrides(experiment, {"workload.fault": None,
                                              "workload.async_unshard": True,
                                              "name": "fsdp2-async"})
@@ -131,12 +142,16 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--stress-runs", type=int, default=30, help="runs with stress")
     parser.add_argument("--aa-runs", type=int, default=8,
                         help="A/A runs without the fault (half with stress)")
+    parser.add_argument("--config", type=Path, default=CONFIG, help="the race experiment")
+    parser.add_argument("--compute-ms", type=float, default=None,
+                        help="override workload.compute_ms (ms each layer's forward sleeps)")
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args(argv)
+    compute_ms = _experiment(args.config, args.compute_ms).workload.compute_ms
     load = os.getloadavg()
-    print(f"race workload {CONFIG.name}, {os.cpu_count()} CPU(s), load average "
-          f"{load[0]:.1f} {load[1]:.1f} {load[2]:.1f}", flush=True)
-    figures = race(args.runs, args.stress_runs)
+    print(f"race workload {args.config.name}, compute_ms {compute_ms:g}, {os.cpu_count()} "
+          f"CPU(s), load average {load[0]:.1f} {load[1]:.1f} {load[2]:.1f}", flush=True)
+    figures = race(args.runs, args.stress_runs, config=args.config, compute_ms=args.compute_ms)
     for name, f in figures.items():
         chance = "-" if f["per_run_chance"] is None else f"{f['per_run_chance']:.2f}"
         print(f"{name + ' stress':<15} {f['divergences']:>3} of {f['runs']:>3} runs diverged: "
@@ -144,7 +159,9 @@ def main(argv: list[str] | None = None) -> None:
               f"median first differing step {f['first_diff_step_median']}, "
               f"median step time {f['step_time_ms_median'] or 0:.0f} ms"
               + (f", {f['failed']} failed" if f["failed"] else ""), flush=True)
-    figures["aa_without_fault"] = aa = aa_without_fault(args.aa_runs)
+    figures["compute_ms"] = compute_ms
+    figures["aa_without_fault"] = aa = aa_without_fault(args.aa_runs, config=args.config,
+                                                        compute_ms=args.compute_ms)
     print(f"A/A without the fault: {aa['without'][0]} of {aa['without'][1]} runs bitwise "
           f"identical without stress, {aa['with'][0]} of {aa['with'][1]} with", flush=True)
     figures["bisect"] = cost = bisect_cost(figures)
