@@ -49,6 +49,15 @@ runs); the loader refuses it. Use a bigger model so there is compute to race aga
 wait in place: prefetches overlap compute and nothing races (a job stress can delay
 without changing a number).
 
+``--compute-ms MS`` (``workload.compute_ms``; default 0: none) makes every
+transformer layer's forward sleep MS milliseconds (``time.sleep``): the device
+compute a host waits on in a job on an accelerator. All layers alike (the tool is
+never told where a race is); it changes timing only, never a number (an A/A stays
+bitwise identical). In race mode it lengthens the compute between the racing
+prefetch's issue and its use, so the peer rank's scheduler lag under CPU load
+rarely outlasts it, while stress, whose delays scale with the measured gap, still
+opens the window (figures: docs/stress.md).
+
 Options to plant suspect edges for the audit (``bisect-prefetch audit``):
 ``--checkpoint`` (activation checkpointing around each layer),
 ``--backward-prefetch-depth 2`` (each layer prefetches the two before it:
