@@ -123,6 +123,9 @@ class Workload(_Strict):
     # fsdp2 only: asynchronous unshards with every wait in place (no race; race mode implies it).
     async_unshard: bool = False
     batch: Annotated[int, Field(ge=1)] = 8
+    # fsdp2 only: each layer's forward sleeps this many ms (modelled device compute the
+    # host waits on; timing only, no number changes).
+    compute_ms: Annotated[float, Field(ge=0.0, allow_inf_nan=False)] = 0.0
     # mindformers only, a positive control: run k of a group trains with seed + k * seed_step,
     # so a group with seed_step > 0 must be called diverged at step 1.
     seed_step: Annotated[int, Field(ge=0)] = 0
@@ -137,7 +140,7 @@ class Workload(_Strict):
         if self.builtin != "mindformers" and self.seed_step:
             raise ValueError("seed_step: an option of the mindformers workload only")
         planted = ({"checkpoint", "backward_prefetch_depth", "extra_edges", "dim", "batch",
-                    "async_unshard"}
+                    "async_unshard", "compute_ms"}
                    & self.model_fields_set)
         if self.builtin != "fsdp2" and planted:
             raise ValueError(f"{', '.join(sorted(planted))}: options of the fsdp2 workload only")
@@ -404,6 +407,8 @@ class Experiment(_Strict):
         """
         keys = {"workload", "command", "config", "overrides", "env", "metrics", "seed", "record"}
         data = self.model_dump(mode="json", include=keys)
+        if data.get("workload") and not data["workload"].get("compute_ms"):
+            del data["workload"]["compute_ms"]  # added later: unset keeps earlier runs' hash
         data["record_format"] = RECORD_FORMAT  # runs recorded another way are other runs
         if self.config_path() is not None and self.config_path().is_file():
             data["config_sha256"] = hashlib.sha256(self.config_path().read_bytes()).hexdigest()

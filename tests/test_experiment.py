@@ -129,6 +129,10 @@ def test_missing_file(tmp_path):
      "forward edges only"),
     ("name: x\nworkload: {builtin: mindspore, fault: {edge: 'fwd:a->b', mode: race}}\n",
      "fsdp2 workload only"),
+    ("name: x\nworkload: {builtin: fsdp2, compute_ms: -5}\n", "workload.compute_ms"),
+    ("name: x\nworkload: {builtin: fsdp2, compute_ms: .nan}\n", "workload.compute_ms"),
+    ("name: x\nworkload: {builtin: fsdp2, compute_ms: soon}\n", "workload.compute_ms"),
+    ("name: x\nworkload: {builtin: mindspore, compute_ms: 30}\n", "compute_ms: options of the fsdp2"),
     ("name: x\ncommand: [a]\nmetrics: {format: regex}\n", "metrics.pattern"),
     ("name: x\ncommand: [a]\ngraph: {source: static}\n", "graph.policy"),
     ("name: x\ncommand: [a]\nguard: always\n", "guard"),
@@ -138,6 +142,18 @@ def test_missing_file(tmp_path):
 ])
 def test_invalid_experiments(tmp_path, text, needle):
     assert needle in _error(_write(tmp_path, text))
+
+
+def test_compute_ms_is_accepted_and_changes_the_fingerprint_only_when_set(tmp_path):
+    plain = load_experiment(_write(tmp_path, FULL))
+    assert plain.workload.compute_ms == 0
+    timed = load_experiment(_write(tmp_path, FULL.replace("layers: 8", "layers: 8\n  compute_ms: 30")))
+    assert timed.workload.compute_ms == 30
+    assert timed.fingerprint() != plain.fingerprint()  # other timing: other runs
+    zero = with_overrides(plain, {"workload.compute_ms": 0})
+    assert zero.fingerprint() == plain.fingerprint()  # unset keeps earlier runs' hash
+    assert "greater than or equal to 0" in _error(
+        _write(tmp_path, FULL.replace("layers: 8", "layers: 8\n  compute_ms: -1")))
 
 
 def test_apply_overrides_sets_dotted_keys_on_a_copy():

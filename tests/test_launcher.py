@@ -349,6 +349,16 @@ def test_fsdp2_argv_runs_torchrun_with_the_fault(tmp_path):
                     "--fault-edge", "bwd:layers.1->layers.0", "--fault-hazard", "0.5"]
 
 
+def test_fsdp2_argv_passes_compute_ms_only_when_set(tmp_path):
+    from bisect_prefetch.runs.workloads import argv_template
+
+    timed = _builtin(tmp_path, "{builtin: fsdp2, layers: 2, compute_ms: 30}")
+    tail = argv_template(timed, steps=3)
+    assert tail[tail.index("--compute-ms") + 1] == "30.0"
+    plain = _builtin(tmp_path, "{builtin: fsdp2, layers: 2}")
+    assert "--compute-ms" not in argv_template(plain, steps=3)
+
+
 def test_mindspore_argv_runs_msrun_with_python_module(tmp_path):
     from bisect_prefetch.runs.workloads import argv_template, render_argv, workload_env
 

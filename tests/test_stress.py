@@ -322,6 +322,25 @@ def test_stress_on_a_job_without_a_race_changes_no_number(tmp_path):
 
 
 @pytest.mark.slow
+def test_compute_ms_changes_timing_and_no_number(tmp_path):
+    """workload.compute_ms: an all-on A/A without the fault stays bitwise identical, and
+    equal to the same job without it; only the step time grows (each layer's forward
+    sleeps: 3 layers x 100 ms a step at least)."""
+    workload = "layers: 3, async_unshard: true"
+    timed = _fsdp2_experiment(tmp_path, "timed", workload + ", compute_ms: 100", steps=4)
+    plain = _fsdp2_experiment(tmp_path, "plain", workload, steps=4)
+    result = _aa(tmp_path, timed, "--runs", "2", "--mask", "all-on")
+    assert result["verdict"] == "consistent"
+    reference = _aa(tmp_path, plain, "--runs", "2", "--mask", "all-on")
+    expected = _digests(tmp_path, "plain", reference["run_details"][0]["run_id"])
+    assert expected
+    for run in result["run_details"]:
+        assert _digests(tmp_path, "timed", run["run_id"]) == expected
+    slow = [run["step_time_ms"] for run in result["run_details"]]
+    assert all(t is not None and t >= 300 for t in slow), slow
+
+
+@pytest.mark.slow
 def test_stress_on_a_synchronous_job_says_it_has_no_window(tmp_path, capsys):
     experiment = _fsdp2_experiment(tmp_path, "sync", "layers: 2", steps=4)
     result = _aa(tmp_path, experiment, "--runs", "2", "--stress", "on")

@@ -56,6 +56,8 @@ def _workload_args(experiment: Experiment, steps: int) -> list[str]:
         planted += ["--dim", str(w.dim)]
     if "batch" in w.model_fields_set:
         planted += ["--batch", str(w.batch)]
+    if w.compute_ms:
+        planted += ["--compute-ms", repr(w.compute_ms)]
     return ["--layers", str(w.layers), "--steps", str(steps), "--seed", str(experiment.seed),
             *_fault_args(experiment), *planted]
 

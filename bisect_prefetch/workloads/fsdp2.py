@@ -49,6 +49,15 @@ runs); the loader refuses it. Use a bigger model so there is compute to race aga
 wait in place: prefetches overlap compute and nothing races (a job stress can delay
 without changing a number).
 
+``--compute-ms MS`` (``workload.compute_ms``; default 0: none) makes every
+transformer layer's forward sleep MS milliseconds (``time.sleep``): the device
+compute a host waits on in a job on an accelerator. All layers alike (the tool is
+never told where a race is); it changes timing only, never a number (an A/A stays
+bitwise identical). In race mode it lengthens the compute between the racing
+prefetch's issue and its use, so the peer rank's scheduler lag under CPU load
+rarely outlasts it, while stress, whose delays scale with the measured gap, still
+opens the window (figures: docs/stress.md).
+
 Options to plant suspect edges for the audit (``bisect-prefetch audit``):
 ``--checkpoint`` (activation checkpointing around each layer),
 ``--backward-prefetch-depth 2`` (each layer prefetches the two before it:
@@ -85,9 +94,10 @@ from bisect_prefetch.vocab import parse_edge_id
 class Block(nn.Module):
     """Pre-norm causal self-attention and MLP."""
 
-    def __init__(self, dim: int, heads: int) -> None:
+    def __init__(self, dim: int, heads: int, compute_ms: float = 0.0) -> None:
         super().__init__()
         self.heads = heads
+        self.compute_ms = compute_ms  # host waits this long in each forward (--compute-ms)
         self.attn_norm = nn.LayerNorm(dim)
         self.qkv = nn.Linear(dim, 3 * dim)
         self.proj = nn.Linear(dim, dim)
@@ -96,6 +106,8 @@ class Block(nn.Module):
         self.down = nn.Linear(4 * dim, dim)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.compute_ms > 0:
+            time.sleep(self.compute_ms / 1000.0)  # timing only: no number changes
         batch, seq, dim = x.shape
         q, k, v = self.qkv(self.attn_norm(x)).chunk(3, dim=-1)
         q, k, v = (t.reshape(batch, seq, self.heads, -1).transpose(1, 2) for t in (q, k, v))
@@ -108,12 +120,13 @@ class Block(nn.Module):
 
 class TinyTransformer(nn.Module):
     def __init__(
-        self, *, vocab: int, dim: int, heads: int, layers: int, checkpoint: bool = False
+        self, *, vocab: int, dim: int, heads: int, layers: int, checkpoint: bool = False,
+        compute_ms: float = 0.0,
     ) -> None:
         super().__init__()
         self.checkpoint = checkpoint
         self.embedding = nn.Embedding(vocab, dim)
-        self.layers = nn.ModuleList(Block(dim, heads) for _ in range(layers))
+        self.layers = nn.ModuleList(Block(dim, heads, compute_ms) for _ in range(layers))
         self.norm = nn.LayerNorm(dim)
         self.output = nn.Linear(dim, vocab, bias=False)
 
@@ -284,6 +297,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="nudge: one ulp at the chance; race: the edge's copy-out skips its wait")
     parser.add_argument("--async-unshard", action="store_true",
                         help="asynchronous unshards (no race): prefetches overlap compute")
+    parser.add_argument("--compute-ms", type=float, default=0.0,
+                        help="each layer's forward sleeps this many ms (modelled device compute)")
     parser.add_argument("--timings", default=None, help="rank 0 writes step timings here")
     parser.add_argument("--checkpoint", action="store_true", help="activation checkpointing")
     parser.add_argument("--backward-prefetch-depth", type=int, default=1,
@@ -295,6 +310,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
+    if args.compute_ms < 0 or not math.isfinite(args.compute_ms):
+        raise SystemExit(f"--compute-ms {args.compute_ms}: want a finite number >= 0")
     try:  # the adapter is optional: without it the workload trains the same way
         from bisect_prefetch import adapters
     except ImportError:
@@ -323,7 +340,7 @@ def main(argv: list[str] | None = None) -> None:
 
     torch.manual_seed(args.seed)
     model = TinyTransformer(vocab=args.vocab, dim=args.dim, heads=args.heads, layers=args.layers,
-                            checkpoint=args.checkpoint)
+                            checkpoint=args.checkpoint, compute_ms=args.compute_ms)
     apply_fsdp(model, init_device_mesh("cpu", (world,)),
                backward_depth=args.backward_prefetch_depth, extra_edges=tuple(args.extra_edge))
     if args.async_unshard:
