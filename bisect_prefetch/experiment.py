@@ -416,15 +416,22 @@ class Experiment(_Strict):
         return hashlib.sha256(canonical.encode()).hexdigest()[:16]
 
 
-def check_stress_fits(experiment: Experiment) -> None:
-    """ValueError, one line, where the engine cannot take stress (adapters/stress.py)."""
+def _graph_mode(experiment: Experiment) -> str | None:
+    """What says the job runs MindSpore graph mode (its prefetch hooks compiled into the
+    graph once), or None."""
     w = experiment.workload
     if w is not None and w.builtin == "mindformers":
-        raise ValueError("stress: the mindformers workload runs MindSpore graph mode, where "
-                         "prefetches are compiled into the graph: no issue to delay (stress: off)")
+        return "the mindformers workload runs MindSpore graph mode"
     if experiment.graph.source == "static" and experiment.graph.policy == "mindformers":
-        raise ValueError("stress: a static mindformers graph is for MindSpore graph mode, where "
-                         "prefetches are compiled into the graph: no issue to delay (stress: off)")
+        return "a static mindformers graph is for MindSpore graph mode"
+    return None
+
+
+def check_stress_fits(experiment: Experiment) -> None:
+    """ValueError, one line, where the engine cannot take stress (adapters/stress.py)."""
+    if where := _graph_mode(experiment):
+        raise ValueError(f"stress: {where}, where prefetches are compiled into the graph: no "
+                         "issue to delay (stress: off)")
 
 
 def with_stress(experiment: Experiment, mode: str | None) -> Experiment:
@@ -441,9 +448,7 @@ def with_stress(experiment: Experiment, mode: str | None) -> Experiment:
 
 def segments_unfit(experiment: Experiment) -> str | None:
     """Why the engine cannot switch masks inside a run (search/segments.py), or None."""
-    w = experiment.workload
-    if (w is not None and w.builtin == "mindformers") or (
-            experiment.graph.source == "static" and experiment.graph.policy == "mindformers"):
+    if _graph_mode(experiment):
         return ("MindSpore graph mode compiles the prefetch hooks into the graph once, so a "
                 "run keeps its first mask")
     return None

@@ -61,7 +61,7 @@ from bisect_prefetch.search.oracle import RunResult
 from bisect_prefetch.search.planning import most_informative
 from bisect_prefetch.search.posterior import EdgePosterior, Hypothesis
 from bisect_prefetch.search.reduce_step import CHECK_IN_FLIGHT, ReduceStep
-from bisect_prefetch.search.runlog import Ask, RunLog, mask_name  # noqa: F401 (mask_name: re-exported)
+from bisect_prefetch.search.runlog import Ask, RunLog, mask_name, matched_steps  # noqa: F401 (mask_name: re-exported)
 from bisect_prefetch.search.verdict import SearchResult
 from bisect_prefetch.vocab import Mask
 
@@ -167,7 +167,7 @@ class Bisection:
             raise BisectPrefetchError("the search is finished; no more runs to record")
         mask = self._known(mask)
         self.log.startups += startup
-        self.log.match_golden(result if matched is None else matched)
+        self.log.match_golden(matched_steps(result) if matched is None else matched)
         ask = self.log.take_in_flight(mask)
         if ask is None and self.pending is not None and self.pending.mask == mask:
             ask = self.pending

@@ -85,6 +85,13 @@ class Tally:
     failing: int = 0  # failed runs since the last completed one
 
 
+def matched_steps(result: RunResult) -> int:
+    """Steps of a whole run that matched the golden run: those before its first difference."""
+    if not result.completed:
+        return 0
+    return (result.first_diff_step or result.steps) - 1 if result.diverged else result.steps
+
+
 def mask_name(mask: Mask, edge_ids: Sequence[str]) -> str:
     """A preset name where one fits, else the enabled (or disabled) run of edges."""
     name = describe(mask, edge_ids)
@@ -183,13 +190,9 @@ class RunLog:
         self.events.append(block)
         return block
 
-    def match_golden(self, matched: RunResult | int) -> None:
-        """A run's steps that matched the golden run (a whole run's: before its first difference)."""
-        if isinstance(matched, RunResult):
-            result = matched
-            matched = 0 if not result.completed else (
-                (result.first_diff_step or result.steps) - 1 if result.diverged else result.steps)
-        self.golden_matched = max(self.golden_matched, matched)
+    def match_golden(self, steps: int) -> None:
+        """A run matched the golden run through this step (matched_steps)."""
+        self.golden_matched = max(self.golden_matched, steps)
 
     def golden_runs(self) -> float:
         """The golden run as a clean all-off run, in runs: the steps of it some run matched.

@@ -57,7 +57,7 @@ from dataclasses import dataclass, replace
 from bisect_prefetch.errors import BisectPrefetchError
 from bisect_prefetch.search.oracle import RunResult
 from bisect_prefetch.search.protocol import Bisection
-from bisect_prefetch.search.runlog import Ask
+from bisect_prefetch.search.runlog import Ask, matched_steps
 from bisect_prefetch.vocab import OK, Mask
 
 # A search segment's share of a run. 20 searches at q = 0.3, S = 50, cap 500 (same
@@ -179,7 +179,7 @@ def record_run(search: Bisection, schedule: Schedule, result: RunResult) -> None
         search.record(segments[0].ask.mask, result)
         return
     at = result.first_diff_step if result.diverged else None
-    matched = result.steps if at is None else at - 1  # of the golden run, by the whole run
+    matched = matched_steps(result)  # of the golden run, by the whole run
     diverged = schedule.holding(at) if at is not None else len(segments)
     # Drift first seen at a segment's first step may come from the step before it.
     since = diverged - 1 if at is not None and diverged > 0 and at == segments[diverged].first_step else diverged
