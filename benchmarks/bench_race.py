@@ -12,11 +12,15 @@ identical (digests).
 Printed: per setting, runs, divergences, the per-run chance (95% Clopper-Pearson
 interval), the median first differing step, the median step time; the A/A counts; and
 what a bisection of the 7 edges would cost at these figures (simulate, same seeds),
-in runs x steps, with and without stress. The machine's load average is printed:
+in runs x steps, with and without stress. Then two real bisections of the same
+experiment side by side, `--stress off` (at most ``--bisect-max-runs`` trials) and
+`--stress auto`: verdict, confidence, trials, and the training steps every run they
+launched took (golden, calibration and discovery runs included: the cluster's cost);
+their ratio where both named the racing edge. The machine's load average is printed:
 timing decides a race.
 
 Run: ``python -m benchmarks.bench_race [--runs N] [--stress-runs N] [--aa-runs N]
-[--config FILE] [--compute-ms MS] [--json FILE]`` (``--compute-ms`` overrides the
+[--config FILE] [--compute-ms MS] [--bisect-max-runs N] [--json FILE]`` (``--compute-ms`` overrides the
 config's ``workload.compute_ms``).
 """
 
@@ -27,8 +31,12 @@ import json
 import os
 import statistics
 import tempfile
+import time
 from pathlib import Path
 
+import yaml
+
+from bisect_prefetch.cli import main as cli_main
 from bisect_prefetch.experiment import load_experiment, with_overrides
 from bisect_prefetch.runs.execute import Runner
 from bisect_prefetch.runs.store import StateDir
@@ -145,6 +153,47 @@ def bisect_cost(figures: dict) -> dict | None:
             "accuracy_with": result["accuracy_with"]}
 
 
+def real_bisect(config: Path, compute_ms: float | None, stress: str,
+                max_runs: int | None) -> dict:
+    """`bisect-prefetch bisect CONFIG --stress STRESS` as a user runs it, in a fresh state
+    dir; its verdict and every training step its runs took (from its journal)."""
+    spec = yaml.safe_load(config.read_text())
+    if compute_ms is not None:
+        spec["workload"]["compute_ms"] = compute_ms
+    with tempfile.TemporaryDirectory() as tmp:
+        path, out, state_dir = Path(tmp) / "race.yaml", Path(tmp) / "bisect.json", Path(tmp) / "state"
+        path.write_text(yaml.safe_dump(spec))
+        start = time.perf_counter()
+        cli_main(["bisect", str(path), "--stress", stress, "--state-dir", str(state_dir),
+                  "--json", str(out)] + (["--max-runs", str(max_runs)] if max_runs else []))
+        wall = time.perf_counter() - start
+        data = json.loads(out.read_text())
+        with StateDir(state_dir, spec["name"]) as state:
+            records = state.records()
+    return {"verdict": data["verdict"], "minimal_set": data["minimal_set"],
+            "confidence": data["confidence"], "trials": data["runs_used"],
+            "runs_launched": len(records),
+            "runs_x_steps": sum(r.get("steps_done", 0) for r in records),
+            "wall_s": round(wall, 1), "stress_used": data["stress"].get("used")}
+
+
+def bisect_side_by_side(config: Path, compute_ms: float | None, max_runs_off: int) -> dict:
+    """The ratio of runs x steps only where both named the racing edge: an unstressed search
+    that missed the race (no-drift-reproduced, or out of runs) has no cost to compare."""
+    off = real_bisect(config, compute_ms, "off", max_runs_off)
+    auto = real_bisect(config, compute_ms, "auto", None)
+    both = off["minimal_set"] == auto["minimal_set"] == [RACING_EDGE]
+    return {"off": off, "auto": auto,
+            "ratio": auto["runs_x_steps"] / off["runs_x_steps"] if both else None}
+
+
+def _bisect_words(name: str, b: dict) -> str:
+    found = ",".join(b["minimal_set"]) or "-"
+    return (f"bisect --stress {name:<4}: {b['verdict']} {found}, confidence {b['confidence']:.3f}, "
+            f"{b['trials']} trials, {b['runs_launched']} runs launched, "
+            f"{b['runs_x_steps']} runs x steps, {b['wall_s']:.0f} s")
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--runs", type=int, default=60, help="runs without stress")
@@ -154,6 +203,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--config", type=Path, default=CONFIG, help="the race experiment")
     parser.add_argument("--compute-ms", type=float, default=None,
                         help="override workload.compute_ms (ms each layer's forward sleeps)")
+    parser.add_argument("--bisect-max-runs", type=int, default=40,
+                        help="trials for the real unstressed bisection (0: no real bisections)")
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args(argv)
     compute_ms = _experiment(args.config, args.compute_ms).workload.compute_ms
@@ -182,6 +233,18 @@ def main(argv: list[str] | None = None) -> None:
                  f"{cost['hazard_without']:.4f}" if cost["bound"] else "")
               + f"); step time x{cost['step_cost']:.2f}; accuracy "
               f"{cost['accuracy_without']:.2f} / {cost['accuracy_with']:.2f}", flush=True)
+    if args.bisect_max_runs:
+        print("two real bisections side by side: --stress off, then --stress auto", flush=True)
+        figures["real_bisect"] = real = bisect_side_by_side(args.config, args.compute_ms,
+                                                            args.bisect_max_runs)
+        for name in ("off", "auto"):
+            print(_bisect_words(name, real[name]), flush=True)
+        if real["ratio"] is not None:
+            print(f"real bisect runs x steps, auto against off: x{real['ratio']:.2f}", flush=True)
+        else:
+            missed = [n for n in ("off", "auto") if real[n]["minimal_set"] != [RACING_EDGE]]
+            print(f"no ratio: --stress {' and '.join(missed)} did not name {RACING_EDGE}",
+                  flush=True)
     figures["load_average"] = [round(x, 2) for x in (load, os.getloadavg())[1]]
     if args.json is not None:
         args.json.write_text(json.dumps(figures, indent=1) + "\n")

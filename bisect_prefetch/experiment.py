@@ -434,6 +434,11 @@ def check_stress_fits(experiment: Experiment) -> None:
                          "issue to delay (stress: off)")
 
 
+def stress_fits(experiment: Experiment) -> bool:
+    """Whether the engine can take stress (check_stress_fits says why not)."""
+    return _graph_mode(experiment) is None
+
+
 def with_stress(experiment: Experiment, mode: str | None) -> Experiment:
     """The experiment with --stress applied (None: its own stress.mode)."""
     if mode is None or mode == experiment.stress.mode:

@@ -336,14 +336,14 @@ def _builtin(tmp_path: Path, workload: str):
     return load_experiment(path)
 
 
-def test_fsdp2_argv_runs_torchrun_with_the_fault(tmp_path):
+def test_fsdp2_argv_starts_its_ranks_with_the_fault(tmp_path):
     from bisect_prefetch.runs.workloads import argv_template, render_argv
 
     exp = _builtin(tmp_path, '{builtin: fsdp2, layers: 4, world_size: 2, '
                              'fault: {edge: "bwd:layers.1->layers.0", hazard: 0.5}}')
     argv = render_argv(argv_template(exp, steps=12), {"port": 29555})
-    assert argv[:3] == [sys.executable, "-m", "torch.distributed.run"]
-    assert "--nproc_per_node=2" in argv and "--master_port=29555" in argv
+    assert argv[:3] == [sys.executable, "-m", "bisect_prefetch.workloads.local_ranks"]
+    assert "--nproc=2" in argv and "--master-port=29555" in argv
     tail = argv[argv.index("bisect_prefetch.workloads.fsdp2") + 1:]
     assert tail == ["--layers", "4", "--steps", "12", "--seed", "7",
                     "--fault-edge", "bwd:layers.1->layers.0", "--fault-hazard", "0.5"]

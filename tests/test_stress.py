@@ -274,6 +274,25 @@ def test_no_drift_under_stress_is_checked_without_stress(tmp_path):
     assert data["stress"]["unstressed_search"]["verdict"] == "no-drift-reproduced"
 
 
+def test_no_drift_without_stress_says_how_to_look_harder(tmp_path):
+    """A clean build without stress only rules out drift above a chance; a rarer race can hide,
+    and the verdict says how to look for one. Under stress it has already looked."""
+    experiment = _simulated_experiment(tmp_path, layers=2, last_line="search: {max_runs: 12}")
+    said = {}
+    for mode in ("off", "on"):
+        out = io.StringIO()
+        bisect_command.bisect(
+            experiment, confidence=None, max_runs=None, resume=False,
+            state_dir=tmp_path / f"state-{mode}", console=console(out),
+            json_out=tmp_path / f"{mode}.json", stress=mode,
+            oracle_for=lambda opened, on_run, stress=False: _StressOracle(
+                opened, on_run, culprit="none", hazard=0.0, stress=stress))
+        assert json.loads((tmp_path / f"{mode}.json").read_text())["verdict"] == "no-drift-reproduced"
+        said[mode] = out.getvalue()
+    hint = "drift rarer than that can still hide: for a prefetch race, --stress auto"
+    assert hint in said["off"] and hint not in said["on"]
+
+
 # -- real FSDP2 runs ------------------------------------------------------------------------------
 def _fsdp2_experiment(tmp_path: Path, name: str, workload: str, *, steps: int) -> Path:
     path = tmp_path / f"{name}.yaml"

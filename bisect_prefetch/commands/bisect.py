@@ -45,6 +45,7 @@ from bisect_prefetch.experiment import (
     Experiment,
     load_experiment,
     segments_unfit,
+    stress_fits,
     with_segments,
     with_stress,
 )
@@ -316,6 +317,12 @@ def _bisect(experiment: Experiment, experiment_path: Path, *, hint: str, resume:
     render_result(result, console, reproduce=data["reproduce"], run=numbers.of)
     if data["stress"]["mode"] != STRESS_OFF:
         console.print(stress_line(data["stress"]), markup=False, soft_wrap=True)
+    elif result.verdict == "no-drift-reproduced" and stress_fits(experiment):
+        # A race rarer than the chance ruled out passes unseen (docs/stress.md's race: 4 runs in
+        # 60 without stress): say how to look harder.
+        console.print("drift rarer than that can still hide: for a prefetch race, --stress auto "
+                      "checks whether delays before each prefetch make it show more often "
+                      "(docs/stress.md)", markup=False, soft_wrap=True)
     cost = fix_cost_line(data["step_time"], result.minimal_set)
     if cost:
         console.print(cost, markup=False, soft_wrap=True)

@@ -68,10 +68,11 @@ def argv_template(experiment: Experiment, *, steps: int) -> list[str]:
         return list(experiment.command)
     w = experiment.workload
     if w.builtin == "fsdp2":
+        # Its ranks start as torchrun would start them, without torchrun's agent (half a small
+        # run's start-up); users' jobs keep their own launcher.
         return [
-            sys.executable, "-m", "torch.distributed.run",
-            f"--nproc_per_node={w.world_size}", "--master_addr=127.0.0.1",
-            "--master_port={port}",
+            sys.executable, "-m", "bisect_prefetch.workloads.local_ranks",
+            f"--nproc={w.world_size}", "--master-addr=127.0.0.1", "--master-port={port}", "--",
             "-m", "bisect_prefetch.workloads.fsdp2", *_workload_args(experiment, steps),
         ]
     if w.builtin == "mindspore":
