@@ -14,6 +14,10 @@ before the first step.)
 - mindformers: configs/mindformers-cpu.yaml's (real MindFormers 1.9 trainer, 1 rank,
   its own venv; `make bench` makes it).
 
+Then the FSDP2 workload's launch side by side, interleaved: its ranks started as the tool
+starts them (workloads/local_ranks.py) and the same job under torchrun (as a `command:`),
+5-step runs through the Runner, medians of their walls.
+
 Run: ``python -m benchmarks.bench_workloads [--repeats N] [--json FILE]``.
 """
 
@@ -22,10 +26,11 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import sys
 import tempfile
 from pathlib import Path
 
-from bisect_prefetch.experiment import load_experiment
+from bisect_prefetch.experiment import load_experiment, with_overrides
 from bisect_prefetch.runs.execute import Runner
 from bisect_prefetch.runs.store import StateDir
 
@@ -56,6 +61,30 @@ def measure(config: Path, *, short_steps: int, long_steps: int, repeats: int) ->
             "repeats": repeats}
 
 
+def launch_side_by_side(config: Path, *, steps: int, repeats: int) -> dict:
+    """5-step runs of the FSDP2 workload, its ranks started by local_ranks and by torchrun."""
+    own = load_experiment(config)
+    w = own.workload
+    torchrun = with_overrides(own, {"workload": None, "command": [
+        sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={w.world_size}",
+        "--master_addr=127.0.0.1", "--master_port={port}", "-m", "bisect_prefetch.workloads.fsdp2",
+        "--layers", str(w.layers), "--steps", "{steps}", "--seed", "{seed}"]})
+    walls: dict[str, list[float]] = {"local_ranks": [], "torchrun": []}
+    with tempfile.TemporaryDirectory() as tmp:
+        for index in range(repeats):
+            for name, experiment in (("local_ranks", own), ("torchrun", torchrun)):
+                with StateDir(Path(tmp) / name, experiment.name) as state:
+                    runner = Runner(experiment, state)
+                    out = runner.run(runner.key("launch", mask=None, guard="none", steps=steps,
+                                                index=index), label=name)
+                if out.outcome != "ok":
+                    raise SystemExit(f"{name}: run {out.run_id} ended {out.outcome} ({out.reason})")
+                walls[name].append(out.wall_s)
+    medians = {name: round(statistics.median(w), 2) for name, w in walls.items()}
+    return {**medians, "ratio": round(medians["local_ranks"] / medians["torchrun"], 2),
+            "steps": steps, "repeats": repeats}
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--repeats", type=int, default=2)
@@ -69,6 +98,11 @@ def main(argv: list[str] | None = None) -> None:
         print(f"{name:<12} {f['startup_s']:>8.1f}s {f['per_step_ms']:>7.1f}ms  "
               f"({short_steps} steps in {f['short_run'][1]:.1f}s, {long_steps} in {f['long_run'][1]:.1f}s)",
               flush=True)
+    figures["launch"] = launch = launch_side_by_side(WORKLOADS["fsdp2"][0], steps=5,
+                                                     repeats=max(args.repeats, 5))
+    print(f"fsdp2 launch, {launch['steps']}-step run (median of {launch['repeats']}, interleaved): "
+          f"local_ranks {launch['local_ranks']:.2f}s, torchrun {launch['torchrun']:.2f}s "
+          f"(x{launch['ratio']:.2f})", flush=True)
     if args.json is not None:
         args.json.write_text(json.dumps(figures, indent=1) + "\n")
 

@@ -241,6 +241,7 @@ evidence
 └───────────┴──────────────────────────────────┴───────┴──────┴──────────┴───────────────────────┴─────────┘
 per-run chance 0 (95% interval 0-0.336), from 9 runs that enabled every edge (all-on)
 reproduce: bisect-prefetch aa TMP/exp.yaml --runs=4
+drift at a per-run chance below 0.259 can still hide: for a prefetch race, --stress auto checks whether delays before each prefetch make it show more often (docs/stress.md)
 runs launched 14, reused from the journal 0; report: TMP/state/sim/report.html
 wrote TMP/out.json
 """

@@ -289,7 +289,7 @@ def test_no_drift_without_stress_says_how_to_look_harder(tmp_path):
                 opened, on_run, culprit="none", hazard=0.0, stress=stress))
         assert json.loads((tmp_path / f"{mode}.json").read_text())["verdict"] == "no-drift-reproduced"
         said[mode] = out.getvalue()
-    hint = "drift rarer than that can still hide: for a prefetch race, --stress auto"
+    hint = "can still hide: for a prefetch race, --stress auto checks"
     assert hint in said["off"] and hint not in said["on"]
 
 

@@ -320,9 +320,10 @@ def _bisect(experiment: Experiment, experiment_path: Path, *, hint: str, resume:
     elif result.verdict == "no-drift-reproduced" and stress_fits(experiment):
         # A race rarer than the chance ruled out passes unseen (docs/stress.md's race: 4 runs in
         # 60 without stress): say how to look harder.
-        console.print("drift rarer than that can still hide: for a prefetch race, --stress auto "
-                      "checks whether delays before each prefetch make it show more often "
-                      "(docs/stress.md)", markup=False, soft_wrap=True)
+        ruled_out = next(f.chance for f in result.facts if isinstance(f, v.NoDrift))
+        console.print(f"drift at a per-run chance below {ruled_out:.3g} can still hide: for a "
+                      "prefetch race, --stress auto checks whether delays before each prefetch "
+                      "make it show more often (docs/stress.md)", markup=False, soft_wrap=True)
     cost = fix_cost_line(data["step_time"], result.minimal_set)
     if cost:
         console.print(cost, markup=False, soft_wrap=True)
