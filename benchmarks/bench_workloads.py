@@ -62,7 +62,7 @@ def measure(config: Path, *, short_steps: int, long_steps: int, repeats: int) ->
 
 
 def launch_side_by_side(config: Path, *, steps: int, repeats: int) -> dict:
-    """5-step runs of the FSDP2 workload, its ranks started by local_ranks and by torchrun."""
+    """Short runs of the FSDP2 workload, its ranks started by local_ranks and by torchrun."""
     own = load_experiment(config)
     w = own.workload
     torchrun = with_overrides(own, {"workload": None, "command": [

@@ -68,8 +68,8 @@ def argv_template(experiment: Experiment, *, steps: int) -> list[str]:
         return list(experiment.command)
     w = experiment.workload
     if w.builtin == "fsdp2":
-        # Its ranks start as torchrun would start them, without torchrun's agent (half a small
-        # run's start-up); users' jobs keep their own launcher.
+        # Its ranks start as torchrun would start them, without torchrun's agent (about 2 s a
+        # run: docs/benchmarks.md); users' jobs keep their own launcher.
         return [
             sys.executable, "-m", "bisect_prefetch.workloads.local_ranks",
             f"--nproc={w.world_size}", "--master-addr=127.0.0.1", "--master-port={port}", "--",

@@ -1,7 +1,7 @@
 """Start the ranks of a built-in reference workload on this host, as torchrun does for
-one node, without torchrun's agent: the agent imports torch (about 2.5 s of CPU a
-run, as long as the rest of a small run's start-up) and has no work to do here (no
-restarts, one node).
+one node, without torchrun's agent: the agent imports torch before any rank starts
+(about 2 s a run, a quarter of a short run's wall: docs/benchmarks.md) and has no work
+to do here (no restarts, one node).
 
     python -m bisect_prefetch.workloads.local_ranks --nproc 2 --master-port 29500 \\
         -- -m bisect_prefetch.workloads.fsdp2 --layers 4 --steps 10
