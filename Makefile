@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 # (the main venv has 2.10). About 80-170 s and 3.4 GB.
 MF_VENV := .venv-mindformers
 MF_STAMP := $(MF_VENV)/.installed
-# Real torchtitan 0.3.0 as a client job (tests/test_torchtitan.py, benchmarks/bench_torchtitan.py),
+# Real torchtitan 0.3.0 as a client job (tests/e2e/test_torchtitan.py, benchmarks/bench_torchtitan.py),
 # in a venv of its own: the tool's venv is never on its path. torchtitan declares neither torch
 # nor triton but imports triton unconditionally; torch goes first so pip keeps the CPU wheel.
 # About 2.5 GB.
@@ -49,9 +49,10 @@ slurm:
 test: $(STAMP) slurm $(MF_STAMP) $(TT_STAMP)
 	BISECT_PREFETCH_NO_SKIPS=1 $(BIN)/python -m pytest -q
 
-# The fast tests alone (no real training runs), for iteration: about 6 minutes on 2 cores.
+# The fast tests alone, for iteration: the suite without tests/e2e (the real-engine
+# end-to-end files) and without the tests marked slow elsewhere; about 6 minutes on 2 cores.
 test-fast: $(STAMP)
-	$(BIN)/python -m pytest -q -m "not slow"
+	$(BIN)/python -m pytest -q -m "not slow" --ignore=tests/e2e
 
 # The main job on the reference workload: bisect the FSDP2 workload with a planted
 # fault. Exit code 1 means "culprit found", which is the demo's expected ending.

@@ -3,8 +3,8 @@
 torchtitan's own trainer (llama3 `debugmodel`, 2 CPU ranks over gloo, its own venv
 `.venv-torchtitan`), launched by the tool's Runner as `aa` launches it: plan, adapter (digests
 of every gradient and value, the order record), the launcher, the metrics reading. The job is
-started through the tests' CPU wrapper (tests/torchtitan_cpu.py; real users run on GPUs) with
-the tests' locally made assets (tests/torchtitan_assets.py).
+started through the tests' CPU wrapper (tests/jobs/torchtitan_cpu.py; real users run on GPUs) with
+the tests' locally made assets (tests/jobs/torchtitan_assets.py).
 
 Per run, from its files:
 - start-up: launch to step 1's metrics line. The run's wall less the time from step 1's line

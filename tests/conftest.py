@@ -85,7 +85,7 @@ def trajectory(records) -> Trajectory:
 
 
 # -- stand-in experiments, state snapshots, leftover processes ----------------------------
-FAKE_JOB = Path(__file__).resolve().parent / "fake_job.py"
+FAKE_JOB = Path(__file__).resolve().parent / "jobs" / "fake_job.py"
 NAME = "fake"
 
 
@@ -106,7 +106,7 @@ def write_experiment(tmp_path: Path, argv: list[str], *, steps: int = 8, timeout
 
 
 def fake_job_experiment(tmp_path: Path, mode: str = "clean", **kw) -> Path:
-    """An experiment running tests/fake_job.py in a mode (clean, crash, hang, ...)."""
+    """An experiment running tests/jobs/fake_job.py in a mode (clean, crash, hang, ...)."""
     return write_experiment(tmp_path, [sys.executable, str(FAKE_JOB), mode], **kw)
 
 
@@ -225,7 +225,7 @@ def read_probe(run_dir: Path, rank: int = 0) -> dict:
     return json.loads((run_dir / f"probe.rank{rank}.json").read_text())
 
 
-# -- a green CI means the real engines ran (issue 26) ----------------------------------------
+# -- a green CI means the real engines ran ----------------------------------------
 # Under CI (CI=true) and in `make test` (BISECT_PREFETCH_NO_SKIPS=1) a skipped test fails with
 # its reason: a half-failed install (torch or MindSpore that does not import, no msrun, no
 # unshare) must not pass. By hand, `pytest` or `make test-fast` may skip.

@@ -1,3 +1,5 @@
+"""The prefetch graph (graph.py): static policies' edges, their order, edge ids parsed."""
+
 import json
 
 import pytest

@@ -1,4 +1,4 @@
-"""A green CI means the real engines ran (issue 26, item 7): under CI=true and in `make test`
+"""A green CI means the real engines ran: under CI=true and in `make test`
 a skipped test fails with its reason; by hand it may skip."""
 
 from __future__ import annotations

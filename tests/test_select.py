@@ -1,3 +1,5 @@
+"""Selectors, presets and the Mask type (select.py): globs, words, errors that name the nearest edge."""
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st

@@ -1,0 +1,1 @@
+"""Tests of adapters/: the code that runs inside the training job."""

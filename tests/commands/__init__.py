@@ -1,0 +1,1 @@
+"""Tests of commands/ through the CLI: transcripts, outputs, bad input."""

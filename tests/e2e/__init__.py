@@ -1,0 +1,1 @@
+"""End to end on real engines: FSDP2, MindSpore, MindFormers, torchtitan, Slurm."""

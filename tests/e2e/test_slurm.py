@@ -1,0 +1,373 @@
+"""The slurm executor against a real single-node Slurm (tests/slurm_cluster.py).
+
+End to end on the FSDP2 reference workload (world size 1, 4 layers, a
+planted fault): a bisection through `executor: slurm` names the edge, and
+survives a SIGKILL of its orchestrator (`--resume` re-attaches to the job in
+flight and submits no run twice); a job cancelled from outside is retried
+and never counted; bad input fails in one line with exit 2 and an untouched
+journal. Never skipped: `make test` installs slurm-wlm and munge first.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from bisect_prefetch.errors import BisectPrefetchError
+from bisect_prefetch.experiment import load_experiment
+from bisect_prefetch.runs.execute import Runner
+from bisect_prefetch.runs.executors.slurm import SlurmExecutor, SlurmOptions
+from bisect_prefetch.runs.oracle import RealOracle
+from bisect_prefetch.runs.store import StateDir
+
+FAULT_EDGE = "bwd:layers.2->layers.1"
+
+
+def write_experiment(tmp_path: Path, *, steps: int = 10, executor: str = "{kind: slurm, slots: 2}",
+                     fault: bool = True) -> Path:
+    fault_line = f'  fault: {{edge: "{FAULT_EDGE}", hazard: 0.3}}\n' if fault else ""
+    path = tmp_path / "exp.yaml"
+    path.write_text(
+        "name: e2e\nworkload:\n  builtin: fsdp2\n  layers: 4\n  world_size: 1\n"
+        f"{fault_line}steps: {steps}\nseed: 7\ntimeout_s: 240\nno_progress_timeout_s: 120\n"
+        f"executor: {executor}\n"
+    )
+    return path
+
+
+def cli(*args: str) -> list[str]:
+    return [sys.executable, "-m", "bisect_prefetch.cli", *args]
+
+
+def journal(state: Path) -> list[dict]:
+    path = state / "e2e" / "journal.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def key_of(record: dict) -> tuple:
+    return (record["variant"], tuple(record["mask"] or ()), record["index"], record["attempt"])
+
+
+def in_flight(records: list[dict]) -> list[dict]:
+    finished = {r["run_id"] for r in records if "submitted" not in r}
+    return [r for r in records if "submitted" in r and r["run_id"] not in finished]
+
+
+@pytest.mark.slow
+def test_bisect_through_slurm_resumes_after_sigkill_and_names_the_edge(slurm_cluster, tmp_path):
+    exp = write_experiment(tmp_path)
+    state = tmp_path / "state"
+    first = subprocess.Popen(cli("bisect", str(exp), "--state-dir", str(state), "--slots", "2"),
+                             cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                             text=True)
+    deadline = time.monotonic() + 400
+    # Kill hard while a search run's job is in flight, after a few runs finished.
+    killed_during: list[dict] = []
+    most_in_flight = 0  # the search keeps both slots busy
+    while time.monotonic() < deadline and first.poll() is None:
+        if (state / "e2e" / "journal.jsonl").exists():
+            records = journal(state)
+            finished = [r for r in records
+                        if "submitted" not in r and r["variant"].startswith("search")]
+            pending = [r for r in in_flight(records) if r["variant"].startswith("search")]
+            most_in_flight = max(most_in_flight, len(pending))
+            if len(finished) >= 3 and pending and most_in_flight >= 2:
+                killed_during = pending
+                break
+        time.sleep(0.1)
+    assert first.poll() is None, first.communicate()[0]
+    os.kill(first.pid, signal.SIGKILL)
+    first.wait(timeout=30)
+    assert killed_during and most_in_flight == 2
+
+    second = subprocess.run(cli("bisect", str(exp), "--state-dir", str(state), "--resume",
+                                "--slots", "2", "--json", str(tmp_path / "out.json")),
+                            cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    assert second.returncode == 1, second.stdout + second.stderr  # 1: a culprit found
+    data = json.loads((tmp_path / "out.json").read_text())
+    assert data["verdict"] == "culprit-found", second.stdout
+    assert data["minimal_set"] == [FAULT_EDGE]
+
+    records = journal(state)
+    submissions = [r for r in records if "submitted" in r]
+    finished = [r for r in records if "submitted" not in r]
+    # Every run was submitted once: no key and no job twice, and every run has one.
+    assert all(n == 1 for n in Counter(key_of(r) for r in submissions).values())
+    assert len({r["job_id"] for r in submissions}) == len(submissions)
+    # A run in flight when the verdict came is cancelled, never journaled as finished.
+    # So is a job of the killed orchestrator that the resumed search did not ask for again.
+    unfinished = {r["run_id"] for r in submissions} - {r["run_id"] for r in finished}
+    assert len(unfinished - {p["run_id"] for p in killed_during}) <= 1, unfinished
+    # A job in flight at the kill was re-attached and collected, not run again (the
+    # resumed search asks for the same runs: the journal replays its decisions).
+    collected = [r for r in finished if r["run_id"] in {p["run_id"] for p in killed_during}]
+    assert collected and all(key_of(r) in {key_of(p) for p in killed_during} for r in collected)
+    assert "submitted by an earlier orchestrator have not been collected" in second.stdout
+    # No job outlives the command: re-attached, collected, or cancelled.
+    queue = subprocess.run(["squeue", "-h", "-o", "%i %j"], capture_output=True, text=True)
+    assert "bisect-prefetch" not in queue.stdout, queue.stdout
+    assert data["runs_reused"] >= 3
+
+
+@pytest.mark.slow
+def test_sigterm_scancels_the_jobs_in_flight_and_prints_the_resume_command(slurm_cluster,
+                                                                           tmp_path):
+    exp = write_experiment(tmp_path, steps=30, fault=False)
+    state = tmp_path / "state"
+    proc = subprocess.Popen(cli("aa", str(exp), "--runs", "2", "--state-dir", str(state)),
+                            cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True)
+    deadline = time.monotonic() + 300
+    pending: list[dict] = []
+    while time.monotonic() < deadline and proc.poll() is None and len(pending) < 2:
+        if (state / "e2e" / "journal.jsonl").exists():
+            pending = [r for r in in_flight(journal(state)) if r["variant"].startswith("aa+")]
+        time.sleep(0.1)
+    assert len(pending) == 2, proc.communicate()[0]  # both runs in flight on the 2 slots
+    proc.send_signal(signal.SIGTERM)
+    out = proc.communicate(timeout=120)[0]
+    assert proc.returncode == 143, out
+    assert "to resume, run again:" in out and "bisect-prefetch aa" in out
+    queue = subprocess.run(["squeue", "-h", "-o", "%i"], capture_output=True, text=True)
+    assert not {r["job_id"] for r in pending} & set(queue.stdout.split()), queue.stdout
+
+
+@pytest.mark.slow
+def test_a_job_cancelled_from_outside_is_retried_and_never_counted(slurm_cluster, tmp_path):
+    exp = load_experiment(write_experiment(tmp_path, steps=20, fault=False,
+                                           executor="{kind: slurm, slots: 1}"))
+    mask = frozenset({FAULT_EDGE})
+    results = []
+    with StateDir(tmp_path / "state", exp.name) as state:
+        oracle = RealOracle(Runner(exp, state), steps=20, guard="none", max_retries=1)
+        _ = oracle.golden
+        worker = threading.Thread(target=lambda: results.append(oracle.run(mask)))
+        worker.start()
+        cancelled = None
+        deadline = time.monotonic() + 120
+        while cancelled is None and time.monotonic() < deadline:
+            pending = [r for r in in_flight(journal(tmp_path / "state"))
+                       if r["variant"].startswith("search+") and r["attempt"] == 0]
+            if pending and (Path(state.run_dir(pending[0]["run_id"])) / "metrics.jsonl").exists():
+                cancelled = pending[0]
+                subprocess.run(["scancel", cancelled["job_id"]], check=True)
+            time.sleep(0.1)
+        worker.join(timeout=300)
+    assert cancelled is not None
+    runs = [r for r in journal(tmp_path / "state")
+            if "submitted" not in r and r["variant"].startswith("search+")]
+    assert [r["attempt"] for r in runs] == [0, 1]
+    # Lost, not finished: an error (or truncated, when it had reported some steps).
+    assert runs[0]["outcome"] in ("error", "truncated") and "CANCELLED" in runs[0]["reason"]
+    assert runs[1]["outcome"] == "ok"
+    assert results and results[0].outcome == "ok" and not results[0].diverged
+    assert oracle.runs_launched == 3  # golden, the cancelled run and its retry
+    assert len(oracle.runs_lost) == 1 and "CANCELLED" in oracle.runs_lost[0]
+
+
+@pytest.mark.slow
+def test_an_aa_run_cancelled_from_outside_is_run_again(slurm_cluster, tmp_path):
+    exp = write_experiment(tmp_path, steps=20, fault=False)
+    state = tmp_path / "state"
+    proc = subprocess.Popen(cli("aa", str(exp), "--runs", "2", "--state-dir", str(state),
+                                "--json", str(tmp_path / "aa.json")),
+                            cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True)
+    deadline = time.monotonic() + 300
+    cancelled = None
+    while cancelled is None and time.monotonic() < deadline and proc.poll() is None:
+        if (state / "e2e" / "journal.jsonl").exists():
+            for r in in_flight(journal(state)):
+                if r["variant"].startswith("aa+") and (state / "e2e" / "runs" / r["run_id"] /
+                                                       "metrics.jsonl").exists():
+                    cancelled = r
+                    subprocess.run(["scancel", r["job_id"]], check=True)
+                    break
+        time.sleep(0.1)
+    out = proc.communicate(timeout=400)[0]
+    assert cancelled is not None, out
+    assert proc.returncode == 0, out  # consistent, from the two runs that were not lost
+    data = json.loads((tmp_path / "aa.json").read_text())
+    lost = [r for r in data["run_details"] if "lost: Slurm state CANCELLED" in r["reason"]]
+    assert [r["run_id"] for r in lost] == [cancelled["run_id"]]
+    assert lost[0]["outcome"] in ("error", "truncated")
+    assert sum(r["outcome"] == "ok" for r in data["run_details"]) == 2
+
+
+def test_a_failed_job_is_an_error_with_its_exit_code(slurm_cluster, tmp_path):
+    path = tmp_path / "exp.yaml"
+    path.write_text(f"name: crash\ncommand: [{sys.executable}, -c, 'raise SystemExit(3)']\n"
+                    "graph: {source: static, policy: fsdp2-chain, layers: 2}\nsteps: 2\n"
+                    "timeout_s: 60\nexecutor: {kind: slurm}\n")
+    exp = load_experiment(path)
+    with StateDir(tmp_path / "state", exp.name) as state:
+        runner = Runner(exp, state)
+        out = runner.run(runner.key("aa", mask=None, guard="none", steps=2, index=0), label="x")
+    assert out.outcome == "error" and out.exit_code == 3, out
+    assert out.reason == "Slurm state FAILED, exit code 3"
+
+
+def bad_input(tmp_path: Path, executor: str, **env: str) -> subprocess.CompletedProcess:
+    exp = write_experiment(tmp_path, executor=executor, fault=False)
+    return subprocess.run(cli("aa", str(exp), "--state-dir", str(tmp_path / "state")),
+                          cwd=tmp_path, capture_output=True, text=True, timeout=300,
+                          env={**os.environ, **env})
+
+
+@pytest.mark.parametrize("executor, words", [
+    ("{kind: slurm, partition: nosuchpartition}", "nosuchpartition"),
+    ("{kind: slurm, nodes: 9}", "never start"),  # more nodes than the cluster has
+])
+def test_a_job_slurm_rejects_is_one_line_and_exit_2(slurm_cluster, tmp_path, executor, words):
+    done = bad_input(tmp_path, executor)
+    assert done.returncode == 2, done.stdout + done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and words in lines[0], done.stderr
+    assert not (tmp_path / "state" / "e2e" / "journal.jsonl").exists()
+
+
+def test_a_state_dir_the_nodes_do_not_see_is_one_line_and_exit_2(slurm_cluster, tmp_path):
+    # The orchestrator runs in a mount namespace of its own with a tmpfs over the
+    # state dir: the job (started by slurmd, outside) cannot write where it reads.
+    if subprocess.run(["unshare", "--mount", "true"], capture_output=True).returncode != 0:
+        pytest.skip("this machine does not allow mount namespaces (unshare --mount)")
+    exp = write_experiment(tmp_path, executor="{kind: slurm}", fault=False)
+    state = tmp_path / "state"
+    state.mkdir()
+    inner = shlex.join(cli("aa", str(exp), "--state-dir", str(state)))
+    done = subprocess.run(["unshare", "--mount", "--propagation", "private", "sh", "-c",
+                           f"mount -t tmpfs tmpfs {shlex.quote(str(state))} && exec {inner}"],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 2, done.stdout + done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and "is not shared with the Slurm nodes" in lines[0], done.stderr
+    assert str(state / "e2e") in lines[0]
+    assert list(state.iterdir()) == []  # nothing reached the real state dir either
+
+
+def test_missing_sbatch_is_one_line_and_exit_2(tmp_path):
+    done = bad_input(tmp_path, "{kind: slurm}", PATH=str(Path(sys.executable).parent))
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert done.stderr.strip().splitlines() == [
+        "error: sbatch not found on PATH: the slurm executor needs Slurm's client commands"]
+    assert not (tmp_path / "state" / "e2e" / "journal.jsonl").exists()
+
+
+def test_multi_node_script_runs_the_command_once_per_node_under_srun(tmp_path):
+    from bisect_prefetch.runs.executors.base import Job
+    from bisect_prefetch.runs.launcher import JobSpec
+
+    executor = SlurmExecutor(SlurmOptions(nodes=2, ntasks_per_node=1, gpus_per_node=8,
+                                          partition="gpu", time="01:00:00", account="proj",
+                                          expand_env=("MASTER_ADDR",)))
+    argv = ["printf", "%s\\n", "--rdzv_endpoint=$MASTER_ADDR:29500", "two words", 'a "quote"']
+    spec = JobSpec(argv=argv, run_dir=tmp_path, timeout_s=600,
+                   env={**os.environ, "BISECT_PREFETCH_PLAN": "/x/plan.json"})
+    script = executor.script(Job(spec=spec)).splitlines()
+    for line in ("#SBATCH --nodes=2", "#SBATCH --ntasks-per-node=1", "#SBATCH --gpus-per-node=8",
+                 "#SBATCH --partition=gpu", "#SBATCH --time=01:00:00", "#SBATCH --account=proj",
+                 "export BISECT_PREFETCH_PLAN=/x/plan.json"):
+        assert line in script
+    srun = [shlex.split(line) for line in script if line.startswith("srun ")]
+    assert len(srun) == 1 and srun[0][:4] == ["srun", "--kill-on-bad-exit=1", "bash", "-c"]
+    # On each node bash expands $MASTER_ADDR (expand_env); every other word arrives as given.
+    words = subprocess.run(["bash", "-c", srun[0][4]], capture_output=True, text=True, check=True,
+                           env={"MASTER_ADDR": "node7", "PATH": os.environ["PATH"]})
+    assert words.stdout.splitlines() == ["--rdzv_endpoint=node7:29500", "two words", 'a "quote"']
+
+
+HOSTILE_WORDS = ["$(touch pwned)", "pa$$word", "cost: $5", "${oc.env:X}", "\\$HOME", "`id`",
+                 "a 'single' \"double\"", "two  spaces", "new\nline", "", "$MASTER_ADDR"]
+
+
+@pytest.mark.parametrize("nodes", [1, 2])
+def test_the_batch_script_passes_every_word_exactly(tmp_path, nodes):
+    """A job under Slurm receives exactly the argv a local run receives; only the
+    names in expand_env expand on the node."""
+    from bisect_prefetch.runs.executors.base import Job
+    from bisect_prefetch.runs.launcher import JobSpec
+
+    out = tmp_path / "words"
+    argv = [sys.executable, "-c", "import sys, json; open(sys.argv[1], 'w').write(json.dumps(sys.argv[2:]))",
+            str(out), *HOSTILE_WORDS, "--addr=${SLURM_NODEID}:1"]
+    executor = SlurmExecutor(SlurmOptions(nodes=nodes, expand_env=("SLURM_NODEID",)))
+    spec = JobSpec(argv=argv, run_dir=tmp_path, timeout_s=60, env=dict(os.environ))
+    script = tmp_path / "job.sbatch"
+    script.write_text(executor.script(Job(spec=spec)))
+    # The script as a node runs it; srun here only runs its command once (scontrol is absent:
+    # MASTER_ADDR comes out empty, which these words do not use).
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "srun").write_text('#!/bin/sh\nshift\nexec "$@"\n')
+    (bin_dir / "srun").chmod(0o755)
+    subprocess.run(["bash", str(script)], cwd=tmp_path, check=True, capture_output=True,
+                   env={"PATH": f"{bin_dir}:{os.environ['PATH']}", "SLURM_NODEID": "3"})
+    assert json.loads(out.read_text()) == [*HOSTILE_WORDS, "--addr=3:1"]
+    assert not (tmp_path / "pwned").exists()
+
+
+@pytest.mark.parametrize("executor", ["{kind: slurm, partition: \"a\\nb\"}",
+                                      "{kind: slurm, expand_env: [\"A-B\"]}"])
+def test_executor_strings_that_would_break_the_script_are_refused(tmp_path, executor):
+    done = bad_input(tmp_path, executor)
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1
+
+
+ARGV_JOB = """
+import json, os, sys
+out = json.load(open(os.environ["BISECT_PREFETCH_PLAN"]))["out_dir"]
+with open(os.path.join(out, "argv.json"), "w") as f:
+    json.dump(sys.argv[1:], f)
+with open(os.path.join(out, "metrics.jsonl"), "w") as f:
+    for step in (1, 2):
+        f.write(json.dumps({"step": step, "loss": 1.0}) + "\\n")
+"""
+ARGV_WORDS = [*HOSTILE_WORDS, "--out={run_dir}/out dir", "tab\there", "back\\\\slash\\",
+              "$HOME ${HOME} $(id) `id` $$ $? $!", "*", "~", "a;b&&c|d>e", "'", '"', "\\"]
+
+
+def test_a_job_under_slurm_receives_exactly_the_argv_a_local_run_receives(slurm_cluster, tmp_path):
+    """The same words (`$`, `$(...)`, `${...}`, quotes, backslashes, spaces,
+    newlines) reach the job under Slurm as locally, and so does a state dir path full of
+    them, through {run_dir}: nothing runs or expands on the node."""
+    script = tmp_path / "argv_job.py"
+    script.write_text(ARGV_JOB)
+    received = {}
+    for kind in ("local", "slurm"):
+        root = tmp_path / kind / "state $(touch pwned) 'q' \"d\" ${HOME} `id` #x 100%j"
+        path = tmp_path / f"{kind}.yaml"
+        path.write_text(
+            f"name: argv\ncommand: {json.dumps([sys.executable, str(script), *ARGV_WORDS])}\n"
+            "metrics: {format: jsonl, names: [loss]}\n"
+            "graph: {source: static, policy: fsdp2-chain, layers: 2}\n"
+            f"steps: 2\ntimeout_s: 120\nexecutor: {{kind: {kind}}}\n")
+        exp = load_experiment(path)
+        with StateDir(root, exp.name) as state:
+            runner = Runner(exp, state)
+            out = runner.run(runner.key("aa", mask=None, guard="none", steps=2, index=0),
+                             label=kind)
+            assert out.outcome == "ok", out
+            run_dir = str(state.run_dir(out.run_id).resolve())
+            got = json.loads((state.run_dir(out.run_id) / "argv.json").read_text())
+        received[kind] = [word.replace(run_dir, "<run_dir>") for word in got]
+    assert received["local"] == [w.replace("{run_dir}", "<run_dir>") for w in ARGV_WORDS]
+    assert received["slurm"] == received["local"]
+    assert not list(tmp_path.rglob("pwned"))
+
+
+def test_a_state_dir_slurm_cannot_take_is_one_line(tmp_path):
+    # slurmd fails a job whose --output path holds a backslash: said before any job.
+    executor = SlurmExecutor(SlurmOptions())
+    with pytest.raises(BisectPrefetchError, match="holds a backslash"):
+        executor.check(tmp_path / "back\\slash")

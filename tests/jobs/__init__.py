@@ -1,0 +1,1 @@
+"""User-style jobs and stand-ins the tests launch; they import nothing of the tool."""

@@ -1,0 +1,1 @@
+"""Tests of metrics/: log parsers, comparison, digests, localization, live following."""

@@ -1,0 +1,120 @@
+"""RealOracle over stand-in jobs: golden comparison, resume, retries, masks that change the math."""
+
+from __future__ import annotations
+
+import json
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from bisect_prefetch.errors import BisectPrefetchError
+from bisect_prefetch.experiment import load_experiment
+from bisect_prefetch.runs.execute import Runner
+from bisect_prefetch.runs.oracle import RealOracle
+from bisect_prefetch.runs.store import StateDir
+from tests.jobs.fake_job import DETERMINISTIC_EDGE, RANDOM_EDGE
+
+FAKE_JOB = Path(__file__).resolve().parents[1] / "jobs" / "fake_job.py"
+CLEAN = frozenset({DETERMINISTIC_EDGE})
+DRIFTING = frozenset({RANDOM_EDGE})
+
+
+def _experiment(tmp_path: Path, mode: str = "clean", timeout_s: float = 30):
+    path = tmp_path / "exp.yaml"
+    path.write_text(textwrap.dedent(f"""
+        name: fake
+        command: [{json.dumps(sys.executable)}, {json.dumps(str(FAKE_JOB))}, {mode}]
+        metrics: {{format: jsonl, names: [loss]}}
+        graph: {{source: static, policy: fsdp2-chain, layers: 2}}
+        steps: 6
+        timeout_s: {timeout_s}
+    """))
+    return load_experiment(path)
+
+
+def _oracle(state: StateDir, experiment, **kw) -> RealOracle:
+    return RealOracle(Runner(experiment, state), steps=6, guard="none", **kw)
+
+
+def test_runs_are_trials_against_one_golden_run(tmp_path):
+    experiment = _experiment(tmp_path)
+    with StateDir(tmp_path / "state", "fake") as state:
+        oracle = _oracle(state, experiment)
+        clean = oracle.run(CLEAN)
+        drifting = oracle.run(DRIFTING)
+        all_off = oracle.run(frozenset())
+        golden = oracle.golden
+    assert (clean.outcome, clean.diverged, clean.steps) == ("ok", False, 6)
+    assert drifting.diverged and drifting.first_diff_step == 3
+    assert all_off.diverged is False
+    # One golden run plus three trials.
+    assert oracle.runs_launched == 4
+    records = [json.loads(line) for line in (tmp_path / "state/fake/journal.jsonl").open()]
+    assert [r["reference"] for r in records[1:]] == [golden] * 3
+    assert records[0]["mask"] == [] and records[0]["variant"].startswith("search-golden+")
+
+
+def test_resume_replays_the_same_runs_in_order(tmp_path):
+    experiment = _experiment(tmp_path)
+    asks = [DRIFTING, CLEAN, DRIFTING, CLEAN]
+    with StateDir(tmp_path / "state", "fake") as state:
+        oracle = _oracle(state, experiment)
+        first = [oracle.run(mask) for mask in asks]
+        assert oracle.runs_launched == 5
+    with StateDir(tmp_path / "state", "fake") as state:
+        oracle = _oracle(state, experiment)
+        again = [oracle.run(mask) for mask in asks]
+        assert oracle.runs_launched == 0 and oracle.runs_reused == 5
+        # Asking for more than was run before launches the new run only.
+        oracle.run(CLEAN)
+        assert oracle.runs_launched == 1
+    assert again == first
+
+
+def test_errors_are_retried_then_reported(tmp_path):
+    experiment = _experiment(tmp_path, "crash")
+    with StateDir(tmp_path / "state", "fake") as state:
+        oracle = _oracle(state, experiment, max_retries=1)
+        with pytest.raises(BisectPrefetchError, match=r"reference run \(search-golden\) failed 2 times"):
+            oracle.run(CLEAN)
+
+
+def test_a_failed_trial_is_retried_and_never_clean(tmp_path):
+    experiment = _experiment(tmp_path, "crash-when-fwd")
+    with StateDir(tmp_path / "state", "fake") as state:
+        oracle = _oracle(state, experiment, max_retries=2)
+        result = oracle.run(CLEAN)
+    assert result.outcome == "error" and result.diverged is None
+    assert oracle.runs_launched == 1 + 3  # the golden run, then three attempts
+
+
+def test_mask_that_changes_the_math_is_compared_within_itself(tmp_path):
+    experiment = _experiment(tmp_path, "det")
+    with StateDir(tmp_path / "state", "fake") as state:
+        oracle = _oracle(state, experiment)
+        first = oracle.run(CLEAN)
+        second = oracle.run(CLEAN)
+        assert first.diverged and second.diverged
+        assert first.first_diff_step == second.first_diff_step == 1
+        assert oracle.deterministic_masks() == [CLEAN]
+        third = oracle.run(CLEAN)
+    assert third.diverged is False
+
+
+def test_a_job_that_cannot_switch_masks_is_said_once_and_never_retried(tmp_path):
+    """A run of several masks whose ranks refused the schedule (MindSpore graph mode) is an
+    error, never evidence; retrying it would be refused again, so the oracle says why
+    and the command goes on with one mask a run (commands/bisect.py run_bisection)."""
+    experiment = _experiment(tmp_path, "graph-mode")
+    with StateDir(tmp_path / "state", "fake") as state:
+        oracle = _oracle(state, experiment, max_retries=2)
+        request = oracle.request_schedule([(1, CLEAN), (4, frozenset())], 6)
+        out = oracle.runner.run(request.key, label=request.label, reference=request.reference)
+        result = oracle.finished(request, out)
+        assert not result.completed  # a failure: no retry request came back
+        assert "cannot switch masks inside a run: graph mode" in oracle.schedule_refused
+        assert oracle.runs_launched == 2  # the golden run and this one
+        # One mask a run is not refused.
+        assert oracle.run(CLEAN).completed and oracle.schedule_refused is not None

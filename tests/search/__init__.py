@@ -1,0 +1,1 @@
+"""Tests of search/: the pure decisions, against the simulated oracle."""

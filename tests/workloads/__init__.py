@@ -1,0 +1,1 @@
+"""Tests of workloads/: the built-in reference jobs and their rank starter."""
