@@ -43,7 +43,7 @@ import numpy as np
 from bisect_prefetch.errors import BisectPrefetchError
 from bisect_prefetch.graph import from_policy
 from bisect_prefetch.search.hints import HintPrior, edge_ends
-from bisect_prefetch.search.oracle import RunResult
+from bisect_prefetch.search.oracle import AnswersAtOnce, RunResult
 from bisect_prefetch.search.protocol import Bisection
 from bisect_prefetch.search.runlog import BACKGROUND_CONTROL, STAGES
 from bisect_prefetch.search.segments import (
@@ -64,8 +64,9 @@ def _stream(seed: int, trial: int, name: str) -> np.random.Generator:
     return np.random.default_rng([seed, trial, zlib.crc32(name.encode())])
 
 
-class SimulatedOracle:
-    """Runs nothing: draws each run's first differing step from the culprit rule."""
+class SimulatedOracle(AnswersAtOnce):
+    """Runs nothing: draws each run's first differing step from the culprit rule, and
+    answers the slot operations of search/oracle.py at once (AnswersAtOnce)."""
 
     def __init__(
         self,
