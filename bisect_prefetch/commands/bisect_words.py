@@ -26,7 +26,18 @@ from bisect_prefetch.search.runlog import AFTER_DROP_ONLY_DIVERGED, BACKGROUND_C
 from bisect_prefetch.search.segments import Lengths
 from bisect_prefetch.search.stress import Hazard, StressChoice
 from bisect_prefetch.search.verdict import SearchResult
-from bisect_prefetch.vocab import STRESS_OFF, VERDICT_NO_DRIFT, Mask
+from bisect_prefetch.vocab import (
+    DROP_ONLY,
+    KEEP_ONLY,
+    STAGE_CALIBRATE,
+    STAGE_CHECK_OFF,
+    STAGE_LEADING,
+    STAGE_REDUCE,
+    STAGE_SEARCH,
+    STRESS_OFF,
+    VERDICT_NO_DRIFT,
+    Mask,
+)
 
 
 def budget_words(max_runs: int | None) -> str:
@@ -58,31 +69,29 @@ def _runs(n: int) -> str:
 
 
 def stage_title(stage: str, mask: str, target: Sequence[str], context: str | None) -> str:
-    """What a protocol step checks, e.g. "checking that all-on diverges" (the numbered
-    steps of search/protocol.py, one stage each)."""
+    """What a protocol stage checks, e.g. "checking that all-on diverges" (the numbered
+    parts of search/protocol.py: 1 calibrate, 2 check-off, 3 reduce, 4 the double check
+    of an answer, 5 search and the leading set)."""
     names = ",".join(target)
-    # step 1: calibrate
-    if stage == "calibrate":
+    if stage == STAGE_CALIBRATE:  # 1
         return "checking that all-on diverges"
-    # step 2: check-off (and the all-off runs of step 4's double check)
-    if stage == "check-off":
+    if stage == STAGE_CHECK_OFF:  # 2, and the all-off runs of 4's double check
         if context == AFTER_DROP_ONLY_DIVERGED:
             return "drop-only still diverges: checking that all-off is consistent"
         if context == BACKGROUND_CONTROL:
             return "ruling out drift without prefetch as strong as the answer's: checking that all-off is consistent"
         return "checking that all-off is consistent"
-    # step 5: search
-    if stage == "search":
-        return f"testing {mask}"
-    # step 3: reduce
-    if stage == "reduce":
+    if stage == STAGE_REDUCE:  # 3
         return f"reducing the {len(target)} edges every diverged run enabled: testing {mask}"
-    # step 4: double check (keep-only also ends step 5 once a set leads)
-    if stage == "keep-only":
+    if stage == KEEP_ONLY:  # 4: an answer is confirmed; its keep-only must diverge
         return f"double checking the answer: {f'keep-only:{names}' if target else 'all-off'} should diverge"
-    if stage == "drop-only":
+    if stage == DROP_ONLY:  # 4
         return f"double checking the answer: drop-only:{names} should be consistent"
-    return f"recorded run of {mask}"  # "extra": a run the search did not ask for
+    if stage == STAGE_SEARCH:  # 5
+        return f"testing {mask}"
+    if stage == STAGE_LEADING:  # 5: no answer yet; the set most runs point at, alone
+        return f"checking that the leading set is enough: keep-only:{names} should diverge"
+    return f"recorded run of {mask}"  # STAGE_EXTRA: a run the search did not ask for
 
 
 def notice_line(notice: dict) -> str:
@@ -226,7 +235,7 @@ def render_result(result: SearchResult, console: Console, *, reproduce: str | No
 
 def evidence_table(result: SearchResult) -> Table:
     table = Table(title="evidence", title_justify="left")
-    for column in ("step", "mask", "edges", "runs", "diverged", "first differing steps", "verdict"):
+    for column in ("stage", "mask", "edges", "runs", "diverged", "first differing steps", "verdict"):
         table.add_column(column, overflow="fold")
     for row in result.evidence:
         steps = ", ".join(str(s) for s in row["first_diff_steps"]) or "-"

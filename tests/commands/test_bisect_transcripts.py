@@ -27,6 +27,7 @@ from bisect_prefetch.search.oracle import AnswersAtOnce, Finished, RunResult
 from bisect_prefetch.search.runlog import AFTER_DROP_ONLY_DIVERGED
 from bisect_prefetch.search.simulate import SimulatedOracle
 from bisect_prefetch.search.stats import hazard_for_chance
+from bisect_prefetch.vocab import KEEP_ONLY, STAGE_CHECK_OFF, STAGE_LEADING
 from tests.conftest import console
 
 STEPS = 20
@@ -189,7 +190,7 @@ testing drop-only:bwd:layers.2->layers.1...
     run 4 (3 edges on): clean over 20 steps [0.2s]
     run 5 (3 edges on): clean over 20 steps [0.2s]
   -> clean (2 runs)
-double checking the answer: keep-only:bwd:layers.2->layers.1 should diverge...
+checking that the leading set is enough: keep-only:bwd:layers.2->layers.1 should diverge...
     run 6 (1 edges on): clean over 20 steps [0.2s]
   -> clean (1 run)
 testing keep-only:bwd:layers.2->layers.1...
@@ -214,18 +215,18 @@ confidence: 0.972   runs: 13   steps: 243
   - all-off and drop-only:bwd:layers.2->layers.1 after the search: 8 runs (counting the golden run as 1: the steps runs matched), all consistent: drift without
 prefetch at a per-run chance of 0.312 or more is ruled out at 95%; as strong as the answer's (0.4), it would have shown at 98.3%
 evidence
-┏━━━━━━━━━━━┳━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━┳━━━━━━━┳━━━━━━┳━━━━━━━━━━┳━━━━━━━━━━━━━━━━━━━━━━━┳━━━━━━━━━━┓
-┃ step      ┃ mask                             ┃ edges ┃ runs ┃ diverged ┃ first differing steps ┃ verdict  ┃
-┡━━━━━━━━━━━╇━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━╇━━━━━━━╇━━━━━━╇━━━━━━━━━━╇━━━━━━━━━━━━━━━━━━━━━━━╇━━━━━━━━━━┩
-│ calibrate │ all-on                           │ 4     │ 1    │ 1        │ 18                    │ diverged │
-│ check-off │ all-off                          │ 0     │ 1    │ 0        │ -                     │ clean    │
-│ search    │ forward-off                      │ 2     │ 1    │ 1        │ 6                     │ diverged │
-│ search    │ drop-only:bwd:layers.2->layers.1 │ 3     │ 2    │ 0        │ -                     │ clean    │
-│ keep-only │ keep-only:bwd:layers.2->layers.1 │ 1     │ 1    │ 0        │ -                     │ clean    │
-│ search    │ keep-only:bwd:layers.2->layers.1 │ 1     │ 1    │ 1        │ 19                    │ diverged │
-│ drop-only │ drop-only:bwd:layers.2->layers.1 │ 3     │ 5    │ 0        │ -                     │ clean    │
-│ check-off │ all-off                          │ 0     │ 1    │ 0        │ -                     │ clean    │
-└───────────┴──────────────────────────────────┴───────┴──────┴──────────┴───────────────────────┴──────────┘
+┏━━━━━━━━━━━━━┳━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━┳━━━━━━━┳━━━━━━┳━━━━━━━━━━┳━━━━━━━━━━━━━━━━━━━━━━━┳━━━━━━━━━━┓
+┃ stage       ┃ mask                             ┃ edges ┃ runs ┃ diverged ┃ first differing steps ┃ verdict  ┃
+┡━━━━━━━━━━━━━╇━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━╇━━━━━━━╇━━━━━━╇━━━━━━━━━━╇━━━━━━━━━━━━━━━━━━━━━━━╇━━━━━━━━━━┩
+│ calibrate   │ all-on                           │ 4     │ 1    │ 1        │ 18                    │ diverged │
+│ check-off   │ all-off                          │ 0     │ 1    │ 0        │ -                     │ clean    │
+│ search      │ forward-off                      │ 2     │ 1    │ 1        │ 6                     │ diverged │
+│ search      │ drop-only:bwd:layers.2->layers.1 │ 3     │ 2    │ 0        │ -                     │ clean    │
+│ leading-set │ keep-only:bwd:layers.2->layers.1 │ 1     │ 1    │ 0        │ -                     │ clean    │
+│ search      │ keep-only:bwd:layers.2->layers.1 │ 1     │ 1    │ 1        │ 19                    │ diverged │
+│ drop-only   │ drop-only:bwd:layers.2->layers.1 │ 3     │ 5    │ 0        │ -                     │ clean    │
+│ check-off   │ all-off                          │ 0     │ 1    │ 0        │ -                     │ clean    │
+└─────────────┴──────────────────────────────────┴───────┴──────┴──────────┴───────────────────────┴──────────┘
 per-run chance 0.75 (95% interval 0.194-0.994), per-step hazard 0.0476, from 4 runs that enabled the set
 reproduce: bisect-prefetch aa TMP/exp.yaml --runs=4 '--mask=keep-only:bwd:layers.2->layers.1'
 runs launched 14, reused from the journal 0; report: TMP/state/sim/report.html
@@ -266,7 +267,7 @@ confidence: 0.950   runs: 13   steps: 260
   - every edge enabled in 10 clean runs (9 of them all-on), none diverged: a per-run chance of 0.259 or more is ruled out at 95% (fewer than 3/10)
 evidence
 ┏━━━━━━━━━━━┳━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━┳━━━━━━━┳━━━━━━┳━━━━━━━━━━┳━━━━━━━━━━━━━━━━━━━━━━━┳━━━━━━━━━┓
-┃ step      ┃ mask                             ┃ edges ┃ runs ┃ diverged ┃ first differing steps ┃ verdict ┃
+┃ stage     ┃ mask                             ┃ edges ┃ runs ┃ diverged ┃ first differing steps ┃ verdict ┃
 ┡━━━━━━━━━━━╇━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━╇━━━━━━━╇━━━━━━╇━━━━━━━━━━╇━━━━━━━━━━━━━━━━━━━━━━━╇━━━━━━━━━┩
 │ calibrate │ all-on                           │ 4     │ 1    │ 0        │ -                     │ clean   │
 │ search    │ forward-off                      │ 2     │ 1    │ 0        │ -                     │ clean   │
@@ -308,7 +309,7 @@ confidence: 1.000   runs: 13   steps: 102
   - all-off diverged (11 of 12 runs): drift happens with every prefetch edge off, so it has another cause
 evidence
 ┏━━━━━━━━━━━┳━━━━━━━━━┳━━━━━━━┳━━━━━━┳━━━━━━━━━━┳━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━┳━━━━━━━━━━┓
-┃ step      ┃ mask    ┃ edges ┃ runs ┃ diverged ┃ first differing steps             ┃ verdict  ┃
+┃ stage     ┃ mask    ┃ edges ┃ runs ┃ diverged ┃ first differing steps             ┃ verdict  ┃
 ┡━━━━━━━━━━━╇━━━━━━━━━╇━━━━━━━╇━━━━━━╇━━━━━━━━━━╇━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━╇━━━━━━━━━━┩
 │ calibrate │ all-on  │ 4     │ 1    │ 1        │ 15                                │ diverged │
 │ check-off │ all-off │ 0     │ 12   │ 11       │ 8, 16, 11, 6, 3, 2, 4, 9, 3, 2, 3 │ diverged │
@@ -338,7 +339,7 @@ confidence: 0.272   runs: 4   steps: 77
   - stopped: the run budget (--max-runs 4) ran out; best guess {fwd:layers.0->layers.1} at probability 0.272
 evidence
 ┏━━━━━━━━━━━┳━━━━━━━━━━━━━┳━━━━━━━┳━━━━━━┳━━━━━━━━━━┳━━━━━━━━━━━━━━━━━━━━━━━┳━━━━━━━━━━┓
-┃ step      ┃ mask        ┃ edges ┃ runs ┃ diverged ┃ first differing steps ┃ verdict  ┃
+┃ stage     ┃ mask        ┃ edges ┃ runs ┃ diverged ┃ first differing steps ┃ verdict  ┃
 ┡━━━━━━━━━━━╇━━━━━━━━━━━━━╇━━━━━━━╇━━━━━━╇━━━━━━━━━━╇━━━━━━━━━━━━━━━━━━━━━━━╇━━━━━━━━━━┩
 │ calibrate │ all-on      │ 4     │ 2    │ 1        │ 17                    │ diverged │
 │ check-off │ all-off     │ 0     │ 1    │ 0        │ -                     │ clean    │
@@ -384,7 +385,7 @@ testing drop-only:bwd:layers.2->layers.1...
     run 4 (3 edges on): clean over 20 steps [0.2s]
     run 5 (3 edges on): clean over 20 steps [0.2s]
   -> clean (2 runs)
-double checking the answer: keep-only:bwd:layers.2->layers.1 should diverge...
+checking that the leading set is enough: keep-only:bwd:layers.2->layers.1 should diverge...
     run 6 (1 edges on): clean over 20 steps [0.2s]
   -> clean (1 run)
 testing keep-only:bwd:layers.2->layers.1...
@@ -409,18 +410,18 @@ confidence: 0.972   runs: 13   steps: 226
   - all-off and drop-only:bwd:layers.2->layers.1 after the search: 8 runs (counting the golden run as 1: the steps runs matched), all consistent: drift without
 prefetch at a per-run chance of 0.312 or more is ruled out at 95%; as strong as the answer's (0.4), it would have shown at 98.3%
 evidence
-┏━━━━━━━━━━━┳━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━┳━━━━━━━┳━━━━━━┳━━━━━━━━━━┳━━━━━━━━━━━━━━━━━━━━━━━┳━━━━━━━━━━┓
-┃ step      ┃ mask                             ┃ edges ┃ runs ┃ diverged ┃ first differing steps ┃ verdict  ┃
-┡━━━━━━━━━━━╇━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━╇━━━━━━━╇━━━━━━╇━━━━━━━━━━╇━━━━━━━━━━━━━━━━━━━━━━━╇━━━━━━━━━━┩
-│ calibrate │ all-on                           │ 4     │ 1    │ 1        │ 18                    │ diverged │
-│ check-off │ all-off                          │ 0     │ 1    │ 0        │ -                     │ clean    │
-│ search    │ forward-off                      │ 2     │ 1    │ 1        │ 6                     │ diverged │
-│ search    │ drop-only:bwd:layers.2->layers.1 │ 3     │ 2    │ 0        │ -                     │ clean    │
-│ keep-only │ keep-only:bwd:layers.2->layers.1 │ 1     │ 1    │ 0        │ -                     │ clean    │
-│ search    │ keep-only:bwd:layers.2->layers.1 │ 1     │ 1    │ 1        │ 2                     │ diverged │
-│ drop-only │ drop-only:bwd:layers.2->layers.1 │ 3     │ 5    │ 0        │ -                     │ clean    │
-│ check-off │ all-off                          │ 0     │ 1    │ 0        │ -                     │ clean    │
-└───────────┴──────────────────────────────────┴───────┴──────┴──────────┴───────────────────────┴──────────┘
+┏━━━━━━━━━━━━━┳━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━┳━━━━━━━┳━━━━━━┳━━━━━━━━━━┳━━━━━━━━━━━━━━━━━━━━━━━┳━━━━━━━━━━┓
+┃ stage       ┃ mask                             ┃ edges ┃ runs ┃ diverged ┃ first differing steps ┃ verdict  ┃
+┡━━━━━━━━━━━━━╇━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━╇━━━━━━━╇━━━━━━╇━━━━━━━━━━╇━━━━━━━━━━━━━━━━━━━━━━━╇━━━━━━━━━━┩
+│ calibrate   │ all-on                           │ 4     │ 1    │ 1        │ 18                    │ diverged │
+│ check-off   │ all-off                          │ 0     │ 1    │ 0        │ -                     │ clean    │
+│ search      │ forward-off                      │ 2     │ 1    │ 1        │ 6                     │ diverged │
+│ search      │ drop-only:bwd:layers.2->layers.1 │ 3     │ 2    │ 0        │ -                     │ clean    │
+│ leading-set │ keep-only:bwd:layers.2->layers.1 │ 1     │ 1    │ 0        │ -                     │ clean    │
+│ search      │ keep-only:bwd:layers.2->layers.1 │ 1     │ 1    │ 1        │ 2                     │ diverged │
+│ drop-only   │ drop-only:bwd:layers.2->layers.1 │ 3     │ 5    │ 0        │ -                     │ clean    │
+│ check-off   │ all-off                          │ 0     │ 1    │ 0        │ -                     │ clean    │
+└─────────────┴──────────────────────────────────┴───────┴──────┴──────────┴───────────────────────┴──────────┘
 per-run chance 0.75 (95% interval 0.194-0.994), per-step hazard 0.0652, from 4 runs that enabled the set
 reproduce: bisect-prefetch aa TMP/exp.yaml --runs=4 '--mask=keep-only:bwd:layers.2->layers.1'
 runs launched 10, reused from the journal 4; report: TMP/state/sim/report.html
@@ -445,7 +446,7 @@ testing drop-only:bwd:layers.2->layers.1...
   -> checking that all-off is consistent: clean (1 run)
 testing keep-only:bwd:layers.2->layers.1...
     run 5 (3 edges on): clean over 20 steps [0.2s]
-double checking the answer: keep-only:bwd:layers.2->layers.1 should diverge...
+checking that the leading set is enough: keep-only:bwd:layers.2->layers.1 should diverge...
     run 6 (1 edges on): diverged at step 19 [0.2s]
   -> testing drop-only:bwd:layers.2->layers.1: clean (2 runs)
 double checking the answer: drop-only:bwd:layers.2->layers.1 should be consistent...
@@ -453,7 +454,7 @@ double checking the answer: drop-only:bwd:layers.2->layers.1 should be consisten
   -> testing keep-only:bwd:layers.2->layers.1: diverged at run 6 (step 19)
 testing drop-only:bwd:layers.2->layers.1...
     run 8 (3 edges on): clean over 20 steps [0.2s]
-  -> double checking the answer: keep-only:bwd:layers.2->layers.1 should diverge: clean (1 run)
+  -> checking that the leading set is enough: keep-only:bwd:layers.2->layers.1 should diverge: clean (1 run)
 double checking the answer: drop-only:bwd:layers.2->layers.1 should be consistent...
     run 9 (3 edges on): clean over 20 steps [0.2s]
   -> double checking the answer: drop-only:bwd:layers.2->layers.1 should be consistent: clean (1 run)
@@ -479,21 +480,21 @@ confidence: 0.976   runs: 15   steps: 283
   - all-off and drop-only:bwd:layers.2->layers.1 after the search: 8 runs (counting the golden run as 1: the steps runs matched), all consistent: drift without
 prefetch at a per-run chance of 0.312 or more is ruled out at 95%; as strong as the answer's (0.4), it would have shown at 98.3%
 evidence
-┏━━━━━━━━━━━┳━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━┳━━━━━━━┳━━━━━━┳━━━━━━━━━━┳━━━━━━━━━━━━━━━━━━━━━━━┳━━━━━━━━━━┓
-┃ step      ┃ mask                             ┃ edges ┃ runs ┃ diverged ┃ first differing steps ┃ verdict  ┃
-┡━━━━━━━━━━━╇━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━╇━━━━━━━╇━━━━━━╇━━━━━━━━━━╇━━━━━━━━━━━━━━━━━━━━━━━╇━━━━━━━━━━┩
-│ search    │ forward-off                      │ 2     │ 1    │ 1        │ 6                     │ diverged │
-│ calibrate │ all-on                           │ 4     │ 1    │ 1        │ 18                    │ diverged │
-│ check-off │ all-off                          │ 0     │ 1    │ 0        │ -                     │ clean    │
-│ search    │ drop-only:bwd:layers.2->layers.1 │ 3     │ 2    │ 0        │ -                     │ clean    │
-│ search    │ keep-only:bwd:layers.2->layers.1 │ 1     │ 1    │ 1        │ 19                    │ diverged │
-│ keep-only │ keep-only:bwd:layers.2->layers.1 │ 1     │ 1    │ 0        │ -                     │ clean    │
-│ drop-only │ drop-only:bwd:layers.2->layers.1 │ 3     │ 1    │ 0        │ -                     │ clean    │
-│ search    │ drop-only:bwd:layers.2->layers.1 │ 3     │ 1    │ 0        │ -                     │ clean    │
-│ drop-only │ drop-only:bwd:layers.2->layers.1 │ 3     │ 3    │ 0        │ -                     │ clean    │
-│ search    │ drop-only:bwd:layers.2->layers.1 │ 3     │ 1    │ 0        │ -                     │ clean    │
-│ check-off │ all-off                          │ 0     │ 2    │ 0        │ -                     │ clean    │
-└───────────┴──────────────────────────────────┴───────┴──────┴──────────┴───────────────────────┴──────────┘
+┏━━━━━━━━━━━━━┳━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━┳━━━━━━━┳━━━━━━┳━━━━━━━━━━┳━━━━━━━━━━━━━━━━━━━━━━━┳━━━━━━━━━━┓
+┃ stage       ┃ mask                             ┃ edges ┃ runs ┃ diverged ┃ first differing steps ┃ verdict  ┃
+┡━━━━━━━━━━━━━╇━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━╇━━━━━━━╇━━━━━━╇━━━━━━━━━━╇━━━━━━━━━━━━━━━━━━━━━━━╇━━━━━━━━━━┩
+│ search      │ forward-off                      │ 2     │ 1    │ 1        │ 6                     │ diverged │
+│ calibrate   │ all-on                           │ 4     │ 1    │ 1        │ 18                    │ diverged │
+│ check-off   │ all-off                          │ 0     │ 1    │ 0        │ -                     │ clean    │
+│ search      │ drop-only:bwd:layers.2->layers.1 │ 3     │ 2    │ 0        │ -                     │ clean    │
+│ search      │ keep-only:bwd:layers.2->layers.1 │ 1     │ 1    │ 1        │ 19                    │ diverged │
+│ leading-set │ keep-only:bwd:layers.2->layers.1 │ 1     │ 1    │ 0        │ -                     │ clean    │
+│ drop-only   │ drop-only:bwd:layers.2->layers.1 │ 3     │ 1    │ 0        │ -                     │ clean    │
+│ search      │ drop-only:bwd:layers.2->layers.1 │ 3     │ 1    │ 0        │ -                     │ clean    │
+│ drop-only   │ drop-only:bwd:layers.2->layers.1 │ 3     │ 3    │ 0        │ -                     │ clean    │
+│ search      │ drop-only:bwd:layers.2->layers.1 │ 3     │ 1    │ 0        │ -                     │ clean    │
+│ check-off   │ all-off                          │ 0     │ 2    │ 0        │ -                     │ clean    │
+└─────────────┴──────────────────────────────────┴───────┴──────┴──────────┴───────────────────────┴──────────┘
 per-run chance 0.75 (95% interval 0.194-0.994), per-step hazard 0.0476, from 4 runs that enabled the set
 reproduce: bisect-prefetch aa TMP/exp.yaml --runs=4 '--mask=keep-only:bwd:layers.2->layers.1'
 runs launched 17, reused from the journal 0; report: TMP/state/sim/report.html
@@ -513,7 +514,7 @@ running the golden reference again, 200 steps: as long as the longest run...
     run 3 (10 segments, 3 edges on first): diverged at step 79 [0.2s]
   -> testing forward-off: diverged at run 2 (step 6)
   -> testing drop-only:bwd:layers.2->layers.1: clean (2 runs)
-  -> double checking the answer: keep-only:bwd:layers.2->layers.1 should diverge: clean (1 run)
+  -> checking that the leading set is enough: keep-only:bwd:layers.2->layers.1 should diverge: clean (1 run)
     run 4 (5 segments, 3 edges on first): clean over 100 steps [0.2s]
   -> testing keep-only:bwd:layers.2->layers.1: diverged at run 3 (step 19)
   -> double checking the answer: drop-only:bwd:layers.2->layers.1 should be consistent: clean (5 runs)
@@ -526,17 +527,17 @@ confidence: 0.983   runs: 4 (12 trials, several masks a run)   steps: 223
   - all-off and drop-only:bwd:layers.2->layers.1 after the search: 11 runs (counting the golden run as 5: the steps runs matched), all consistent: drift without
 prefetch at a per-run chance of 0.238 or more is ruled out at 95%; as strong as the answer's (0.4), it would have shown at 99.6%
 evidence
-┏━━━━━━━━━━━┳━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━┳━━━━━━━┳━━━━━━┳━━━━━━━━━━┳━━━━━━━━━━━━━━━━━━━━━━━┳━━━━━━━━━━┓
-┃ step      ┃ mask                             ┃ edges ┃ runs ┃ diverged ┃ first differing steps ┃ verdict  ┃
-┡━━━━━━━━━━━╇━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━╇━━━━━━━╇━━━━━━╇━━━━━━━━━━╇━━━━━━━━━━━━━━━━━━━━━━━╇━━━━━━━━━━┩
-│ calibrate │ all-on                           │ 4     │ 1    │ 1        │ 18                    │ diverged │
-│ check-off │ all-off                          │ 0     │ 1    │ 0        │ -                     │ clean    │
-│ search    │ forward-off                      │ 2     │ 1    │ 1        │ 6                     │ diverged │
-│ search    │ drop-only:bwd:layers.2->layers.1 │ 3     │ 2    │ 0        │ -                     │ clean    │
-│ keep-only │ keep-only:bwd:layers.2->layers.1 │ 1     │ 1    │ 0        │ -                     │ clean    │
-│ search    │ keep-only:bwd:layers.2->layers.1 │ 1     │ 1    │ 1        │ 19                    │ diverged │
-│ drop-only │ drop-only:bwd:layers.2->layers.1 │ 3     │ 5    │ 0        │ -                     │ clean    │
-└───────────┴──────────────────────────────────┴───────┴──────┴──────────┴───────────────────────┴──────────┘
+┏━━━━━━━━━━━━━┳━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━┳━━━━━━━┳━━━━━━┳━━━━━━━━━━┳━━━━━━━━━━━━━━━━━━━━━━━┳━━━━━━━━━━┓
+┃ stage       ┃ mask                             ┃ edges ┃ runs ┃ diverged ┃ first differing steps ┃ verdict  ┃
+┡━━━━━━━━━━━━━╇━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━╇━━━━━━━╇━━━━━━╇━━━━━━━━━━╇━━━━━━━━━━━━━━━━━━━━━━━╇━━━━━━━━━━┩
+│ calibrate   │ all-on                           │ 4     │ 1    │ 1        │ 18                    │ diverged │
+│ check-off   │ all-off                          │ 0     │ 1    │ 0        │ -                     │ clean    │
+│ search      │ forward-off                      │ 2     │ 1    │ 1        │ 6                     │ diverged │
+│ search      │ drop-only:bwd:layers.2->layers.1 │ 3     │ 2    │ 0        │ -                     │ clean    │
+│ leading-set │ keep-only:bwd:layers.2->layers.1 │ 1     │ 1    │ 0        │ -                     │ clean    │
+│ search      │ keep-only:bwd:layers.2->layers.1 │ 1     │ 1    │ 1        │ 19                    │ diverged │
+│ drop-only   │ drop-only:bwd:layers.2->layers.1 │ 3     │ 5    │ 0        │ -                     │ clean    │
+└─────────────┴──────────────────────────────────┴───────┴──────┴──────────┴───────────────────────┴──────────┘
 per-run chance 0.75 (95% interval 0.194-0.994), per-step hazard 0.0476, from 4 runs that enabled the set
 reproduce: bisect-prefetch aa TMP/exp.yaml --runs=4 '--mask=keep-only:bwd:layers.2->layers.1'
 runs launched 6, reused from the journal 0; report: TMP/state/sim/report.html
@@ -688,10 +689,13 @@ def test_fact_wording(fact, words):
 
 
 def test_stage_titles():
-    assert bisect_words.stage_title("check-off", "all-off", (A,), AFTER_DROP_ONLY_DIVERGED) == (
+    assert bisect_words.stage_title(STAGE_CHECK_OFF, "all-off", (A,), AFTER_DROP_ONLY_DIVERGED) == (
         "drop-only still diverges: checking that all-off is consistent")
-    assert bisect_words.stage_title("keep-only", "x", (A, B), None) == (
+    assert bisect_words.stage_title(KEEP_ONLY, "x", (A, B), None) == (
         f"double checking the answer: keep-only:{A},{B} should diverge")
+    # Before any answer is confirmed, keep-only of the leading set is a stage of its own.
+    assert bisect_words.stage_title(STAGE_LEADING, "x", (A,), None) == (
+        f"checking that the leading set is enough: keep-only:{A} should diverge")
 
 
 if __name__ == "__main__":
