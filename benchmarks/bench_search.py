@@ -216,10 +216,10 @@ def main() -> None:
         print(f"{'PASS' if ok else 'FAIL'} {line}")
 
 
-# Protocol steps (search.protocol.STEPS) grouped by what they are for.
+# Protocol stages (vocab.STAGES) grouped by what they are for.
 STEP_GROUPS = {
     "localize": ("calibrate", "search", "reduce", "extra"),
-    "confirm": ("keep-only", "drop-only", "check-off"),
+    "confirm": ("leading-set", "keep-only", "drop-only", "check-off"),
     "background controls": ("background-control",),
 }
 

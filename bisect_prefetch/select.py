@@ -16,7 +16,7 @@ import fnmatch
 from collections.abc import Iterable, Sequence
 
 from bisect_prefetch.errors import BisectPrefetchError
-from bisect_prefetch.vocab import BWD, FWD, PHASES, Mask, edge_phase
+from bisect_prefetch.vocab import BWD, DROP_ONLY, FWD, KEEP_ONLY, PHASES, Mask, edge_phase
 
 __all__ = ["Mask", "describe", "is_preset", "preset_mask", "resolve_mask", "select", "select_many"]
 
@@ -75,11 +75,11 @@ def preset_mask(preset: str, edge_ids: Sequence[str]) -> Mask:
         return frozenset(e for e in edge_ids if edge_phase(e) != BWD)
     if name == "forward-off" and not arg:
         return frozenset(e for e in edge_ids if edge_phase(e) != FWD)
-    if name in ("keep-only", "drop-only"):
+    if name in (KEEP_ONLY, DROP_ONLY):
         if not arg:
             raise BisectPrefetchError(f"preset {name} needs a selector: {name}:SEL")
         chosen = set(select_many([arg], edge_ids))
-        if name == "keep-only":
+        if name == KEEP_ONLY:
             return frozenset(chosen)
         return frozenset(e for e in edge_ids if e not in chosen)
     raise BisectPrefetchError(f"unknown preset {preset!r} (one of {', '.join(PRESETS)})")
@@ -87,9 +87,7 @@ def preset_mask(preset: str, edge_ids: Sequence[str]) -> Mask:
 
 def is_preset(text: str) -> bool:
     name = text.partition(":")[0]
-    return text in ("all-on", "all-off", "backward-off", "forward-off") or name in (
-        "keep-only", "drop-only"
-    )
+    return text in ("all-on", "all-off", "backward-off", "forward-off") or name in (KEEP_ONLY, DROP_ONLY)
 
 
 def resolve_mask(specs: Sequence[str], edge_ids: Sequence[str]) -> Mask:

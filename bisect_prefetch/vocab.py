@@ -23,6 +23,25 @@ DIVERGED = "diverged"
 SAME = "same"  # one run that agreed with its reference, as progress lines say it
 EXPECTATIONS = (CONSISTENT, DIVERGED, "any")
 
+# -- the bisection: its verdicts (search/verdict.py) and the protocol's stages ------
+# (search/protocol.py). A stage is a part of the protocol; a "step" is a training step.
+VERDICT_FOUND = "culprit-found"
+VERDICT_NO_DRIFT = "no-drift-reproduced"
+VERDICT_NOT_PREFETCH = "not-prefetch"
+VERDICT_INCONCLUSIVE = "inconclusive"
+VERDICTS = (VERDICT_FOUND, VERDICT_NO_DRIFT, VERDICT_NOT_PREFETCH, VERDICT_INCONCLUSIVE)
+# Presets that are also stages: keep-only of an answer (it must diverge), drop-only (it must not).
+KEEP_ONLY = "keep-only"
+DROP_ONLY = "drop-only"
+STAGE_CALIBRATE = "calibrate"  # checking that all-on diverges
+STAGE_CHECK_OFF = "check-off"  # checking that all-off is consistent
+STAGE_SEARCH = "search"  # testing the most informative mask
+STAGE_LEADING = "leading-set"  # keep-only of the leading set, before any answer is confirmed
+STAGE_REDUCE = "reduce"  # reducing the edges every diverged run enabled
+STAGE_EXTRA = "extra"  # a run the search did not ask for
+STAGES = (STAGE_CALIBRATE, STAGE_CHECK_OFF, STAGE_SEARCH, STAGE_LEADING, STAGE_REDUCE, KEEP_ONLY,
+          DROP_ONLY, STAGE_EXTRA)
+
 # -- guards: prefetches the adapter skips whatever the mask says -------------------
 GUARD_NONE = "none"
 GUARD_SIZE_ONE = "size-one"  # skip prefetches into a unit whose shard group has size 1

@@ -26,7 +26,7 @@ from bisect_prefetch.experiment import Experiment, load_experiment, with_overrid
 from bisect_prefetch.report.localization import describe as describe_localization
 from bisect_prefetch.report.progress import RunProgress
 from bisect_prefetch.report.table import group_table
-from bisect_prefetch.runs.group import GroupResult, stressed_groups
+from bisect_prefetch.runs.group import AAResult, stressed_groups
 from bisect_prefetch.runs.signals import describe_stress
 from bisect_prefetch.runs.state import open_state
 from bisect_prefetch.runs.step_time import WARMUP_STEPS, fix_cost_line, fix_costs
@@ -78,7 +78,7 @@ def run_aa(
     slots: int | None = None,
     stress: str | None = None,
     outputs: Sequence[Path | None] = (),
-) -> GroupResult:
+) -> AAResult:
     """The group with its narration, table and verdict line.
 
     Under ``stress: on`` the runs run under stress (adapters/stress.py). Under ``auto``
@@ -126,6 +126,14 @@ def run_aa(
             set(edge_ids) - set(mask))
         repeated = sum(opened.runner.trajectory(run.run_id).steps_repeated
                        for run in result.runs if run.usable)
+    _say_group(result, console, repeated=repeated, against_all_on=against_all_on)
+    return result
+
+
+def _say_group(result: AAResult, console: Console, *, repeated: int,
+               against_all_on: str | None) -> None:
+    """The lines under the group's runs: repeated steps, stress, the table, drift, step
+    time, what the mask would cost against all-on, and the verdict line."""
     if note := repeated_steps_note(repeated):  # said once for the group, never a difference
         console.print(note, markup=False, soft_wrap=True)
     for group in result.stress_groups:
@@ -147,7 +155,6 @@ def run_aa(
     if against_all_on:
         console.print(against_all_on, markup=False, soft_wrap=True)
     console.print(verdict_line(result), markup=False, soft_wrap=True)
-    return result
 
 
 def _describe_experiment(experiment: Experiment) -> str:
@@ -162,7 +169,7 @@ def _describe_experiment(experiment: Experiment) -> str:
     return f"experiment {experiment.name}: {what}, {experiment.steps} steps, seed {experiment.seed}"
 
 
-def verdict_line(result: GroupResult) -> str:
+def verdict_line(result: AAResult) -> str:
     # Runs that ended in error or timeout are in no verdict: say so, never count them.
     usable = sum(run.usable for run in result.runs)
     failed = len(result.runs) - usable

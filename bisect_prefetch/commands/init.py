@@ -41,7 +41,7 @@ from bisect_prefetch.init_file import (
 from bisect_prefetch.metrics.detect import FORMATS, Reading, readings, steps_seen
 from bisect_prefetch.report.progress import RunProgress
 from bisect_prefetch.runs.first_error import first_error_line
-from bisect_prefetch.runs.group import GroupResult, run_group
+from bisect_prefetch.runs.group import AAResult, run_group
 from bisect_prefetch.runs.merge import GRAPH_FILE
 from bisect_prefetch.runs.state import open_state
 from bisect_prefetch.vocab import CONSISTENT, DIVERGED, GUARD_NONE, TIMEOUT
@@ -287,7 +287,7 @@ def _next(path: Path, state_dir: Path, *argv: str) -> str:
     return command_line(argv[0], str(path), *argv[1:], *extra)
 
 
-def _verdict(result: GroupResult, path: Path, state_dir: Path, console: Console) -> int:
+def _verdict(result: AAResult, path: Path, state_dir: Path, console: Console) -> int:
     """The all-off A/A's line; 1 when the runs differ."""
     usable = sum(run.usable for run in result.runs)
     if result.verdict == CONSISTENT:

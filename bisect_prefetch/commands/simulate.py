@@ -11,6 +11,7 @@ from rich.console import Console
 from bisect_prefetch.commands.common import write_json
 from bisect_prefetch.errors import BisectPrefetchError
 from bisect_prefetch.search.simulate import simulate as run_simulation
+from bisect_prefetch.vocab import VERDICT_NO_DRIFT, VERDICT_NOT_PREFETCH
 
 
 def simulate(policy: str, layers: int, culprits: Sequence[str], *, console: Console,
@@ -53,16 +54,17 @@ def simulate(policy: str, layers: int, culprits: Sequence[str], *, console: Cons
                       f"({result['edges']} edges)", markup=False)
     else:
         console.print(f"{result['edges']} edges; a right trial says "
-                      f"{'not-prefetch' if s.get('background') else 'no-drift-reproduced'}",
+                      f"{VERDICT_NOT_PREFETCH if s.get('background') else VERDICT_NO_DRIFT}",
                       markup=False)
     console.print(f"accuracy {result['accuracy']:.3f}"
                   + (f" (claimed confidence {claimed:.3f})" if claimed is not None else ""),
                   markup=False)
     console.print(f"runs: median {result['runs_median']:g}, p90 {result['runs_p90']:g}; "
                   f"steps: median {result['steps_median']:g}", markup=False)
-    spent = {step: runs for step, runs in result["runs_by_step_mean"].items() if runs}
-    if spent:
-        console.print("runs by step (mean): " + ", ".join(f"{step} {runs:.1f}" for step, runs in spent.items()),
+    spent = {stage: runs for stage, runs in result["runs_by_step_mean"].items() if runs}
+    if spent:  # the JSON's runs_by_step_mean counts runs by protocol stage
+        console.print("runs by stage (mean): " + ", ".join(f"{stage} {runs:.1f}"
+                                                            for stage, runs in spent.items()),
                       markup=False)
     if (one := result.get("one_mask_per_run")) is not None:
         console.print(
@@ -79,20 +81,25 @@ def simulate(policy: str, layers: int, culprits: Sequence[str], *, console: Cons
     console.print(f"wall-clock on {result['slots']} slot{'s' * (result['slots'] != 1)}: median "
                   f"{result['rounds_median']:.1f}, p90 {result['rounds_p90']:.1f} full runs", markup=False)
     if (stress := result.get("stress")) is not None:
-        console.print(
-            f"stress x{stress['factor']:g} on the hazard, x{stress['step_cost']:g} on step time: "
-            f"per-run chance {stress['per_run_chance_without']:.3f} -> "
-            f"{stress['per_run_chance_with']:.3f}; runs median {stress['runs_median_without']:g} "
-            f"-> {stress['runs_median_with']:g}; steps median {stress['steps_median_without']:g} -> "
-            f"{stress['steps_median_with']:g}; time median (in unstressed steps) "
-            f"{stress['time_median_without']:g} -> {stress['time_median_with']:g}", markup=False)
-        if not stress["used"]:
-            verdict = "stress lowers the hazard: --stress auto would not use it"
-        elif stress["pays"]:
-            verdict = "stress pays"
-        else:
-            verdict = "stress does not pay: its step-time cost outweighs the runs it saves"
-        console.print(f"-> {verdict}", markup=False)
+        _say_stress(stress, console)
     if json_out is not None:
         write_json(json_out, result, console)
     return 0
+
+
+def _say_stress(stress: dict, console: Console) -> None:
+    """--stress-factor: both settings' medians and costs, and whether stress pays."""
+    console.print(
+        f"stress x{stress['factor']:g} on the hazard, x{stress['step_cost']:g} on step time: "
+        f"per-run chance {stress['per_run_chance_without']:.3f} -> "
+        f"{stress['per_run_chance_with']:.3f}; runs median {stress['runs_median_without']:g} "
+        f"-> {stress['runs_median_with']:g}; steps median {stress['steps_median_without']:g} -> "
+        f"{stress['steps_median_with']:g}; time median (in unstressed steps) "
+        f"{stress['time_median_without']:g} -> {stress['time_median_with']:g}", markup=False)
+    if not stress["used"]:
+        verdict = "stress lowers the hazard: --stress auto would not use it"
+    elif stress["pays"]:
+        verdict = "stress pays"
+    else:
+        verdict = "stress does not pay: its step-time cost outweighs the runs it saves"
+    console.print(f"-> {verdict}", markup=False)

@@ -53,7 +53,10 @@ class Progress(Protocol):
 
 
 @dataclass
-class GroupResult:
+class AAResult:
+    """What an A/A group concluded, with its runs (its `metrics` come from
+    metrics.compare.GroupResult, the pairwise statistics of the runs)."""
+
     verdict: str  # consistent | diverged | error
     mask: list[str] | None
     guard: str
@@ -72,7 +75,7 @@ class GroupResult:
     localization: dict[str, Any] | None = None
     stress: bool = False  # the runs ran under stress (adapters/stress.py)
     # aa --stress auto: the groups run, without stress and then with it (the last decides)
-    stress_groups: list[GroupResult] = field(default_factory=list)
+    stress_groups: list[AAResult] = field(default_factory=list)
 
     @property
     def signals(self) -> dict[str, Any] | None:
@@ -138,7 +141,7 @@ def run_group(
     name: str = "",
     progress: Progress | None = None,
     stop_at_divergence: bool = True,
-) -> GroupResult:
+) -> AAResult:
     """Run (or reuse from the journal) up to `runs` runs under one mask and judge them."""
     if progress is not None:
         progress.start_group(name or purpose, runs)
@@ -191,9 +194,9 @@ def run_group(
 
 
 def judge(runner: Runner, done: list[RunOutcome], *, mask: Mask | None, guard: str,
-          steps: int, runs_requested: int) -> GroupResult:
+          steps: int, runs_requested: int) -> AAResult:
     """The verdict and statistics of finished runs."""
-    result = GroupResult(
+    result = AAResult(
         verdict=ERROR, mask=None if mask is None else sorted(mask), guard=guard, steps=steps,
         runs_requested=runs_requested, runs=done, experiment=runner.experiment.name,
         stress=runner.stress,
@@ -286,11 +289,11 @@ def _graph_drift(runner: Runner, usable: list[RunOutcome]) -> list[str]:
             for run_id, graph in graphs.items() if graph != first]
 
 
-__all__ = ["GroupResult", "judge", "run_group"]
+__all__ = ["AAResult", "judge", "run_group"]
 
 
 def stressed_groups(runner: Runner, *, mode: str, before: Callable[[bool], None] | None = None,
-                    **group: Any) -> GroupResult:
+                    **group: Any) -> AAResult:
     """The A/A group under a stress mode (adapters/stress.py); ``group``: run_group's arguments.
 
     on: the runs run under stress. auto: without stress first and, when that group is
@@ -298,7 +301,7 @@ def stressed_groups(runner: Runner, *, mode: str, before: Callable[[bool], None]
     consistent verdict stands on runs without it too. The result is the last group run,
     with every group run in ``stress_groups``. before(stress) is called before each group.
     """
-    groups: list[GroupResult] = []
+    groups: list[AAResult] = []
     for on in {STRESS_ON: [True], STRESS_AUTO: [False, True]}.get(mode, [False]):
         if groups and groups[-1].verdict != CONSISTENT:
             break  # a divergence (or an error) without stress decides

@@ -14,9 +14,12 @@ of its group) is the golden run, and the all-off runs compared with it are the
 search's first background controls. Only records journaled before this search's
 first own run are looked at, so a resumed search reuses the same ones.
 
-Runs of several masks (search/segments.py) come from `request_schedule`: their key
-holds the schedule, and the golden run is lengthened to the step cap first
-(`lengthen_golden`), so it covers the longest run.
+The golden run is started by `run_golden` (a run that needs it and finds none
+starts it too). Runs of several masks (search/segments.py) come from
+`request_schedule`: their key holds the schedule, and the golden run is
+lengthened to the step cap first (`run_golden(cap)`), so it covers the longest
+run. Runs on several slots go through the slot operations of
+search.oracle.Oracle over runs/slots.py; `run` is one run at once.
 
 Golden comparison assumes masks do not change the numbers (prefetch only
 moves copies earlier). This is checked, not assumed: every run's trajectory
@@ -37,8 +40,9 @@ from bisect_prefetch.errors import BisectPrefetchError
 from bisect_prefetch.runs.execute import Runner, RunOutcome
 from bisect_prefetch.runs.executors.base import LOST
 from bisect_prefetch.runs.merge import REFUSED
-from bisect_prefetch.runs.slots import RunRequest
-from bisect_prefetch.search.oracle import RunResult
+from bisect_prefetch.runs.slots import RunRequest, Slots
+from bisect_prefetch.search.oracle import Finished, RunResult
+from bisect_prefetch.search.segments import Schedule
 from bisect_prefetch.vocab import OK, USABLE_OUTCOMES, Mask
 
 # A finished run: its mask, or its schedule of several ((first step, mask) per segment).
@@ -115,6 +119,7 @@ class RealOracle:
         self._golden: str | None = None
         self._mask_reference: dict[Mask, str] = {}
         self._divergences: dict[Mask, list[tuple[int, str]]] = defaultdict(list)
+        self._slots = Slots(runner)
 
     # -- the golden reference ---------------------------------------------
     def reuse_earlier(self) -> Earlier:
@@ -131,17 +136,19 @@ class RealOracle:
         return earlier
 
     @property
-    def golden(self) -> str:
-        """Run id of the golden trajectory: the first usable all-off run."""
+    def golden(self) -> str | None:
+        """Run id of the golden trajectory (None until `run_golden`, or a reused one)."""
+        return self._golden
+
+    def run_golden(self, steps: int | None = None) -> str:
+        """Run the golden reference (all-off, compared with nothing), unless there is one at
+        least `steps` long (None: as long as the runs so far); its run id. Runs of several
+        masks go up to their step cap: the golden run must cover them."""
+        if steps is not None and steps > self.golden_steps:
+            self.golden_steps, self._golden = steps, None
         if self._golden is None:
             self._golden = self._full_run(Mask(), f"{self.purpose}-golden", steps=self.golden_steps)
         return self._golden
-
-    def lengthen_golden(self, steps: int) -> None:
-        """Runs of several masks go up to `steps`: the golden run must cover them (a new one,
-        run on first use, when the one so far is shorter)."""
-        if steps > self.golden_steps:
-            self.golden_steps, self._golden = steps, None
 
     def _full_run(self, mask: Mask, purpose: str, *, steps: int | None = None) -> str:
         """A full-length run of mask compared with nothing, retried on error."""
@@ -157,12 +164,15 @@ class RealOracle:
             f"the reference run ({purpose}) failed {len(failures)} times: " + "; ".join(failures)
         )
 
-    # -- Oracle -----------------------------------------------------------
+    def _reference(self, mask: Mask) -> str:
+        return self._mask_reference.get(mask) or self.run_golden()
+
+    # -- one run at once ----------------------------------------------------
     def run(self, mask: Mask) -> RunResult:
         """Run once with exactly mask's edges enabled; errors are retried up to max_retries."""
         index = self._requests[mask]
         self._requests[mask] += 1
-        reference = self._mask_reference.get(mask) or self.golden
+        reference = self._reference(mask)
         for attempt in range(self.max_retries + 1):
             key = self.runner.key(self.purpose, mask=mask, guard=self.guard, steps=self.steps,
                                   index=index, attempt=attempt, stress=self.stress)
@@ -176,22 +186,48 @@ class RealOracle:
             self._note_divergence(mask, out)
         return out.result()
 
-    # -- the same, one request at a time (runs in flight on several slots) --
-    def request(self, mask: Mask, *, index: int | None = None, attempt: int = 0) -> RunRequest:
-        """The next run of mask, for runs.slots.keep_slots_busy; hand its outcome to finished()."""
+    # -- the slot operations (search.oracle.Oracle): runs in flight on several slots --
+    @property
+    def slots(self) -> int:
+        return self.runner.executor.slots
+
+    def request(self, mask: Mask) -> None:
+        """Start the next run of mask in a free slot; `finished` hears it."""
+        self._slots.start(self._mask_request(mask, mask))
+
+    def request_schedule(self, schedule: Schedule) -> None:
+        """Start a run of several masks by step (search/segments.py), up to its step cap,
+        against the golden run; the k-th request of the same masks is its index k."""
+        self._slots.start(self._schedule_request(schedule.masks, schedule.steps, schedule))
+
+    def finished(self) -> Finished | None:
+        """The next run that finished, once it is over (a failed run is retried in its
+        slot first); None when none is in flight."""
+        while (done := self._slots.next_finished()) is not None:
+            answer = self._heard(*done)
+            if isinstance(answer, RunRequest):
+                self._slots.start(answer)
+            else:
+                return Finished(done[0].tag[3], answer)
+        return None
+
+    def cancel(self) -> None:
+        self._slots.cancel()
+
+    def _mask_request(self, mask: Mask, planned: object, *, index: int | None = None,
+                      attempt: int = 0) -> RunRequest:
         if index is None:
             index = self._requests[mask]
             self._requests[mask] += 1
         key = self.runner.key(self.purpose, mask=mask, guard=self.guard, steps=self.steps,
                               index=index, attempt=attempt, stress=self.stress)
         label = f"{self.purpose}-k{index}" + (f"-a{attempt}" if attempt else "")
-        return RunRequest(key, label=label, tag=(mask, index, attempt),
-                          reference=self._mask_reference.get(mask) or self.golden)
+        return RunRequest(key, label=label, tag=(mask, index, attempt, planned),
+                          reference=self._reference(mask))
 
-    def request_schedule(self, schedule: Sequence[tuple[int, Mask]], steps: int, *,
-                         index: int | None = None, attempt: int = 0) -> RunRequest:
-        """A run of several masks by step (search/segments.py), up to `steps`, against the
-        golden run; the k-th request of the same schedule is its index k."""
+    def _schedule_request(self, schedule: Sequence[tuple[int, Mask]], steps: int,
+                          planned: object, *, index: int | None = None,
+                          attempt: int = 0) -> RunRequest:
         schedule = tuple((first, Mask(mask)) for first, mask in schedule)
         if index is None:
             index = self._requests[schedule]
@@ -199,11 +235,12 @@ class RealOracle:
         key = self.runner.key(self.purpose, mask=schedule[0][1], guard=self.guard, steps=steps,
                               index=index, attempt=attempt, stress=self.stress, schedule=schedule)
         label = f"{self.purpose}-s{index}" + (f"-a{attempt}" if attempt else "")
-        return RunRequest(key, label=label, tag=(schedule, index, attempt), reference=self.golden)
+        return RunRequest(key, label=label, tag=(schedule, index, attempt, planned),
+                          reference=self.run_golden())
 
-    def finished(self, request: RunRequest, out: RunOutcome) -> RunResult | RunRequest:
+    def _heard(self, request: RunRequest, out: RunOutcome) -> RunResult | RunRequest:
         """What the search learns from a finished run, or the retry to run in its place."""
-        what, index, attempt = request.tag
+        what, index, attempt, planned = request.tag
         self._count(out)
         segmented = request.key.schedule is not None
         if self.on_run is not None:
@@ -213,8 +250,9 @@ class RealOracle:
             return out.result()
         if not out.usable and attempt < self.max_retries:
             if segmented:
-                return self.request_schedule(what, request.key.steps, index=index, attempt=attempt + 1)
-            return self.request(what, index=index, attempt=attempt + 1)
+                return self._schedule_request(what, request.key.steps, planned, index=index,
+                                              attempt=attempt + 1)
+            return self._mask_request(what, planned, index=index, attempt=attempt + 1)
         # A run of several masks that diverged tells no mask that changes the math by itself.
         if out.usable and out.diverged and request.reference == self._golden and not segmented:
             self._note_divergence(what, out)

@@ -25,6 +25,7 @@ from bisect_prefetch.search.evidence import Evidence
 from bisect_prefetch.search.reduce_step import CHECK_IN_FLIGHT
 from bisect_prefetch.search.runlog import AFTER_DROP_ONLY_DIVERGED, BACKGROUND_CONTROL, Ask
 from bisect_prefetch.search.verdict import Found, NotPrefetch
+from bisect_prefetch.vocab import DROP_ONLY, KEEP_ONLY, STAGE_CHECK_OFF
 
 # Clean drop-only runs of the answer a culprit-found verdict needs at least: the answer's
 # own keep-only divergence may have been background drift, and drop-only then still
@@ -74,14 +75,14 @@ class Checks:
             if log.tally(keep).divergences < 2 and not log.unresolved(keep):
                 if confirmed(ev) != edges:
                     return WITHDRAW
-                return log.ask(keep, "keep-only", edges) if log.in_flight_of(keep) < CHECK_IN_FLIGHT else None
+                return log.ask(keep, KEEP_ONLY, edges) if log.in_flight_of(keep) < CHECK_IN_FLIGHT else None
             if log.tally(off_mask).divergences:
                 # Background drift: the answer stands only if it is still clearly above it.
                 return Found(edges) if confirmed(ev) == edges else WITHDRAW
             return self._all_off_until(edges, self._runs_to_miss(edges, ev.alpha), waiting=SEARCH_ON)
         needed = self._drop_needed(edges)
         if needed > 0 and not log.unresolved(drop):
-            return log.ask(drop, "drop-only", edges) if log.in_flight_of(drop) < needed else SEARCH_ON
+            return log.ask(drop, DROP_ONLY, edges) if log.in_flight_of(drop) < needed else SEARCH_ON
         return self.background_controls(edges)
 
     def _all_off_until(self, edges: tuple[int, ...], needed: int, *, waiting: str | None) -> Check:
@@ -91,7 +92,7 @@ class Checks:
         if off.clean >= needed or log.unresolved(log.all_off):
             return Found(edges)
         if off.clean + log.in_flight_of(log.all_off) < needed:
-            return log.ask(log.all_off, "check-off", edges, AFTER_DROP_ONLY_DIVERGED)
+            return log.ask(log.all_off, STAGE_CHECK_OFF, edges, AFTER_DROP_ONLY_DIVERGED)
         return waiting
 
     def background_controls(self, edges: tuple[int, ...]) -> Check:
@@ -104,7 +105,7 @@ class Checks:
             controls = max(0, math.ceil(ev.controls_for(edges) - ev.controls(edges) - 1e-9))
             if controls > 0:
                 if log.in_flight_of(log.all_off) < controls:
-                    return log.ask(log.all_off, "check-off", edges, BACKGROUND_CONTROL)
+                    return log.ask(log.all_off, STAGE_CHECK_OFF, edges, BACKGROUND_CONTROL)
                 return SEARCH_ON
         return Found(edges)
 

@@ -19,6 +19,7 @@ from bisect_prefetch.search.posterior import EdgePosterior
 from bisect_prefetch.search.reduce import miss_chance as set_miss_chance
 from bisect_prefetch.search.reduce import subset_odds
 from bisect_prefetch.search.runlog import RunLog, clean_without
+from bisect_prefetch.vocab import DROP_ONLY
 
 # Prior chance that another set, disjoint from the answer, also causes drift: it is
 # outside the posterior's one-cause model, so only drop-only(answer) runs rule it out.
@@ -168,7 +169,7 @@ class Evidence:
         drift the answer is the set every diverged run happened to enable, so those
         runs are clean by selection.
         """
-        checked = self.log.clean_runs_of("drop-only", self.log.drop_only(edges))
+        checked = self.log.clean_runs_of(DROP_ONLY, self.log.drop_only(edges))
         return self.log.tally(self.log.all_off).clean + checked + self.log.golden_runs()
 
     def controls_at(self, chance: float, miss: float | None = None) -> int:

@@ -2,7 +2,10 @@
 
 The real oracle (runs/) launches jobs; the simulated one (search/simulate.py)
 draws outcomes. Each run is compared against one golden reference trajectory,
-so one run is one trial. Runs that failed (error, timeout, truncated) tell
+so one run is one trial. Both answer through the same slot operations, which
+the bisect command's one loop drives (commands/bisect_loop.py): request a run
+of a mask (or of a schedule of several, search/segments.py) while a slot is
+free, hear the next run that finished, hear that the job refuses schedules. Runs that failed (error, timeout, truncated) tell
 nothing about drift and never count as clean.
 
 RunResult is the one result type the search sees; the runner's journal record
@@ -62,7 +65,76 @@ class RunResult:
             raise BisectPrefetchError(f"not a run result: missing or bad field {exc}") from None
 
 
+@dataclass(frozen=True)
+class Finished:
+    """A run the oracle heard finish: what was asked (a mask, or a Schedule) and its result."""
+
+    planned: object  # a Mask, or a search.segments.Schedule (which imports this module)
+    result: RunResult
+
+
 class Oracle(Protocol):
+    """What runs the search's masks: one run at once (`run`), or runs on `slots` slots.
+
+    The slot operations: `request` a run of a mask, or `request_schedule` one of several
+    masks by step, while fewer than `slots` are in flight; `finished` waits for the next
+    one to end (in the order they end) and returns None when none is in flight; a run that
+    failed may be retried inside the oracle and is heard once, when it is over. Once the
+    job refused a schedule, `schedule_refused` says why (later runs hold one mask). `cancel`
+    drops every run still in flight (the verdict came first).
+    """
+
+    slots: int
+    schedule_refused: str | None
+
     def run(self, mask: Mask) -> RunResult:
         """Run the workload once with exactly the edges in mask enabled."""
         ...
+
+    def request(self, mask: Mask) -> None: ...
+
+    def request_schedule(self, schedule) -> None: ...  # a search.segments.Schedule
+
+    def finished(self) -> Finished | None: ...
+
+    def cancel(self) -> None: ...
+
+
+class AnswersAtOnce:
+    """The slot operations of an oracle that answers a run when it is asked (a simulation):
+    `run` and `run_schedule` give the result, which waits in a queue until heard.
+
+    With one slot (the default) a run is heard right after it is asked, as a serial search
+    runs. With more, the runs asked are heard shortest first (a diverged run stops at its
+    first difference), in the order asked on a tie.
+    """
+
+    slots = 1
+    schedule_refused: str | None = None
+
+    def run(self, mask: Mask) -> RunResult:
+        raise NotImplementedError
+
+    def run_schedule(self, schedule) -> RunResult:
+        raise NotImplementedError
+
+    def _answered(self) -> list[Finished]:
+        if "_answers" not in self.__dict__:
+            self._answers: list[Finished] = []
+        return self._answers
+
+    def request(self, mask: Mask) -> None:
+        self._answered().append(Finished(mask, self.run(mask)))
+
+    def request_schedule(self, schedule) -> None:
+        self._answered().append(Finished(schedule, self.run_schedule(schedule)))
+
+    def finished(self) -> Finished | None:
+        answers = self._answered()
+        if not answers:
+            return None
+        first = min(range(len(answers)), key=lambda i: answers[i].result.steps)
+        return answers.pop(first)
+
+    def cancel(self) -> None:
+        self._answered().clear()

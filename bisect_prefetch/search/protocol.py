@@ -13,8 +13,9 @@ A set is a culprit only where its q is above p0. Runs that failed (error,
 timeout) cost a run and tell nothing; a mask that fails `max_errors` times in a
 row is unresolved and not asked again.
 
-The steps (an Ask's `stage`; the command narrates each, commands/bisect.py
-step_title). The next run is that of the first step whose condition holds:
+The protocol's parts, numbered (an Ask's `stage`, vocab.STAGES; the command
+titles each, commands/bisect_words.py stage_title). The next run is that of the
+first part whose condition holds:
 1. calibrate ("checking that all-on diverges"), until a run diverges: one all-on
    run, then the search's own masks (a search mask's divergence shows the drift
    reproduces and localizes it); nothing diverged after SEARCH_BEFORE_DRIFT of
@@ -30,8 +31,9 @@ step_title). The next run is that of the first step whose condition holds:
    controls (checks.py). not-prefetch: drift without prefetch (none) reaches the
    confidence and all-off has diverged.
 5. search ("testing MASK"): the most informative mask (planning.py); once the
-   leading set holds KEEP_AT of the posterior, keep-only of it (its divergence
-   settles the search, its clean runs lower the set).
+   leading set holds KEEP_AT of the posterior, keep-only of it, a stage of its own
+   (leading-set: "checking that the leading set is enough"; its divergence settles
+   the search, its clean runs lower the set).
 Out of runs (budget.py): inconclusive with the best guess so far, or
 culprit-found where only the drop-only check was cut short.
 
@@ -63,7 +65,13 @@ from bisect_prefetch.search.posterior import EdgePosterior, Hypothesis
 from bisect_prefetch.search.reduce_step import CHECK_IN_FLIGHT, ReduceStep
 from bisect_prefetch.search.runlog import Ask, RunLog, mask_name, matched_steps  # noqa: F401 (mask_name: re-exported)
 from bisect_prefetch.search.verdict import SearchResult
-from bisect_prefetch.vocab import Mask
+from bisect_prefetch.vocab import (
+    STAGE_CALIBRATE,
+    STAGE_CHECK_OFF,
+    STAGE_LEADING,
+    STAGE_SEARCH,
+    Mask,
+)
 
 # The leading set's posterior from which keep-only of it runs (its divergence ends the search).
 KEEP_AT = 0.7
@@ -73,8 +81,20 @@ Decision = Ask | v.Finish | None  # None: nothing to run now (wait for the runs 
 class Bisection:
     """Noise-aware search for the smallest edge set whose presence makes A/A runs diverge.
 
-    Use: `mask = b.next_mask()` (None when done), run it, `b.record(mask, result)`,
-    repeat; then `b.result()`. `b.pending` says which stage the next mask is for.
+    Use, as the bisect command's loop does (commands/bisect_loop.py):
+
+        b = Bisection(edge_ids, confidence=0.95, steps_per_run=30)
+        b.golden(30)                      # the golden run every run is compared with
+        while not b.done:
+            ask = b.pending               # the next run: ask.mask, ask.stage; None: wait
+            ...                           # with several slots: b.propose() marks it in
+                                          # flight, and the next free slot gets another
+            b.record(ask.mask, result)    # a search.oracle.RunResult, in any order
+        b.result()                        # the verdict, its facts and evidence
+
+    `b.reuse(mask, result)` counts an earlier command's run as evidence before the
+    first run; `b.cancel(mask)` drops a run that will never report; segments.py plans
+    a run of several masks (`propose(ask)`, `plan_trials`).
     """
 
     def __init__(self, edge_ids: Sequence[str], *, confidence: float = 0.95, max_runs: int | None = None,
@@ -103,7 +123,6 @@ class Bisection:
         self._stale = True  # the next decision is worked out when first read
 
     # -- the loop ------------------------------------------------------------------
-    next_mask = lambda self: None if self.pending is None else self.pending.mask  # noqa: E731
 
     @property
     def done(self) -> bool:
@@ -220,7 +239,7 @@ class Bisection:
         off = log.tally(log.all_off)
         if (off.clean + log.in_flight_of(log.all_off) < self.settings.all_off_runs
                 and not log.unresolved(log.all_off)):
-            return log.ask(log.all_off, "check-off")
+            return log.ask(log.all_off, STAGE_CHECK_OFF)
         # step 3: reducing the edges every diverged run enabled (three or more needed together)
         if self.reduce.reducing:
             step = self.reduce.next()
@@ -237,7 +256,7 @@ class Bisection:
         if (top.probability >= KEEP_AT and not log.tally(keep).divergences
                 and log.in_flight_of(keep) < CHECK_IN_FLIGHT):
             if not log.unresolved(keep):
-                return log.ask(keep, "keep-only", top.edges)
+                return log.ask(keep, STAGE_LEADING, top.edges)
             if top.probability >= self.settings.confidence:
                 return v.Inconclusive("keep-only-never-completed")
         return self._search(top, pairs=pairs)
@@ -265,14 +284,14 @@ class Bisection:
         late = (log.started >= SEARCH_BEFORE_DRIFT * calibration_runs
                 or self.budget - log.started <= calibration_runs - self.evidence.clean_cover())
         if (started == 0 or late) and log.in_flight_of(log.all_on) < CHECK_IN_FLIGHT:
-            return log.ask(log.all_on, "calibrate")
+            return log.ask(log.all_on, STAGE_CALIBRATE)
         return self._search(self.model.top())
 
     def _search(self, top: Hypothesis, *, pairs: bool = False) -> Decision:
         mask = most_informative(self.model, self.log, top, pairs=pairs, share=self.search_share)
         if mask is None:
             return None if self.log.in_flight else v.Inconclusive("all-unresolved")
-        return self.log.ask(mask, "search")
+        return self.log.ask(mask, STAGE_SEARCH)
 
     # -- reading --------------------------------------------------------------------------
     def _budget(self) -> int:
@@ -281,16 +300,18 @@ class Bisection:
 
     budget = property(_budget)
 
-    # The run log's records, as the command and the tests read them.
-    history = property(lambda self: self.log.history, doc="(mask, RunResult) of every finished run")
+    # The run log's records, as the command reads them.
     events = property(lambda self: self.log.events, doc="the blocks of runs (Block), in order")
     in_flight = property(lambda self: self.log.in_flight, doc="proposed runs not yet recorded")
     runs_used = property(lambda self: self.log.runs_used)
     steps_used = property(lambda self: self.log.steps_used)
     startups = property(lambda self: self.log.startups, doc="training runs the trials took")
+
+    # -- read by the tests only (the product reads pending, events and result) -------------
+    next_mask = lambda self: None if self.pending is None else self.pending.mask  # noqa: E731
+    history = property(lambda self: self.log.history, doc="(mask, RunResult) of every finished run")
     state = property(lambda self: "done" if self.pending is None else self.pending.stage,
                      doc='the protocol stage of the next mask, or "done"')
-
     posterior = property(lambda self: self.conclusions.top_hypotheses(),
                          doc="the five most probable culprit sets with their probabilities")
 

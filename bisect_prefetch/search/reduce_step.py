@@ -28,6 +28,7 @@ from bisect_prefetch.search.reduce import (
 )
 from bisect_prefetch.search.runlog import Ask, clean_without
 from bisect_prefetch.search.verdict import Inconclusive
+from bisect_prefetch.vocab import STAGE_REDUCE
 
 # Runs of one check mask in flight at once, at most (calibration, keep-only).
 CHECK_IN_FLIGHT = 2
@@ -90,7 +91,7 @@ class ReduceStep:
             if log.unresolved(keep):
                 return Inconclusive("keep-only-never-completed")
             if log.in_flight_of(keep) < CHECK_IN_FLIGHT:
-                return log.ask(keep, "reduce", core)
+                return log.ask(keep, STAGE_REDUCE, core)
             return None
         test = self.next_drop(core)
         if test is None:
@@ -100,7 +101,7 @@ class ReduceStep:
         mask = log.keep_only([i for i in core if i not in test.chunk])
         if log.unresolved(mask):
             return Inconclusive("all-unresolved")
-        return log.ask(mask, "reduce", core)
+        return log.ask(mask, STAGE_REDUCE, core)
 
     def next_drop(self, core: tuple[int, ...]) -> Drop | None:
         """The chunk of the core to drop next (reduce.next_test); None: the core is 1-minimal."""

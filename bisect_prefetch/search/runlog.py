@@ -19,9 +19,8 @@ import numpy as np
 
 from bisect_prefetch.search.oracle import RunResult
 from bisect_prefetch.select import describe
-from bisect_prefetch.vocab import Mask
+from bisect_prefetch.vocab import DROP_ONLY, KEEP_ONLY, STAGE_EXTRA, Mask
 
-STAGES = ("calibrate", "check-off", "search", "reduce", "keep-only", "drop-only", "extra")
 # Why a check-off stage runs again late in the search (Ask.context, Block.context).
 AFTER_DROP_ONLY_DIVERGED = "drop-only-diverged"
 BACKGROUND_CONTROL = "background-control"  # all_off_runs="auto": ruling out background drift
@@ -99,7 +98,7 @@ def mask_name(mask: Mask, edge_ids: Sequence[str]) -> str:
         return name
     on = [i for i, e in enumerate(edge_ids) if e in mask]
     off = [i for i, e in enumerate(edge_ids) if e not in mask]
-    for word, idx in (("keep-only", on), ("drop-only", off)):
+    for word, idx in ((KEEP_ONLY, on), (DROP_ONLY, off)):
         if idx[-1] - idx[0] + 1 == len(idx):
             return f"{word} {edge_ids[idx[0]]} .. {edge_ids[idx[-1]]} ({len(idx)} edges)"
     return name
@@ -160,7 +159,7 @@ class RunLog:
             block.first_diff_steps.append(result.first_diff_step or result.steps)
             if block.diverged_at is None:
                 block.diverged_at = block.runs
-        self._observe(mask, result, tally, core=not (ask and ask.stage == "drop-only"))
+        self._observe(mask, result, tally, core=not (ask and ask.stage == DROP_ONLY))
 
     def reuse(self, mask: Mask, result: RunResult) -> None:
         """A completed run of an earlier command (an all-off run of the same experiment,
@@ -181,7 +180,7 @@ class RunLog:
             self._clean.append((enabled, self.fraction(result)))
 
     def _block_for(self, mask: Mask, ask: Ask | None) -> Block:
-        stage = ask.stage if ask else "extra"
+        stage = ask.stage if ask else STAGE_EXTRA
         last = self.events[-1] if self.events else None
         if last is not None and last.stage == stage and last.enabled == mask:
             return last

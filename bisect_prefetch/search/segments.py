@@ -58,7 +58,16 @@ from bisect_prefetch.errors import BisectPrefetchError
 from bisect_prefetch.search.oracle import RunResult
 from bisect_prefetch.search.protocol import Bisection
 from bisect_prefetch.search.runlog import Ask, matched_steps
-from bisect_prefetch.vocab import OK, Mask
+from bisect_prefetch.vocab import (
+    DROP_ONLY,
+    KEEP_ONLY,
+    OK,
+    STAGE_CALIBRATE,
+    STAGE_CHECK_OFF,
+    STAGE_LEADING,
+    STAGE_REDUCE,
+    Mask,
+)
 
 # A search segment's share of a run. 20 searches at q = 0.3, S = 50, cap 500 (same
 # seeds): segments of 20, 50 and 100 steps took 5205, 4952 and 4700 median steps
@@ -73,7 +82,7 @@ CHECK_RUNS = 7
 SEARCH_RUNS = 33
 EXPECTED_EDGES = 67
 GOLDEN_SHARE = 0.1  # the golden run's steps past CONTROL_RUNS: at most this share of the search's
-FULL_LENGTH_STAGES = ("calibrate", "check-off", "keep-only", "drop-only", "reduce")
+FULL_LENGTH_STAGES = (STAGE_CALIBRATE, STAGE_CHECK_OFF, STAGE_LEADING, KEEP_ONLY, DROP_ONLY, STAGE_REDUCE)
 SEGMENTS_MODES = ("auto", "off")
 
 

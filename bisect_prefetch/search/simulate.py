@@ -43,9 +43,9 @@ import numpy as np
 from bisect_prefetch.errors import BisectPrefetchError
 from bisect_prefetch.graph import from_policy
 from bisect_prefetch.search.hints import HintPrior, edge_ends
-from bisect_prefetch.search.oracle import RunResult
+from bisect_prefetch.search.oracle import AnswersAtOnce, RunResult
 from bisect_prefetch.search.protocol import Bisection
-from bisect_prefetch.search.runlog import BACKGROUND_CONTROL, STAGES
+from bisect_prefetch.search.runlog import BACKGROUND_CONTROL
 from bisect_prefetch.search.segments import (
     SEGMENTS_MODES,
     Lengths,
@@ -56,7 +56,17 @@ from bisect_prefetch.search.segments import (
 )
 from bisect_prefetch.search.stats import hazard_for_chance, per_run_chance
 from bisect_prefetch.select import select
-from bisect_prefetch.vocab import ERROR, OK, STOPPED_EARLY, Mask
+from bisect_prefetch.vocab import (
+    ERROR,
+    OK,
+    STAGES,
+    STOPPED_EARLY,
+    VERDICT_FOUND,
+    VERDICT_INCONCLUSIVE,
+    VERDICT_NO_DRIFT,
+    VERDICT_NOT_PREFETCH,
+    Mask,
+)
 
 
 def _stream(seed: int, trial: int, name: str) -> np.random.Generator:
@@ -64,8 +74,9 @@ def _stream(seed: int, trial: int, name: str) -> np.random.Generator:
     return np.random.default_rng([seed, trial, zlib.crc32(name.encode())])
 
 
-class SimulatedOracle:
-    """Runs nothing: draws each run's first differing step from the culprit rule."""
+class SimulatedOracle(AnswersAtOnce):
+    """Runs nothing: draws each run's first differing step from the culprit rule, and
+    answers the slot operations of search/oracle.py at once (AnswersAtOnce)."""
 
     def __init__(
         self,
@@ -231,8 +242,8 @@ def is_correct(outcome: Outcome, culprits: Sequence[str], *, together: bool, bac
     """No culprit: not-prefetch under background drift, else no-drift-reproduced; a culprit
     (background or not): culprit-found naming it (a set needed together: exactly)."""
     if not culprits:
-        return outcome.verdict == ("not-prefetch" if background > 0 else "no-drift-reproduced")
-    if outcome.verdict != "culprit-found":
+        return outcome.verdict == (VERDICT_NOT_PREFETCH if background > 0 else VERDICT_NO_DRIFT)
+    if outcome.verdict != VERDICT_FOUND:
         return False
     if together:
         return sorted(outcome.minimal_set) == sorted(culprits)
@@ -378,7 +389,7 @@ def _simulate(
         "runs_p90": _percentile(runs, 90),
         "steps_median": _percentile([r["steps"] for r in results], 50),
         "claimed_confidence": float(np.mean(claims)) if claims else None,
-        "inconclusive": sum(r["verdict"] == "inconclusive" for r in results) / trials,
+        VERDICT_INCONCLUSIVE: sum(r["verdict"] == VERDICT_INCONCLUSIVE for r in results) / trials,
         "slots": slots,
         "rounds_median": _percentile([r["rounds"] for r in results], 50),
         "rounds_p90": _percentile([r["rounds"] for r in results], 90),

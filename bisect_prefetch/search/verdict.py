@@ -14,8 +14,13 @@ from typing import ClassVar
 
 from bisect_prefetch.search.evidence import Evidence
 from bisect_prefetch.search.stats import clopper_pearson, hazard_estimate, upper_bound_none_seen
+from bisect_prefetch.vocab import (
+    VERDICT_FOUND,
+    VERDICT_INCONCLUSIVE,
+    VERDICT_NO_DRIFT,
+    VERDICT_NOT_PREFETCH,
+)
 
-VERDICTS = ("culprit-found", "no-drift-reproduced", "not-prefetch", "inconclusive")
 STOP_REASONS = (
     "max-runs", "all-on-never-completed", "all-unresolved", "keep-only-never-completed",
     "not-finished",
@@ -135,7 +140,7 @@ Fact = (Background | NoDrift | AllOffDiverged | Stopped | KeepOnlyDiverged | Eac
 
 @dataclass(frozen=True)
 class SearchResult:
-    verdict: str  # one of VERDICTS
+    verdict: str  # one of vocab.VERDICTS
     minimal_set: list[str]
     confidence: float
     runs_used: int  # trials: runs of one mask, or segments of runs (segments.py)
@@ -188,13 +193,13 @@ class Conclusions:
         if isinstance(finish, NoDriftReproduced):
             n = self.ev.clean_cover()
             fact = NoDrift(n, self.log.tally(self.log.all_on).clean, upper_bound_none_seen(n, self.confidence))
-            return self._result("no-drift-reproduced", (), self.confidence, [fact])
+            return self._result(VERDICT_NO_DRIFT, (), self.confidence, [fact])
         if isinstance(finish, NotPrefetch):
             off = self.log.tally(self.log.all_off)
             fact = AllOffDiverged(off.clean + off.divergences, off.divergences, self.model.background())
-            return self._result("not-prefetch", (), self.model.probability_of(()), [fact])
+            return self._result(VERDICT_NOT_PREFETCH, (), self.model.probability_of(()), [fact])
         stopped = self._stopped(finish.reason, budget=budget, reducing=reducing)
-        return self._result("inconclusive", (), self.model.top().probability, [stopped], finished=finished)
+        return self._result(VERDICT_INCONCLUSIVE, (), self.model.top().probability, [stopped], finished=finished)
 
     def _stopped(self, reason: str, *, budget: int, reducing: bool) -> Stopped:
         """Why the search stopped, with its best guess (no edges: drift without prefetch;
@@ -240,7 +245,7 @@ class Conclusions:
             confidence -= (1 - strength) ** runs
             facts.append(BackgroundRuledOut(ids, runs, upper_bound_none_seen(runs, self.confidence), strength,
                                             self.log.golden_runs()))
-        return self._result("culprit-found", edges, max(confidence, 0.0), facts,
+        return self._result(VERDICT_FOUND, edges, max(confidence, 0.0), facts,
                             drop=drop_diverges if ran_drop else None)
 
     def _each_needed(self, edges: Sequence[int]) -> EachNeeded:

@@ -1,8 +1,9 @@
 """The `bisect` command, whole transcripts: every exit path against a simulated oracle.
 
-The command runs for real (state dir, lock, journal, report) except the
-training runs: the oracle draws them from the simulator (search/simulate.py)
-and journals them as the real oracle does, so a resumed command gets the runs
+The command runs for real (state dir, lock, journal, report, the one loop users
+run, on one slot or two, with segments or without) except the training runs:
+the oracle draws them from the simulator (search/simulate.py), answers through
+the slot operations the real oracle has, and journals them as the real oracle does, so a resumed command gets the runs
 that finished from the journal and runs only the rest. Every printed line is
 checked, at the pinned console width (conftest.py).
 """
@@ -17,14 +18,16 @@ from pathlib import Path
 import pytest
 
 from bisect_prefetch.commands import bisect as command
+from bisect_prefetch.commands import bisect_words
 from bisect_prefetch.errors import BisectPrefetchError
 from bisect_prefetch.runs.execute import RunOutcome
 from bisect_prefetch.runs.oracle import Earlier
 from bisect_prefetch.search import verdict as v
-from bisect_prefetch.search.oracle import RunResult
+from bisect_prefetch.search.oracle import AnswersAtOnce, Finished, RunResult
 from bisect_prefetch.search.runlog import AFTER_DROP_ONLY_DIVERGED
 from bisect_prefetch.search.simulate import SimulatedOracle
 from bisect_prefetch.search.stats import hazard_for_chance
+from bisect_prefetch.vocab import KEEP_ONLY, STAGE_CHECK_OFF, STAGE_LEADING
 from tests.conftest import console
 
 STEPS = 20
@@ -39,7 +42,7 @@ class Simulation:
     """
 
     def __init__(self, culprits, *, q=0.5, together=False, background=0.0, interrupt_after=None,
-                 localized=None):
+                 localized=None, slots=1, startup_steps=None):
         print(f"seed {SEED}")
         self.culprits = culprits
         self.together = together
@@ -47,6 +50,8 @@ class Simulation:
         self.hazard = hazard_for_chance(q, STEPS)
         self.background = hazard_for_chance(background, STEPS) if background else 0.0
         self.interrupt_after = interrupt_after
+        self.slots = slots  # runs at once
+        self.startup_steps = startup_steps  # a golden run's start-up, in steps (segments)
         self.commands = 0
 
     def __call__(self, opened, on_run):
@@ -54,36 +59,66 @@ class Simulation:
         return _Oracle(self, opened, on_run)
 
 
-class _Oracle:
-    """The real oracle's bookkeeping (journal keys, counts, run lines) over simulated runs."""
+class _Oracle(AnswersAtOnce):
+    """The real oracle's bookkeeping (journal keys, counts, run lines) over simulated runs,
+    answered at once through the slot operations (search/oracle.py); with several slots the
+    runs asked are heard shortest first, each run line said when it is heard."""
 
     def __init__(self, sim: Simulation, opened, on_run):
         self.sim, self.runner, self.on_run = sim, opened.runner, on_run
         # A resumed command draws new runs from its own streams.
         self.draws = SimulatedOracle(sim.culprits, together=sim.together, hazard=sim.hazard, steps=STEPS,
                                      background=sim.background, seed=SEED, trial=sim.commands)
-        self.requests: Counter[frozenset[str]] = Counter()
+        self.slots = sim.slots
+        self.requests: Counter = Counter()
         self.runs_launched = self.runs_reused = 0
         self.golden_steps = STEPS
+        self.asked: list[tuple[object, object, RunOutcome]] = []  # (planned, what, outcome)
 
     def reuse_earlier(self):
         return Earlier()  # no aa or matrix runs before these searches
 
-    @property
-    def golden(self) -> str:
-        key = self.runner.key("search-golden", mask=frozenset(), guard="none", steps=STEPS,
-                              index=0)
-        return self._journaled(key, lambda: RunResult("ok", False, None, STEPS)).run_id
+    def run_golden(self, steps=None) -> str:
+        self.golden_steps = max(self.golden_steps, steps or 0)
+        key = self.runner.key("search-golden", mask=frozenset(), guard="none",
+                              steps=self.golden_steps, index=0)
+        return self._journaled(key, lambda: RunResult("ok", False, None, self.golden_steps),
+                               timed=True).run_id
 
     def run(self, mask):
-        key = self.runner.key("search", mask=mask, guard="none", steps=STEPS,
-                              index=self.requests[mask])
-        self.requests[mask] += 1
-        out = self._journaled(key, lambda: self.draws.run(mask))
+        out = self._asked(mask, mask, mask)
         self.on_run(mask, out)
         return out.result()
 
-    def _journaled(self, key, draw) -> RunOutcome:
+    def _asked(self, what, planned, draw_of) -> RunOutcome:
+        key = self.runner.key("search", mask=what if isinstance(what, frozenset) else what[0][1],
+                              guard="none", steps=STEPS if isinstance(what, frozenset) else planned.steps,
+                              index=self.requests[what],
+                              schedule=None if isinstance(what, frozenset) else what)
+        self.requests[what] += 1
+        if isinstance(what, frozenset):
+            return self._journaled(key, lambda: self.draws.run(draw_of))
+        return self._journaled(key, lambda: self.draws.run_schedule(draw_of))
+
+    def request(self, mask):
+        self.asked.append((mask, mask, self._asked(mask, mask, mask)))
+
+    def request_schedule(self, schedule):
+        what = tuple((first, frozenset(mask)) for first, mask in schedule.masks)
+        self.asked.append((schedule, what, self._asked(what, schedule, schedule)))
+
+    def finished(self):
+        if not self.asked:
+            return None
+        first = min(range(len(self.asked)), key=lambda i: self.asked[i][2].steps_done)
+        planned, what, out = self.asked.pop(first)
+        self.on_run(what, out)
+        return Finished(planned, out.result())
+
+    def cancel(self):
+        self.asked.clear()
+
+    def _journaled(self, key, draw, *, timed=False) -> RunOutcome:
         state = self.runner.state
         if (found := state.find(key)) is not None:
             self.runs_reused += 1
@@ -97,6 +132,8 @@ class _Oracle:
         out = RunOutcome(run_id=run_id, outcome="stopped-early" if result.diverged else "ok",
                          reason="", first_diff_step=result.first_diff_step,
                          steps_done=result.steps, wall_s=0.25)
+        if timed and self.sim.startup_steps is not None:  # what segments: auto measures
+            out.step_time_ms, out.first_progress_s = 10.0, self.sim.startup_steps * 0.01
         if result.diverged and self.sim.localized:
             out.localization = {"step": result.first_diff_step, "rank": 1, "unit": self.sim.localized,
                                 "param": f"{self.sim.localized}.weight", "units_differing": 1}
@@ -153,7 +190,7 @@ testing drop-only:bwd:layers.2->layers.1...
     run 4 (3 edges on): clean over 20 steps [0.2s]
     run 5 (3 edges on): clean over 20 steps [0.2s]
   -> clean (2 runs)
-double checking the answer: keep-only:bwd:layers.2->layers.1 should diverge...
+checking that the leading set is enough: keep-only:bwd:layers.2->layers.1 should diverge...
     run 6 (1 edges on): clean over 20 steps [0.2s]
   -> clean (1 run)
 testing keep-only:bwd:layers.2->layers.1...
@@ -178,18 +215,18 @@ confidence: 0.972   runs: 13   steps: 243
   - all-off and drop-only:bwd:layers.2->layers.1 after the search: 8 runs (counting the golden run as 1: the steps runs matched), all consistent: drift without
 prefetch at a per-run chance of 0.312 or more is ruled out at 95%; as strong as the answer's (0.4), it would have shown at 98.3%
 evidence
-┏━━━━━━━━━━━┳━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━┳━━━━━━━┳━━━━━━┳━━━━━━━━━━┳━━━━━━━━━━━━━━━━━━━━━━━┳━━━━━━━━━━┓
-┃ step      ┃ mask                             ┃ edges ┃ runs ┃ diverged ┃ first differing steps ┃ verdict  ┃
-┡━━━━━━━━━━━╇━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━╇━━━━━━━╇━━━━━━╇━━━━━━━━━━╇━━━━━━━━━━━━━━━━━━━━━━━╇━━━━━━━━━━┩
-│ calibrate │ all-on                           │ 4     │ 1    │ 1        │ 18                    │ diverged │
-│ check-off │ all-off                          │ 0     │ 1    │ 0        │ -                     │ clean    │
-│ search    │ forward-off                      │ 2     │ 1    │ 1        │ 6                     │ diverged │
-│ search    │ drop-only:bwd:layers.2->layers.1 │ 3     │ 2    │ 0        │ -                     │ clean    │
-│ keep-only │ keep-only:bwd:layers.2->layers.1 │ 1     │ 1    │ 0        │ -                     │ clean    │
-│ search    │ keep-only:bwd:layers.2->layers.1 │ 1     │ 1    │ 1        │ 19                    │ diverged │
-│ drop-only │ drop-only:bwd:layers.2->layers.1 │ 3     │ 5    │ 0        │ -                     │ clean    │
-│ check-off │ all-off                          │ 0     │ 1    │ 0        │ -                     │ clean    │
-└───────────┴──────────────────────────────────┴───────┴──────┴──────────┴───────────────────────┴──────────┘
+┏━━━━━━━━━━━━━┳━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━┳━━━━━━━┳━━━━━━┳━━━━━━━━━━┳━━━━━━━━━━━━━━━━━━━━━━━┳━━━━━━━━━━┓
+┃ stage       ┃ mask                             ┃ edges ┃ runs ┃ diverged ┃ first differing steps ┃ verdict  ┃
+┡━━━━━━━━━━━━━╇━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━╇━━━━━━━╇━━━━━━╇━━━━━━━━━━╇━━━━━━━━━━━━━━━━━━━━━━━╇━━━━━━━━━━┩
+│ calibrate   │ all-on                           │ 4     │ 1    │ 1        │ 18                    │ diverged │
+│ check-off   │ all-off                          │ 0     │ 1    │ 0        │ -                     │ clean    │
+│ search      │ forward-off                      │ 2     │ 1    │ 1        │ 6                     │ diverged │
+│ search      │ drop-only:bwd:layers.2->layers.1 │ 3     │ 2    │ 0        │ -                     │ clean    │
+│ leading-set │ keep-only:bwd:layers.2->layers.1 │ 1     │ 1    │ 0        │ -                     │ clean    │
+│ search      │ keep-only:bwd:layers.2->layers.1 │ 1     │ 1    │ 1        │ 19                    │ diverged │
+│ drop-only   │ drop-only:bwd:layers.2->layers.1 │ 3     │ 5    │ 0        │ -                     │ clean    │
+│ check-off   │ all-off                          │ 0     │ 1    │ 0        │ -                     │ clean    │
+└─────────────┴──────────────────────────────────┴───────┴──────┴──────────┴───────────────────────┴──────────┘
 per-run chance 0.75 (95% interval 0.194-0.994), per-step hazard 0.0476, from 4 runs that enabled the set
 reproduce: bisect-prefetch aa TMP/exp.yaml --runs=4 '--mask=keep-only:bwd:layers.2->layers.1'
 runs launched 14, reused from the journal 0; report: TMP/state/sim/report.html
@@ -230,7 +267,7 @@ confidence: 0.950   runs: 13   steps: 260
   - every edge enabled in 10 clean runs (9 of them all-on), none diverged: a per-run chance of 0.259 or more is ruled out at 95% (fewer than 3/10)
 evidence
 ┏━━━━━━━━━━━┳━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━┳━━━━━━━┳━━━━━━┳━━━━━━━━━━┳━━━━━━━━━━━━━━━━━━━━━━━┳━━━━━━━━━┓
-┃ step      ┃ mask                             ┃ edges ┃ runs ┃ diverged ┃ first differing steps ┃ verdict ┃
+┃ stage     ┃ mask                             ┃ edges ┃ runs ┃ diverged ┃ first differing steps ┃ verdict ┃
 ┡━━━━━━━━━━━╇━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━╇━━━━━━━╇━━━━━━╇━━━━━━━━━━╇━━━━━━━━━━━━━━━━━━━━━━━╇━━━━━━━━━┩
 │ calibrate │ all-on                           │ 4     │ 1    │ 0        │ -                     │ clean   │
 │ search    │ forward-off                      │ 2     │ 1    │ 0        │ -                     │ clean   │
@@ -272,7 +309,7 @@ confidence: 1.000   runs: 13   steps: 102
   - all-off diverged (11 of 12 runs): drift happens with every prefetch edge off, so it has another cause
 evidence
 ┏━━━━━━━━━━━┳━━━━━━━━━┳━━━━━━━┳━━━━━━┳━━━━━━━━━━┳━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━┳━━━━━━━━━━┓
-┃ step      ┃ mask    ┃ edges ┃ runs ┃ diverged ┃ first differing steps             ┃ verdict  ┃
+┃ stage     ┃ mask    ┃ edges ┃ runs ┃ diverged ┃ first differing steps             ┃ verdict  ┃
 ┡━━━━━━━━━━━╇━━━━━━━━━╇━━━━━━━╇━━━━━━╇━━━━━━━━━━╇━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━╇━━━━━━━━━━┩
 │ calibrate │ all-on  │ 4     │ 1    │ 1        │ 15                                │ diverged │
 │ check-off │ all-off │ 0     │ 12   │ 11       │ 8, 16, 11, 6, 3, 2, 4, 9, 3, 2, 3 │ diverged │
@@ -302,7 +339,7 @@ confidence: 0.272   runs: 4   steps: 77
   - stopped: the run budget (--max-runs 4) ran out; best guess {fwd:layers.0->layers.1} at probability 0.272
 evidence
 ┏━━━━━━━━━━━┳━━━━━━━━━━━━━┳━━━━━━━┳━━━━━━┳━━━━━━━━━━┳━━━━━━━━━━━━━━━━━━━━━━━┳━━━━━━━━━━┓
-┃ step      ┃ mask        ┃ edges ┃ runs ┃ diverged ┃ first differing steps ┃ verdict  ┃
+┃ stage     ┃ mask        ┃ edges ┃ runs ┃ diverged ┃ first differing steps ┃ verdict  ┃
 ┡━━━━━━━━━━━╇━━━━━━━━━━━━━╇━━━━━━━╇━━━━━━╇━━━━━━━━━━╇━━━━━━━━━━━━━━━━━━━━━━━╇━━━━━━━━━━┩
 │ calibrate │ all-on      │ 4     │ 2    │ 1        │ 17                    │ diverged │
 │ check-off │ all-off     │ 0     │ 1    │ 0        │ -                     │ clean    │
@@ -348,7 +385,7 @@ testing drop-only:bwd:layers.2->layers.1...
     run 4 (3 edges on): clean over 20 steps [0.2s]
     run 5 (3 edges on): clean over 20 steps [0.2s]
   -> clean (2 runs)
-double checking the answer: keep-only:bwd:layers.2->layers.1 should diverge...
+checking that the leading set is enough: keep-only:bwd:layers.2->layers.1 should diverge...
     run 6 (1 edges on): clean over 20 steps [0.2s]
   -> clean (1 run)
 testing keep-only:bwd:layers.2->layers.1...
@@ -373,24 +410,139 @@ confidence: 0.972   runs: 13   steps: 226
   - all-off and drop-only:bwd:layers.2->layers.1 after the search: 8 runs (counting the golden run as 1: the steps runs matched), all consistent: drift without
 prefetch at a per-run chance of 0.312 or more is ruled out at 95%; as strong as the answer's (0.4), it would have shown at 98.3%
 evidence
-┏━━━━━━━━━━━┳━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━┳━━━━━━━┳━━━━━━┳━━━━━━━━━━┳━━━━━━━━━━━━━━━━━━━━━━━┳━━━━━━━━━━┓
-┃ step      ┃ mask                             ┃ edges ┃ runs ┃ diverged ┃ first differing steps ┃ verdict  ┃
-┡━━━━━━━━━━━╇━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━╇━━━━━━━╇━━━━━━╇━━━━━━━━━━╇━━━━━━━━━━━━━━━━━━━━━━━╇━━━━━━━━━━┩
-│ calibrate │ all-on                           │ 4     │ 1    │ 1        │ 18                    │ diverged │
-│ check-off │ all-off                          │ 0     │ 1    │ 0        │ -                     │ clean    │
-│ search    │ forward-off                      │ 2     │ 1    │ 1        │ 6                     │ diverged │
-│ search    │ drop-only:bwd:layers.2->layers.1 │ 3     │ 2    │ 0        │ -                     │ clean    │
-│ keep-only │ keep-only:bwd:layers.2->layers.1 │ 1     │ 1    │ 0        │ -                     │ clean    │
-│ search    │ keep-only:bwd:layers.2->layers.1 │ 1     │ 1    │ 1        │ 2                     │ diverged │
-│ drop-only │ drop-only:bwd:layers.2->layers.1 │ 3     │ 5    │ 0        │ -                     │ clean    │
-│ check-off │ all-off                          │ 0     │ 1    │ 0        │ -                     │ clean    │
-└───────────┴──────────────────────────────────┴───────┴──────┴──────────┴───────────────────────┴──────────┘
+┏━━━━━━━━━━━━━┳━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━┳━━━━━━━┳━━━━━━┳━━━━━━━━━━┳━━━━━━━━━━━━━━━━━━━━━━━┳━━━━━━━━━━┓
+┃ stage       ┃ mask                             ┃ edges ┃ runs ┃ diverged ┃ first differing steps ┃ verdict  ┃
+┡━━━━━━━━━━━━━╇━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━╇━━━━━━━╇━━━━━━╇━━━━━━━━━━╇━━━━━━━━━━━━━━━━━━━━━━━╇━━━━━━━━━━┩
+│ calibrate   │ all-on                           │ 4     │ 1    │ 1        │ 18                    │ diverged │
+│ check-off   │ all-off                          │ 0     │ 1    │ 0        │ -                     │ clean    │
+│ search      │ forward-off                      │ 2     │ 1    │ 1        │ 6                     │ diverged │
+│ search      │ drop-only:bwd:layers.2->layers.1 │ 3     │ 2    │ 0        │ -                     │ clean    │
+│ leading-set │ keep-only:bwd:layers.2->layers.1 │ 1     │ 1    │ 0        │ -                     │ clean    │
+│ search      │ keep-only:bwd:layers.2->layers.1 │ 1     │ 1    │ 1        │ 2                     │ diverged │
+│ drop-only   │ drop-only:bwd:layers.2->layers.1 │ 3     │ 5    │ 0        │ -                     │ clean    │
+│ check-off   │ all-off                          │ 0     │ 1    │ 0        │ -                     │ clean    │
+└─────────────┴──────────────────────────────────┴───────┴──────┴──────────┴───────────────────────┴──────────┘
 per-run chance 0.75 (95% interval 0.194-0.994), per-step hazard 0.0652, from 4 runs that enabled the set
 reproduce: bisect-prefetch aa TMP/exp.yaml --runs=4 '--mask=keep-only:bwd:layers.2->layers.1'
 runs launched 10, reused from the journal 4; report: TMP/state/sim/report.html
 wrote TMP/out.json
 """
 
+# Two slots: titles are said when a run is asked, run lines when it is heard (the shorter
+# first), and each verdict line names its stage.
+TWO_SLOTS = """\
+bisecting sim: 20 steps a run, seed 1, guard none, confidence 0.95, at most 200 runs
+running the golden reference (all-off, full length)...
+checking that all-on diverges...
+testing forward-off...
+    run 1 (2 edges on): diverged at step 6 [0.2s]
+checking that all-off is consistent...
+    run 2 (4 edges on): diverged at step 18 [0.2s]
+  -> testing forward-off: diverged at run 1 (step 6)
+testing drop-only:bwd:layers.2->layers.1...
+    run 3 (0 edges on): clean over 20 steps [0.2s]
+  -> checking that all-on diverges: diverged at run 2 (step 18)
+    run 4 (3 edges on): clean over 20 steps [0.2s]
+  -> checking that all-off is consistent: clean (1 run)
+testing keep-only:bwd:layers.2->layers.1...
+    run 5 (3 edges on): clean over 20 steps [0.2s]
+checking that the leading set is enough: keep-only:bwd:layers.2->layers.1 should diverge...
+    run 6 (1 edges on): diverged at step 19 [0.2s]
+  -> testing drop-only:bwd:layers.2->layers.1: clean (2 runs)
+double checking the answer: drop-only:bwd:layers.2->layers.1 should be consistent...
+    run 7 (1 edges on): clean over 20 steps [0.2s]
+  -> testing keep-only:bwd:layers.2->layers.1: diverged at run 6 (step 19)
+testing drop-only:bwd:layers.2->layers.1...
+    run 8 (3 edges on): clean over 20 steps [0.2s]
+  -> checking that the leading set is enough: keep-only:bwd:layers.2->layers.1 should diverge: clean (1 run)
+double checking the answer: drop-only:bwd:layers.2->layers.1 should be consistent...
+    run 9 (3 edges on): clean over 20 steps [0.2s]
+  -> double checking the answer: drop-only:bwd:layers.2->layers.1 should be consistent: clean (1 run)
+    run 10 (3 edges on): clean over 20 steps [0.2s]
+  -> testing drop-only:bwd:layers.2->layers.1: clean (1 run)
+    run 11 (3 edges on): clean over 20 steps [0.2s]
+testing drop-only:bwd:layers.2->layers.1...
+    run 12 (3 edges on): clean over 20 steps [0.2s]
+ruling out drift without prefetch as strong as the answer's: checking that all-off is consistent...
+    run 13 (3 edges on): clean over 20 steps [0.2s]
+  -> double checking the answer: drop-only:bwd:layers.2->layers.1 should be consistent: clean (3 runs)
+    run 14 (0 edges on): clean over 20 steps [0.2s]
+  -> testing drop-only:bwd:layers.2->layers.1: clean (1 run)
+testing drop-only:bwd:layers.2->layers.1...
+    run 15 (0 edges on): clean over 20 steps [0.2s]
+  -> ruling out drift without prefetch as strong as the answer's: checking that all-off is consistent: clean (2 runs)
+
+verdict: culprit-found
+minimal set: bwd:layers.2->layers.1
+confidence: 0.976   runs: 15   steps: 283
+  - keep-only:bwd:layers.2->layers.1 diverged (run 6, step 19): the set is enough for drift
+  - drop-only:bwd:layers.2->layers.1: 8 runs, all consistent: removing the set removes drift
+  - all-off and drop-only:bwd:layers.2->layers.1 after the search: 8 runs (counting the golden run as 1: the steps runs matched), all consistent: drift without
+prefetch at a per-run chance of 0.312 or more is ruled out at 95%; as strong as the answer's (0.4), it would have shown at 98.3%
+evidence
+┏━━━━━━━━━━━━━┳━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━┳━━━━━━━┳━━━━━━┳━━━━━━━━━━┳━━━━━━━━━━━━━━━━━━━━━━━┳━━━━━━━━━━┓
+┃ stage       ┃ mask                             ┃ edges ┃ runs ┃ diverged ┃ first differing steps ┃ verdict  ┃
+┡━━━━━━━━━━━━━╇━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━╇━━━━━━━╇━━━━━━╇━━━━━━━━━━╇━━━━━━━━━━━━━━━━━━━━━━━╇━━━━━━━━━━┩
+│ search      │ forward-off                      │ 2     │ 1    │ 1        │ 6                     │ diverged │
+│ calibrate   │ all-on                           │ 4     │ 1    │ 1        │ 18                    │ diverged │
+│ check-off   │ all-off                          │ 0     │ 1    │ 0        │ -                     │ clean    │
+│ search      │ drop-only:bwd:layers.2->layers.1 │ 3     │ 2    │ 0        │ -                     │ clean    │
+│ search      │ keep-only:bwd:layers.2->layers.1 │ 1     │ 1    │ 1        │ 19                    │ diverged │
+│ leading-set │ keep-only:bwd:layers.2->layers.1 │ 1     │ 1    │ 0        │ -                     │ clean    │
+│ drop-only   │ drop-only:bwd:layers.2->layers.1 │ 3     │ 1    │ 0        │ -                     │ clean    │
+│ search      │ drop-only:bwd:layers.2->layers.1 │ 3     │ 1    │ 0        │ -                     │ clean    │
+│ drop-only   │ drop-only:bwd:layers.2->layers.1 │ 3     │ 3    │ 0        │ -                     │ clean    │
+│ search      │ drop-only:bwd:layers.2->layers.1 │ 3     │ 1    │ 0        │ -                     │ clean    │
+│ check-off   │ all-off                          │ 0     │ 2    │ 0        │ -                     │ clean    │
+└─────────────┴──────────────────────────────────┴───────┴──────┴──────────┴───────────────────────┴──────────┘
+per-run chance 0.75 (95% interval 0.194-0.994), per-step hazard 0.0476, from 4 runs that enabled the set
+reproduce: bisect-prefetch aa TMP/exp.yaml --runs=4 '--mask=keep-only:bwd:layers.2->layers.1'
+runs launched 17, reused from the journal 0; report: TMP/state/sim/report.html
+wrote TMP/out.json
+"""
+
+# Segments: the golden run measured a start-up of 40 steps, so a run holds up to 10 masks.
+SEGMENTS = """\
+bisecting sim: 20 steps a run, seed 1, guard none, confidence 0.95, at most 200 runs
+running the golden reference (all-off, full length)...
+segments: a start-up costs 40 steps' worth of time; a run holds up to 10 masks of 20 steps each (search/segments.py)
+running the golden reference again, 200 steps: as long as the longest run...
+    run 1 (10 segments, 4 edges on first): diverged at step 18 [0.2s]
+    run 2 (10 segments, 0 edges on first): diverged at step 26 [0.2s]
+  -> checking that all-on diverges: diverged at run 1 (step 18)
+  -> checking that all-off is consistent: clean (1 run)
+    run 3 (10 segments, 3 edges on first): diverged at step 79 [0.2s]
+  -> testing forward-off: diverged at run 2 (step 6)
+  -> testing drop-only:bwd:layers.2->layers.1: clean (2 runs)
+  -> checking that the leading set is enough: keep-only:bwd:layers.2->layers.1 should diverge: clean (1 run)
+    run 4 (5 segments, 3 edges on first): clean over 100 steps [0.2s]
+  -> testing keep-only:bwd:layers.2->layers.1: diverged at run 3 (step 19)
+  -> double checking the answer: drop-only:bwd:layers.2->layers.1 should be consistent: clean (5 runs)
+
+verdict: culprit-found
+minimal set: bwd:layers.2->layers.1
+confidence: 0.983   runs: 4 (12 trials, several masks a run)   steps: 223
+  - keep-only:bwd:layers.2->layers.1 diverged (run 3, step 19): the set is enough for drift
+  - drop-only:bwd:layers.2->layers.1: 7 runs, all consistent: removing the set removes drift
+  - all-off and drop-only:bwd:layers.2->layers.1 after the search: 11 runs (counting the golden run as 5: the steps runs matched), all consistent: drift without
+prefetch at a per-run chance of 0.238 or more is ruled out at 95%; as strong as the answer's (0.4), it would have shown at 99.6%
+evidence
+┏━━━━━━━━━━━━━┳━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━┳━━━━━━━┳━━━━━━┳━━━━━━━━━━┳━━━━━━━━━━━━━━━━━━━━━━━┳━━━━━━━━━━┓
+┃ stage       ┃ mask                             ┃ edges ┃ runs ┃ diverged ┃ first differing steps ┃ verdict  ┃
+┡━━━━━━━━━━━━━╇━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━╇━━━━━━━╇━━━━━━╇━━━━━━━━━━╇━━━━━━━━━━━━━━━━━━━━━━━╇━━━━━━━━━━┩
+│ calibrate   │ all-on                           │ 4     │ 1    │ 1        │ 18                    │ diverged │
+│ check-off   │ all-off                          │ 0     │ 1    │ 0        │ -                     │ clean    │
+│ search      │ forward-off                      │ 2     │ 1    │ 1        │ 6                     │ diverged │
+│ search      │ drop-only:bwd:layers.2->layers.1 │ 3     │ 2    │ 0        │ -                     │ clean    │
+│ leading-set │ keep-only:bwd:layers.2->layers.1 │ 1     │ 1    │ 0        │ -                     │ clean    │
+│ search      │ keep-only:bwd:layers.2->layers.1 │ 1     │ 1    │ 1        │ 19                    │ diverged │
+│ drop-only   │ drop-only:bwd:layers.2->layers.1 │ 3     │ 5    │ 0        │ -                     │ clean    │
+└─────────────┴──────────────────────────────────┴───────┴──────┴──────────┴───────────────────────┴──────────┘
+per-run chance 0.75 (95% interval 0.194-0.994), per-step hazard 0.0476, from 4 runs that enabled the set
+reproduce: bisect-prefetch aa TMP/exp.yaml --runs=4 '--mask=keep-only:bwd:layers.2->layers.1'
+runs launched 6, reused from the journal 0; report: TMP/state/sim/report.html
+wrote TMP/out.json
+"""
 
 
 def lines(text: str) -> list[str]:
@@ -475,6 +627,21 @@ def test_interrupted_then_resumed(tmp_path):
     assert (data["runs_launched"], data["runs_reused"]) == (10, 4)
 
 
+def test_two_slots(tmp_path):
+    code, text = run_command(tmp_path, Simulation([CULPRIT], slots=2))
+    assert lines(text) == lines(TWO_SLOTS)
+    assert code == 1
+
+
+def test_segments(tmp_path):
+    code, text = run_command(tmp_path, Simulation([CULPRIT], startup_steps=40), segments="auto")
+    assert lines(text) == lines(SEGMENTS)
+    assert code == 1
+    data = json.loads((tmp_path / "out.json").read_text())
+    assert data["segments"]["used"] and (data["segments"]["startups"], data["runs_used"]) == (4, 12)
+    assert [len(d["schedule"]) for d in data["run_details"] if "schedule" in d] == [10, 10, 10, 5]
+
+
 def test_a_second_bisection_without_resume_is_refused(tmp_path):
     simulation = Simulation([CULPRIT], interrupt_after=2)
     run_command(tmp_path, simulation)
@@ -518,14 +685,17 @@ A, B, C = "fwd:layers.0->layers.1", "bwd:layers.2->layers.1", "fwd:layers.3->lay
      "probability 0.960"),
 ])
 def test_fact_wording(fact, words):
-    assert command.fact_line(fact, confidence=0.95) == words
+    assert bisect_words.fact_line(fact, confidence=0.95) == words
 
 
-def test_step_titles():
-    assert command.step_title("check-off", "all-off", (A,), AFTER_DROP_ONLY_DIVERGED) == (
+def test_stage_titles():
+    assert bisect_words.stage_title(STAGE_CHECK_OFF, "all-off", (A,), AFTER_DROP_ONLY_DIVERGED) == (
         "drop-only still diverges: checking that all-off is consistent")
-    assert command.step_title("keep-only", "x", (A, B), None) == (
+    assert bisect_words.stage_title(KEEP_ONLY, "x", (A, B), None) == (
         f"double checking the answer: keep-only:{A},{B} should diverge")
+    # Before any answer is confirmed, keep-only of the leading set is a stage of its own.
+    assert bisect_words.stage_title(STAGE_LEADING, "x", (A,), None) == (
+        f"checking that the leading set is enough: keep-only:{A} should diverge")
 
 
 if __name__ == "__main__":
@@ -547,3 +717,6 @@ if __name__ == "__main__":
         show("INTERRUPTED", run_command(root / "e", simulation)[1])
         simulation.interrupt_after = None
         show("RESUMED", run_command(root / "e", simulation, resume=True)[1])
+        show("TWO_SLOTS", run_command(root / "f", Simulation([CULPRIT], slots=2))[1])
+        show("SEGMENTS", run_command(root / "g", Simulation([CULPRIT], startup_steps=40),
+                                     segments="auto")[1])

@@ -24,7 +24,7 @@ def test_simulate_narrates_scores_and_writes_json(tmp_path, capsys):
         f"accuracy {data['accuracy']:.3f} (claimed confidence {data['claimed_confidence']:.3f})",
         f"runs: median {data['runs_median']:g}, p90 {data['runs_p90']:g}; "
         f"steps: median {data['steps_median']:g}",
-        "runs by step (mean): " + ", ".join(
+        "runs by stage (mean): " + ", ".join(
             f"{step} {runs:.1f}" for step, runs in data["runs_by_step_mean"].items() if runs),
         f"wall-clock on 1 slot: median {data['rounds_median']:.1f}, p90 {data['rounds_p90']:.1f} "
         "full runs",

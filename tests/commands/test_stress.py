@@ -17,12 +17,13 @@ from bisect_prefetch.adapters.plan import PlanError, parse_plan
 from bisect_prefetch.adapters.stress import HIGH, LOW, Stress
 from bisect_prefetch.cli import main
 from bisect_prefetch.commands import bisect as bisect_command
+from bisect_prefetch.commands.bisect_words import stress_choice_words
 from bisect_prefetch.errors import BisectPrefetchError
 from bisect_prefetch.experiment import load_experiment, with_stress
 from bisect_prefetch.runs.execute import RunOutcome
 from bisect_prefetch.runs.oracle import Earlier
 from bisect_prefetch.runs.signals import describe_stress
-from bisect_prefetch.search.oracle import RunResult
+from bisect_prefetch.search.oracle import AnswersAtOnce, RunResult
 from bisect_prefetch.search.stress import Hazard, choose_stress
 from tests.conftest import console, read_jsonl
 
@@ -123,7 +124,7 @@ def test_stress_is_used_only_where_it_raises_the_hazard():
 def test_stress_choice_words():
     choice = choose_stress(Hazard.of([None, 9, None, 14], steps=20),
                            Hazard.of([2, 1, 3, 2], steps=20))
-    words = bisect_command.stress_choice_words(choice)
+    words = stress_choice_words(choice)
     assert words.startswith("stress raises the per-run chance from 0.")
     assert words.count("95% interval") == 2 and "; using it" in words
 
@@ -175,7 +176,7 @@ def test_an_engine_that_cannot_take_stress_is_one_line(tmp_path):
 
 
 # -- bisect --stress auto against simulated runs ------------------------------------------------
-class _StressOracle:
+class _StressOracle(AnswersAtOnce):
     """Simulated runs, journaled as the real oracle does: the culprit's runs diverge at a
     per-step hazard that stress raises; every other run is clean."""
 
@@ -190,8 +191,7 @@ class _StressOracle:
     def reuse_earlier(self):
         return Earlier()  # no aa or matrix runs before these searches
 
-    @property
-    def golden(self) -> str:
+    def run_golden(self, steps=None) -> str:
         return self._run(frozenset(), "search-golden").run_id
 
     def run(self, mask) -> RunResult:

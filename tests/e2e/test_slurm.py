@@ -150,7 +150,7 @@ def test_a_job_cancelled_from_outside_is_retried_and_never_counted(slurm_cluster
     results = []
     with StateDir(tmp_path / "state", exp.name) as state:
         oracle = RealOracle(Runner(exp, state), steps=20, guard="none", max_retries=1)
-        _ = oracle.golden
+        oracle.run_golden()
         worker = threading.Thread(target=lambda: results.append(oracle.run(mask)))
         worker.start()
         cancelled = None

@@ -17,7 +17,7 @@ import pytest
 
 from bisect_prefetch.adapters.recorder import Recorder
 from bisect_prefetch.cli import main
-from bisect_prefetch.commands import bisect as bisect_command
+from bisect_prefetch.commands.bisect_loop import run_lines
 from bisect_prefetch.commands.matrix import CellResult, cell_verdict_line
 from bisect_prefetch.experiment import Experiment
 from bisect_prefetch.metrics.compare import compare_paths
@@ -288,7 +288,7 @@ WHERE = {"step": 9, "rank": 1, "unit": "layers.4", "param": "layers.4.qkv.weight
 def test_bisect_and_matrix_lines_name_the_unit():
     out = io.StringIO()
     details: list[dict] = []
-    on_run = bisect_command._run_line(console(out), details)
+    on_run = run_lines(console(out), details)
     on_run(frozenset({"e1", "e2"}), RunOutcome(run_id="0007-search-k0", outcome="stopped-early",
                                                reason="", first_diff_step=9, steps_done=9,
                                                localization=WHERE))

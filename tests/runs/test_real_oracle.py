@@ -14,6 +14,8 @@ from bisect_prefetch.experiment import load_experiment
 from bisect_prefetch.runs.execute import Runner
 from bisect_prefetch.runs.oracle import RealOracle
 from bisect_prefetch.runs.store import StateDir
+from bisect_prefetch.search.runlog import Ask
+from bisect_prefetch.search.segments import Schedule, Segment
 from tests.jobs.fake_job import DETERMINISTIC_EDGE, RANDOM_EDGE
 
 FAKE_JOB = Path(__file__).resolve().parents[1] / "jobs" / "fake_job.py"
@@ -45,7 +47,7 @@ def test_runs_are_trials_against_one_golden_run(tmp_path):
         clean = oracle.run(CLEAN)
         drifting = oracle.run(DRIFTING)
         all_off = oracle.run(frozenset())
-        golden = oracle.golden
+        golden = oracle.run_golden()
     assert (clean.outcome, clean.diverged, clean.steps) == ("ok", False, 6)
     assert drifting.diverged and drifting.first_diff_step == 3
     assert all_off.diverged is False
@@ -106,14 +108,16 @@ def test_mask_that_changes_the_math_is_compared_within_itself(tmp_path):
 def test_a_job_that_cannot_switch_masks_is_said_once_and_never_retried(tmp_path):
     """A run of several masks whose ranks refused the schedule (MindSpore graph mode) is an
     error, never evidence; retrying it would be refused again, so the oracle says why
-    and the command goes on with one mask a run (commands/bisect.py run_bisection)."""
+    and the command goes on with one mask a run (commands/bisect_loop.py run_bisection)."""
     experiment = _experiment(tmp_path, "graph-mode")
     with StateDir(tmp_path / "state", "fake") as state:
         oracle = _oracle(state, experiment, max_retries=2)
-        request = oracle.request_schedule([(1, CLEAN), (4, frozenset())], 6)
-        out = oracle.runner.run(request.key, label=request.label, reference=request.reference)
-        result = oracle.finished(request, out)
-        assert not result.completed  # a failure: no retry request came back
+        schedule = Schedule((Segment(Ask(CLEAN, "search"), 1, 3),
+                             Segment(Ask(frozenset(), "search"), 4, 3)))
+        oracle.request_schedule(schedule)
+        heard = oracle.finished()
+        assert heard.planned is schedule and not heard.result.completed  # no retry
+        assert oracle.finished() is None  # nothing in flight
         assert "cannot switch masks inside a run: graph mode" in oracle.schedule_refused
         assert oracle.runs_launched == 2  # the golden run and this one
         # One mask a run is not refused.

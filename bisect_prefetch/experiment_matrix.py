@@ -1,0 +1,92 @@
+"""Matrix files: an experiment (named or embedded) and its cells, each an A/A group.
+
+A cell has dotted-key overrides, a mask, a guard, a run count and an expected
+verdict; every cell's overrides are checked when the file is loaded.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any
+
+from pydantic import Field, model_validator
+
+from bisect_prefetch.errors import BisectPrefetchError
+from bisect_prefetch.experiment_model import ExecutorConfig, Expectation, Experiment, Guard, _Strict
+from bisect_prefetch.experiment_yaml import (
+    _read_yaml,
+    _validate_experiment,
+    _validate_mapping,
+    load_experiment,
+    with_overrides,
+)
+from bisect_prefetch.vocab import CONSISTENT, DIVERGED
+
+
+class Cell(_Strict):
+    name: Annotated[str, Field(min_length=1)]
+    overrides: dict[str, Any] = Field(default_factory=dict)
+    mask: str | list[str]
+    guard: Guard | None = None
+    runs: Annotated[int, Field(ge=2)]
+    expect: Expectation
+
+    def mask_specs(self) -> list[str]:
+        return [self.mask] if isinstance(self.mask, str) else list(self.mask)
+
+
+def expectation_met(expect: str, verdict: str) -> bool:
+    """Whether a cell's verdict meets its `expect`: `any` takes a verdict, never an error.
+
+    A cell that could not run (verdict error) says nothing about drift, and CI must see it.
+    """
+    if expect == "any":
+        return verdict in (CONSISTENT, DIVERGED)
+    return verdict == expect
+
+
+class _MatrixFile(_Strict):
+    experiment: str | dict[str, Any]
+    cells: Annotated[list[Cell], Field(min_length=1)]
+    executor: ExecutorConfig | None = None  # replaces the experiment's, for every cell
+
+    @model_validator(mode="after")
+    def _unique_names(self) -> _MatrixFile:
+        seen: set[str] = set()
+        for cell in self.cells:
+            if cell.name in seen:
+                raise ValueError(f"cell name {cell.name!r} is used twice")
+            seen.add(cell.name)
+        return self
+
+
+class Matrix:
+    """A loaded matrix: the base experiment and its cells (overrides already checked)."""
+
+    def __init__(self, experiment: Experiment, cells: list[Cell]) -> None:
+        self.experiment = experiment
+        self.cells = cells
+
+    def experiment_for(self, cell: Cell) -> Experiment:
+        return with_overrides(self.experiment, cell.overrides)
+
+
+def load_matrix(path: str | Path) -> Matrix:
+    """Read a matrix file; its experiment is a path (relative to the matrix) or embedded."""
+    path = Path(path)
+    parsed = _validate_mapping(_read_yaml(path), _MatrixFile, source=str(path), kind="a matrix")
+    base_dir = path.parent.resolve()
+    if isinstance(parsed.experiment, str):
+        experiment = load_experiment(base_dir / parsed.experiment)
+    else:
+        experiment = _validate_experiment(
+            parsed.experiment, source=f"{path}: experiment", base_dir=base_dir
+        )
+    if parsed.executor is not None:
+        experiment = experiment.model_copy(update={"executor": parsed.executor})
+    for cell in parsed.cells:
+        try:
+            with_overrides(experiment, cell.overrides)
+        except BisectPrefetchError as exc:
+            raise BisectPrefetchError(f"{path}: cell {cell.name!r}: {exc}") from None
+    return Matrix(experiment, parsed.cells)
