@@ -529,7 +529,7 @@ def test_step_titles():
 
 
 if __name__ == "__main__":
-    # `python -m tests.test_bisection` prints every transcript as the search decides now:
+    # `python -m tests.commands.test_bisect_transcripts` prints every transcript as the search decides now:
     # after a change of its decisions, check them and paste them into the constants above.
     import tempfile
 

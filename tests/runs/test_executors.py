@@ -149,7 +149,7 @@ def test_a_bisection_on_three_slots_names_the_edge_and_replays_exactly(tmp_path)
     # step: steps interleave here), and "run N" is the N-th run line.
     assert "  -> checking that all-on diverges: diverged at run " in said[0]
     assert "  -> ruling out drift without prefetch as strong as the answer's" in said[0]
-    from tests.test_stress import assert_runs_named_by_their_lines
+    from tests.commands.test_stress import assert_runs_named_by_their_lines
     assert_runs_named_by_their_lines(said[0])
     assert first["verdict"] == "culprit-found"
     assert first["minimal_set"] == ["bwd:layers.1->layers.0"]  # the fake job's random edge
