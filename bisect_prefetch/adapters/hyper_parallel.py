@@ -71,16 +71,15 @@ from __future__ import annotations
 import contextlib
 import fnmatch
 import functools
-import math
 import sys
-import threading
 from collections.abc import Iterator
 from typing import Any
 
-from bisect_prefetch.adapters import digest
+from bisect_prefetch.adapters import numpy_digest
 from bisect_prefetch.adapters.base import DigestColumns, FrameworkAdapter
-from bisect_prefetch.adapters.units import ROOT_NAME, UNKNOWN_NAME, is_layer, node_kind
-from bisect_prefetch.vocab import BWD, FWD, VALUE_SUFFIX
+from bisect_prefetch.adapters.numpy_digest import local_array
+from bisect_prefetch.adapters.units import ROOT_NAME
+from bisect_prefetch.vocab import BWD, FWD
 
 SCHEDULER_MODULES = (
     "hyper_parallel.core.fully_shard.hsdp_scheduler",  # HSDPSchedulerV2, both backends
@@ -147,54 +146,6 @@ def hsdp_param_name(param: Any, paths: dict[int, str]) -> str | None:
     )
 
 
-def gradient_array(param: Any) -> Any:
-    """The local shard of a wrapped parameter's gradient as a flat numpy array, or None."""
-    grad = getattr(getattr(param, "sharded_param", None), "grad", None)
-    return None if grad is None else local_array(grad)
-
-
-def value_array(param: Any) -> Any:
-    """The local shard of a wrapped parameter's value as a flat numpy array, or None."""
-    value = getattr(param, "sharded_param", None)
-    return None if value is None else local_array(value)
-
-
-def local_array(tensor: Any) -> Any:
-    """A tensor's local shard as a flat numpy array on the host."""
-    local = getattr(tensor, "_local_tensor", None)  # a torch DTensor's shard
-    if local is None:
-        local = tensor.to_local() if hasattr(tensor, "to_local") else tensor
-    try:
-        array = _numpy(local)
-    except (TypeError, RuntimeError):  # a dtype numpy lacks (bfloat16): widened, exactly
-        array = _numpy(local.float())
-    return array.reshape(-1)  # contiguous (copied if it was not)
-
-
-def array_digest(array: Any) -> str:
-    """adapters/digest.py's digest of a flat numpy array, in numpy (uint arithmetic wraps)."""
-    import numpy as np  # the job's own: MindSpore and torch both bring it
-
-    bits = digest.lane_bits(array.itemsize)
-    signed, unsigned = (np.int64, np.uint64) if bits == 64 else (np.int32, np.uint32)
-    # Each pattern as a signed integer, widened to the lane (sign-extended, as torch widens).
-    patterns = array.view(f"i{array.itemsize}").astype(signed).view(unsigned)
-    weights = ((np.arange(1, array.size + 1, dtype=np.uint64) * np.uint64(digest.GOLDEN))
-               | np.uint64(1)).astype(unsigned)
-    products = (patterns * weights).view(signed)
-    weighted = int(products.sum(dtype=signed))  # modulo 2^L: numpy wraps, as torch does
-    # xor of the patterns widened to 64 bits as torch.hash_tensor widens them
-    wide = array.astype(np.float64) if array.dtype.kind == "f" else array.astype(np.int64)
-    xor = int(np.bitwise_xor.reduce(wide.view(np.uint64)))
-    return digest.spell(xor, weighted)
-
-
-def _numpy(tensor: Any) -> Any:
-    if hasattr(tensor, "asnumpy"):  # MindSpore
-        return tensor.asnumpy()
-    return tensor.detach().cpu().numpy()  # torch
-
-
 def _async_op(args: tuple, kwargs: dict) -> bool:
     return bool(kwargs.get("async_op", args[0] if args else False))
 
@@ -203,29 +154,13 @@ class HyperParallelAdapter(FrameworkAdapter):
     """Names wrapped modules, graphs their prefetch lists, routes prefetches through the gate."""
 
     def __init__(self, session: Any) -> None:
-        super().__init__(session)
-        self.names: dict[int, str] = {}  # id(scheduler) -> unit name
-        self.schedulers: list[Any] = []  # named schedulers, in discovery order
+        super().__init__(session)  # its units are the schedulers, its roots the root modules
         self.state_owner: dict[int, Any] = {}  # id(state) -> scheduler
         self.edge_extra: dict[str, dict[str, int]] = {}
-        self.units: dict[str, dict[str, Any]] = {}
+        self.unit_facts: dict[str, dict[str, Any]] = {}  # unit name -> what the probe says of it
         self.async_unshards = 0
         self.pending: set[int] = set()  # id(state) of states with an async unshard not yet waited
-        self.roots: list[Any] = []  # root modules, in discovery order
-        self._local = threading.local()
-        self._digest_key: tuple[str, int] | None = None
-        self._digest_params: list[tuple[str, Any]] = []
-        session.probe_extra["hyper_parallel"] = {"edges": self.edge_extra, "units": self.units}
-
-    # -- prefetch sources -------------------------------------------------------------
-    def sources(self) -> list[tuple[str, Any]]:
-        stack = getattr(self._local, "stack", None)
-        if stack is None:
-            stack = self._local.stack = []
-        return stack
-
-    def name_of(self, scheduler: Any) -> str:
-        return self.names.get(id(scheduler), UNKNOWN_NAME)
+        session.probe_extra["hyper_parallel"] = {"edges": self.edge_extra, "units": self.unit_facts}
 
     def name_of_cell(self, cell: Any) -> str:
         return self.name_of(getattr(cell, "hsdp_scheduler", None))
@@ -233,19 +168,14 @@ class HyperParallelAdapter(FrameworkAdapter):
     @contextlib.contextmanager
     def running_hook(self, scheduler: Any, phase: str) -> Iterator[None]:
         """Around a scheduler's prefetching pre-hook: it is the source of prefetches inside."""
-        if id(scheduler) not in self.names and phase == FWD:
+        if id(scheduler) not in self.unit_names and phase == FWD:
             self.discover(scheduler)  # the first forward pre-hook to run is the root's
         if phase == FWD and scheduler_modules(scheduler)[0] in self.roots:
-            self.session.forwards += 1
-            self.session.clock.forward_begins()  # before it unshards: a new step's
-        sources = self.sources()
-        sources.append((phase, scheduler))
-        try:
+            self.root_forward_begins()  # before it unshards: a new step's
+        with self.prefetching_from((phase, scheduler)):
             yield
-        finally:
-            sources.pop()
-        order = self.session.order
-        if order is not None and order.steps_left > 0:
+        order = self.recording_order()
+        if order is not None:
             order.use(self.name_of(scheduler), phase)  # the hook unsharded it: it computes now
 
     # -- discovery --------------------------------------------------------------------
@@ -256,13 +186,12 @@ class HyperParallelAdapter(FrameworkAdapter):
         found: dict[int, tuple[Any, list[str]]] = {}
         for fqn, module in named_submodules(root):
             scheduler = getattr(module, "hsdp_scheduler", None)
-            if scheduler is None or id(scheduler) in self.names:
+            if scheduler is None or id(scheduler) in self.unit_names:
                 continue
             entry = found.setdefault(id(scheduler), (scheduler, []))
             entry[1].append(fqn or ROOT_NAME)
         for scheduler, fqns in found.values():
-            self.names[id(scheduler)] = "+".join(fqns)
-            self.schedulers.append(scheduler)
+            self.name_unit(scheduler, "+".join(fqns))
         for scheduler, _ in found.values():
             self.instrument_state(scheduler)
             for phase, attr in LIST_SETTERS.values():
@@ -280,7 +209,7 @@ class HyperParallelAdapter(FrameworkAdapter):
         self.state_owner[id(state)] = scheduler
         params = state_params(state)
         size = state_shard_size(state)
-        self.units[self.name_of(scheduler)] = {
+        self.unit_facts[self.name_of(scheduler)] = {
             "shard_size": size,
             "size_one": size == 1,
             "params": len(params),
@@ -359,7 +288,7 @@ class HyperParallelAdapter(FrameworkAdapter):
     # -- prefetch lists ---------------------------------------------------------------
     def note_list(self, scheduler: Any, phase: str, cells: Any) -> None:
         """Graph the edges of a prefetch list (once names are known: at discovery, or now)."""
-        if id(scheduler) not in self.names:
+        if id(scheduler) not in self.unit_names:
             return  # names come at the first root forward; graphed then
         src = self.name_of(scheduler)
         for cell in cells:
@@ -403,56 +332,41 @@ class HyperParallelAdapter(FrameworkAdapter):
         )
         return result
 
-    # -- graph, steps and exit --------------------------------------------------------
-    def graph_nodes(self) -> list[dict[str, Any]]:
-        names = [self.name_of(s) for s in self.schedulers]
-        layers = [i for i, n in enumerate(names) if is_layer(n)]
-        first_layer = min(layers, default=None)
-        return [
-            {
-                "name": name,
-                "kind": node_kind(name, order, names, first_layer),
-                "order": order,
-                "shard_size": self.units.get(name, {}).get("shard_size"),
-            }
-            for order, name in enumerate(names)
-        ]
+    # -- graph and digests ------------------------------------------------------------
+    def unit_rows(self) -> list[tuple[str, int, Any]]:
+        """In discovery order (the root first, then its wrapped modules as walked)."""
+        return [(name, order, self.unit_facts.get(name, {}).get("shard_size"))
+                for order, name in enumerate(map(self.name_of, self.units))]
 
-    # -- gradient digests -------------------------------------------------------------
-    def digest_params(self, glob: str) -> list[tuple[str, Any]]:
-        """(name, wrapped parameter) of the parameters whose gradients are digested (cached)."""
-        key = (glob, len(self.schedulers))  # another root adds schedulers: look again
-        if self._digest_key != key:
-            self._digest_key = key
-            paths = {id(p): path for root in self.roots for path, p in named_parameters(root)}
-            seen: set[int] = set()
-            self._digest_params = []
-            for scheduler in self.schedulers:
-                state = getattr(scheduler, "hsdp_state", None)
-                for param in getattr(state, "hsdp_params", None) or ():
-                    name = hsdp_param_name(param, paths)
-                    if id(param) in seen or name is None:
-                        continue
-                    seen.add(id(param))
-                    if fnmatch.fnmatchcase(name, glob):
-                        self._digest_params.append((name, param))
-        return self._digest_params
-
-    def tensor_digests(self, glob: str, step: int) -> DigestColumns:
-        """Each matching parameter's local gradient and value, digested on the host."""
-        names, digests, norms, peaks = [], [], [], []
-        params = self.digest_params(glob)
-        for suffix, read in (("", gradient_array), (VALUE_SUFFIX, value_array)):
-            for name, param in params:
-                array = read(param)
-                if array is None or not array.size:  # no gradient, or an empty shard
+    def find_digest_params(self, glob: str) -> list[tuple[str, Any]]:
+        paths = {id(p): path for root in self.roots for path, p in named_parameters(root)}
+        seen: set[int] = set()
+        found = []
+        for scheduler in self.units:
+            state = getattr(scheduler, "hsdp_state", None)
+            for param in getattr(state, "hsdp_params", None) or ():
+                name = hsdp_param_name(param, paths)
+                if id(param) in seen or name is None:
                     continue
-                wide = array.astype("float64")
-                names.append(name + suffix)
-                digests.append(array_digest(array))
-                norms.append(math.sqrt(float(wide.dot(wide))))
-                peaks.append(float(abs(wide).max()))  # exact: a max does not round
-        return names, digests, norms, peaks
+                seen.add(id(param))
+                if fnmatch.fnmatchcase(name, glob):
+                    found.append((name, param))
+        return found
+
+    def gradient(self, param: Any) -> Any:
+        """Where hyper-parallel's post-backward leaves the local gradient, read on the host."""
+        grad = getattr(getattr(param, "sharded_param", None), "grad", None)
+        return None if grad is None else local_array(grad)
+
+    def value(self, param: Any) -> Any:
+        value = getattr(param, "sharded_param", None)
+        return None if value is None else local_array(value)
+
+    def measure(self, names: list[str], tensors: list[Any]) -> DigestColumns:
+        return numpy_digest.measure(names, tensors)
+
+    def nothing_digested_reason(self) -> str:
+        return "the adapter found no parameter tensors in hyper-parallel's units"
 
 
 def compiled_once(root: Any) -> str | None:

@@ -403,7 +403,7 @@ def mindspore_digest_run(out_dir: Path, monkeypatch, *, nudge_step: int | None =
 
 @pytest.mark.mindspore
 def test_digests_of_mindspore_gradients_are_the_lines_the_orchestrator_reads(tmp_path, monkeypatch):
-    from bisect_prefetch.adapters.hyper_parallel import array_digest
+    from bisect_prefetch.adapters.numpy_digest import array_digest
     from bisect_prefetch.metrics.digests import parse_digest_line
     from bisect_prefetch.metrics.localize import unit_of, units_in_graph
     from bisect_prefetch.vocab import VALUE_SUFFIX
