@@ -100,6 +100,18 @@ def _pitfall_units(probes: Sequence[dict[str, Any]]) -> list[str]:
     return sorted(names)
 
 
+def _units_without_params(probes: Sequence[dict[str, Any]]) -> list[str]:
+    """Every unit, where the adapter found no parameter tensor in any of a rank's units (a
+    unit of its own may hold none; all of them, never): their parameter counts and shard
+    sizes then say nothing about the build."""
+    names = set()
+    for probe in probes:
+        units = probe.get("hyper_parallel", {}).get("units", {})
+        if units and not any(unit.get("params", 0) for unit in units.values()):
+            names.update(units)
+    return sorted(names)
+
+
 def audit(graph: dict[str, Any], probes: Sequence[dict[str, Any]],
           order: Sequence[dict[str, Any]] | None = None,
           kinds: Sequence[str] = KINDS) -> dict[str, Any]:
@@ -149,6 +161,7 @@ def audit(graph: dict[str, Any], probes: Sequence[dict[str, Any]],
         "size_one_edges_unsharding": still_unshards,
         "real_prefetch_lost": lost,
         "pitfall_units": _pitfall_units(probes),
+        "units_without_params": _units_without_params(probes),
     }
     chosen = [f for f in findings(graph, probes, order, result) if f["kind"] in kinds]
     result["findings"] = chosen

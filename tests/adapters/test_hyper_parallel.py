@@ -679,3 +679,28 @@ def test_a_nudged_parameter_is_localized_to_the_target_of_its_edge(runs):
     where = verdict.localization
     assert where is not None and where.step == 1, verdict
     assert (where.unit, where.rule) == ("decoder.layers.0", "values")
+
+
+def test_a_step_with_no_tensor_found_is_recorded_and_withdraws_the_bitwise_claim(
+        adapter_with, tmp_path):
+    from bisect_prefetch.runs.signals import describe_signals, identical_wording, run_signals
+
+    adapter = adapter_with(record={"digests": "*", "digest_every": 1})
+    root, layers = toy_model(shard_size=2)
+    root.named_parameters = lambda: iter(())
+    for module in [root, *layers]:  # a build whose units list no parameter the adapter reads
+        state = module.hsdp_scheduler.hsdp_state
+        state.hsdp_params = state.sharded_hsdp_params = []
+    one_step(root, layers)
+    adapter.on_update(1)
+    adapter.session.clock.steps = 1
+    adapter.session.write_probe()
+    summary = adapter.session.probe_extra["digests"]
+    assert summary["fewest_tensors"] == 0 and "hyper-parallel's units" in summary["nothing_digested"]
+    signals = run_signals(tmp_path, metric_files=[], fmt="jsonl", names=["loss"])
+    assert "bitwise" not in identical_wording([signals])
+    assert "rank 0: 0 tensors digested: the adapter found no parameter tensors in " \
+           "hyper-parallel's units" in describe_signals(signals)
+    # The audit says the units' parameter counts are not the build's.
+    assert audit_run_dir(tmp_path)["units_without_params"] == [
+        "layers.0", "layers.1", "layers.2", "root"]

@@ -1,0 +1,46 @@
+"""A user's job sharded by hyper-parallel, through ``command:``: where the adapter finds no
+tensor to digest on a rank, ``aa`` never says "bitwise identical" and its signals line names
+the rank and why. The job (tests/jobs/hp_tensorless_job.py) imports nothing of ours; its
+hyper-parallel is a stand-in build (tests/jobs/hp_standin) whose parameters keep their
+tensors under names no lineage uses.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from bisect_prefetch.cli import main
+
+pytest.importorskip("torch")
+JOBS = Path(__file__).resolve().parents[1] / "jobs"
+pytestmark = pytest.mark.slow
+
+
+def test_a_rank_with_nothing_digested_gets_the_printed_precision_wording(tmp_path, capsys):
+    argv = [sys.executable, str(JOBS / "hp_tensorless_job.py"), "{steps}"]
+    experiment = tmp_path / "hp.yaml"
+    experiment.write_text(textwrap.dedent(f"""
+        name: hp
+        command: {json.dumps(argv)}
+        env: {{PYTHONPATH: {json.dumps(str(JOBS / "hp_standin"))}}}
+        metrics: {{format: torchtitan, names: [loss, grad_norm]}}
+        graph: {{source: runtime}}
+        steps: 3
+        timeout_s: 120
+    """))
+    out_json = tmp_path / "aa.json"
+    code = main(["aa", str(experiment), "--runs", "2", "--state-dir", str(tmp_path / "state"),
+                 "--json", str(out_json)])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    assert "bitwise identical" not in out
+    assert "identical at the printed precision" in out
+    assert ("rank 0: 0 tensors digested: the adapter found no parameter tensors in "
+            "hyper-parallel's units") in out
+    result = json.loads(out_json.read_text())
+    assert [row["rank"] for row in result["signals"]["digests"]["nothing_digested"]] == [0]
