@@ -1,4 +1,22 @@
-"""The adapter for hyper-parallel's ``fully_shard`` (MindSpore and torch backends).
+"""The adapter for hyper-parallel, both lineages, on its MindSpore and torch backends.
+
+- the newer ``fully_shard`` lineage (core/fully_shard: HSDPSchedulerV2, and the
+  backends' MindSporeHSDPStateV2 / TorchHSDPStateV2): parameters hold their local
+  tensor as ``sharded_param``, a prefetch is ``unshard(async_op=True)``; a prefetch into
+  a unit of shard size 1 copies the local shard at once (no collective), which the
+  unit's own unshard does again;
+- the older ``hyper_parallel.hsdp(cell, shard_size, threshold, ...)`` lineage
+  (core/hsdp, platform/*/hsdp): parameters hold it as ``param`` (``sharded_param`` is
+  None at shard size 1), a prefetch is ``prefetch_unsharded()`` of each sharded
+  parameter, so a prefetch into a unit of shard size 1 does nothing by construction;
+  with ``shard_size=1`` no prefetching hook is registered at all.
+
+A state is of the older lineage when its parameters have ``prefetch_unsharded`` (a
+state without parameters: when it has no ``wait_for_unshard``), of the newer when they
+have ``unshard``; a build whose states have neither (or no ``prefetch``) is not one the
+adapter recognizes: it says so once, naming what is missing and the version found (the
+probe's ``hyper_parallel.unrecognized``; ``graph`` and every command that discovers the
+graph stop there, exit 2).
 
 Activated by ``bisect_prefetch.adapters.install()`` when the job imports
 ``hyper_parallel``; a job whose schedulers live in other modules (something
@@ -23,20 +41,26 @@ modules of ``SCHEDULER_MODULES`` as they are imported):
 Each state's ``prefetch()`` (instance attribute) goes through ``Session.prefetch``,
 the one gate: it masks, applies the size-one guard, probes and notifies
 listeners; a prefetch from outside any hook (no edge) meets the guard alone. Each
-parameter's ``unshard`` (and a comm-fusion ``param_group.unshard``) counts
-calls with ``async_op=True``. The probe gets, under ``"hyper_parallel"``,
-per edge ``async_unshards`` and ``already_unsharded`` (the target was unsharded
-when the prefetch came), and per unit its effective shard size, whether it is
-size-one, and how many of its parameters carry ``shard_size``.
+call that starts a gather early is counted: a parameter's (or comm-fusion buffer's)
+``unshard`` with ``async_op=True``, or its ``prefetch_unsharded()``. The probe gets,
+under ``"hyper_parallel"``, per edge ``async_unshards`` (those calls) and
+``already_unsharded`` (the target was unsharded when the prefetch came), per unit its
+effective shard size, whether it is size-one, its parameter count, how many carry
+``shard_size``, and its ``lineage``; ``size_one_prefetch``: what a size-one prefetch
+does in each lineage seen. The scheduler classes' ``__init__`` is wrapped too: when a
+step ends and no prefetching hook ever ran because every scheduler has
+``no_param_sharded`` (the older lineage with ``shard_size=1``), the probe's
+``no_prefetch_hooks`` says so, and ``graph`` says it instead of "recorded no graph".
 
 Step boundaries (adapters/steps.py): the root's forward pre-hook tells the clock
 a forward begins; the optimizer's call (adapters/optimizers.py: a MindSpore
 optimizer Cell in PyNative mode, or torch's optimizer hooks) is the update. When
 the optimizer is about to apply a step's gradients, each wrapped parameter's
-local gradient (``hsdp_param.sharded_param.grad``, where hyper-parallel's
-post-backward leaves it; a DTensor's local shard) and its local value are read
+local gradient (``.grad`` of the lineage's tensor: ``sharded_param``, where the newer
+post-backward leaves it, or ``param``, where the older grad-buffer hook does; a
+DTensor's local shard) and its local value (that tensor) are read
 as numpy arrays (``asnumpy()``; a torch tensor through ``numpy()``: on the host)
-and digested as adapters/digest.py says, with norm and max abs, into
+and digested as adapters/digest.py says (adapters/numpy_digest.py), with norm and max abs, into
 digests.jsonl. A parameter is named by its path from the root
 (``parameters_and_names()`` / ``named_parameters()``), the names the units come
 from; a gradient that is None (not computed, or cleared) is skipped.
@@ -44,7 +68,9 @@ from; a gradient that is None (not computed, or cleared) is skipped.
 While the session records the order (the first steps), the state's
 ``unshard`` and ``shard`` (instance attributes) record unshards that start
 work (an async unshard leaves its gathers pending until the state is
-unsharded) and reshards, and each prefetching hook records its cell's use.
+unsharded) and reshards, and each prefetching hook records its cell's use; the older
+lineage's prefetch, which gathers without the state's ``unshard``, records its unshard
+at the gate.
 
 A plan's schedule of masks (adapters/plan.py) is followed at the step boundaries the
 optimizer shows, as in any adapter, except where the engine takes the prefetch decisions
@@ -60,9 +86,9 @@ backward) fixes the decisions at compile time too; the context says PyNative the
 the adapter switches, and the probe's per-step tally would show the gate's decisions,
 not the compiled graph's.
 
-Effective shard size of a parameter: ``shard_size`` where present (the FSDP
-shard group's size, from ``_init_group_infos()``), else ``shard_world_size``
-if ``is_sharded``, else 1. Of a state: the largest over its parameters
+Effective shard size of a parameter: ``shard_size`` where present (the older
+lineage's group size, 1 under its threshold), else ``shard_world_size`` (the shard
+mesh's size) if ``is_sharded``, else 1. Of a state: the largest over its parameters
 (``sharded_hsdp_params`` where present, else ``hsdp_params``).
 """
 
@@ -90,6 +116,19 @@ LIST_SETTERS = {
     "set_forward_prefetch_cells": (FWD, "forward_prefetch_cells"),
     "set_backward_prefetch_cells": (BWD, "backward_prefetch_cells"),
 }
+HSDP_LINEAGE = "hsdp"  # hyper_parallel.hsdp(...): core/hsdp, platform/*/hsdp
+FULLY_SHARD_LINEAGE = "fully_shard"  # fully_shard(...): core/fully_shard, *HSDPStateV2
+# What a prefetch into a unit of shard size 1 does, per lineage (the audit's evidence).
+SIZE_ONE_PREFETCH = {
+    HSDP_LINEAGE: "a no-op by construction: hyper-parallel's older hsdp lineage leaves "
+                  "size-one parameters out of sharded_hsdp_params, the only ones its "
+                  "prefetch touches (no guard is involved)",
+    FULLY_SHARD_LINEAGE: "a local copy made at once (no collective), which the unit's own "
+                         "unshard makes again",
+}
+NO_HOOKS = ("every unit has shard size 1: hyper-parallel registered no prefetch hooks "
+            "(its older hsdp lineage does not, with shard_size=1), so there is no prefetch "
+            "to gate, and whether a size-one guard is present is moot")
 _adapter: HyperParallelAdapter | None = None
 
 
@@ -115,6 +154,51 @@ def state_shard_size(state: Any) -> int:
     return max((param_shard_size(p) for p in state_params(state)), default=1)
 
 
+def all_params(state: Any) -> list[Any]:
+    """Every wrapped parameter of the state (sharded or not)."""
+    return list(getattr(state, "hsdp_params", None) or state_params(state))
+
+
+# -- lineages -------------------------------------------------------------------------
+def lineage_of(state: Any) -> tuple[str | None, list[str]]:
+    """(HSDP_LINEAGE or FULLY_SHARD_LINEAGE, []) for a state the adapter knows, else
+    (None, the attributes neither lineage's state or parameters lacked)."""
+    if not callable(getattr(state, "prefetch", None)):
+        return None, ["hsdp_state.prefetch"]
+    params = all_params(state)
+    if any(callable(getattr(p, "prefetch_unsharded", None)) for p in params):
+        return HSDP_LINEAGE, []
+    lacking = [p for p in params if not callable(getattr(p, "unshard", None))]
+    if lacking:
+        return None, ["parameter.unshard (fully_shard)", "parameter.prefetch_unsharded (hsdp)"]
+    if not params and not callable(getattr(state, "wait_for_unshard", None)):
+        return HSDP_LINEAGE, []  # a unit with no parameter of its own: the state tells
+    return FULLY_SHARD_LINEAGE, []
+
+
+def tensor_of(param: Any) -> Any:
+    """The wrapped parameter's local value: the older lineage keeps it in ``param`` (its
+    ``sharded_param`` is None at shard size 1, and stale otherwise), the newer one in
+    ``sharded_param``."""
+    if callable(getattr(param, "prefetch_unsharded", None)):
+        return getattr(param, "param", None)
+    return getattr(param, "sharded_param", None)
+
+
+def version_found() -> str:
+    """hyper-parallel's version as installed (or the module's own), for messages."""
+    module = sys.modules.get("hyper_parallel")
+    version = getattr(module, "__version__", None)
+    if version is None:
+        try:
+            from importlib import metadata
+
+            version = metadata.version("hyper_parallel")
+        except Exception:  # not installed as a distribution (a source tree, a stand-in)
+            version = "of unknown version"
+    return f"hyper-parallel {version}"
+
+
 # -- names ----------------------------------------------------------------------------
 def named_submodules(root: Any) -> Iterator[tuple[str, Any]]:
     """(fqn, module) under ``root``, itself first: MindSpore cells or torch modules."""
@@ -137,7 +221,7 @@ def named_parameters(root: Any) -> Iterator[tuple[str, Any]]:
 
 def hsdp_param_name(param: Any, paths: dict[int, str]) -> str | None:
     """A wrapped parameter's path from the root, whichever of its Parameters the cell holds."""
-    for attr in ("sharded_param", "_unsharded_param", "unsharded_param"):
+    for attr in ("param", "sharded_param", "_unsharded_param", "unsharded_param"):
         path = paths.get(id(getattr(param, attr, None)))
         if path is not None:
             return path
@@ -160,7 +244,10 @@ class HyperParallelAdapter(FrameworkAdapter):
         self.unit_facts: dict[str, dict[str, Any]] = {}  # unit name -> what the probe says of it
         self.async_unshards = 0
         self.pending: set[int] = set()  # id(state) of states with an async unshard not yet waited
-        session.probe_extra["hyper_parallel"] = {"edges": self.edge_extra, "units": self.unit_facts}
+        self.lineages: dict[int, str] = {}  # id(state) -> its lineage
+        self.created: list[Any] = []  # every scheduler made, hooked or not
+        self.facts: dict[str, Any] = {"edges": self.edge_extra, "units": self.unit_facts}
+        session.probe_extra["hyper_parallel"] = self.facts
 
     def name_of_cell(self, cell: Any) -> str:
         return self.name_of(getattr(cell, "hsdp_scheduler", None))
@@ -206,17 +293,32 @@ class HyperParallelAdapter(FrameworkAdapter):
         state = getattr(scheduler, "hsdp_state", None)
         if state is None or id(state) in self.state_owner:
             return
+        lineage, missing = lineage_of(state)
+        if lineage is None:
+            self.unrecognized(missing)
+            return
         self.state_owner[id(state)] = scheduler
-        params = state_params(state)
+        self.lineages[id(state)] = lineage
+        params = all_params(state)
         size = state_shard_size(state)
         self.unit_facts[self.name_of(scheduler)] = {
             "shard_size": size,
             "size_one": size == 1,
             "params": len(params),
             "params_with_shard_size": sum(hasattr(p, "shard_size") for p in params),
+            "lineage": lineage,
         }
-        for unsharder in [*params, getattr(state, "param_group", None)]:
-            if unsharder is not None and hasattr(unsharder, "unshard"):
+        self.facts.setdefault("size_one_prefetch", {})[lineage] = SIZE_ONE_PREFETCH[lineage]
+        # Every call that starts a gather early: unshard(async_op=True) (fully_shard) or
+        # prefetch_unsharded() (hsdp), of a parameter or of a comm-fusion buffer.
+        buffers = [getattr(state, "param_group", None), *(getattr(state, "param_buffers", None) or [])]
+        for unsharder in [*params, *buffers]:
+            if unsharder is None:
+                continue
+            if callable(getattr(unsharder, "prefetch_unsharded", None)):
+                unsharder.prefetch_unsharded = self._counting_unshard(
+                    unsharder.prefetch_unsharded, always=True)
+            elif callable(getattr(unsharder, "unshard", None)):
                 unsharder.unshard = self._counting_unshard(unsharder.unshard)
         state.prefetch = self._routed_prefetch(state, state.prefetch)
         if self.session.order is not None:
@@ -260,14 +362,28 @@ class HyperParallelAdapter(FrameworkAdapter):
 
         return shard
 
-    def _counting_unshard(self, original: Any) -> Any:
+    def _counting_unshard(self, original: Any, *, always: bool = False) -> Any:
+        """Counts the calls that start a gather early (``always``: every call)."""
         @functools.wraps(original)
         def unshard(*args: Any, **kwargs: Any) -> Any:
-            if _async_op(args, kwargs):
+            if always or _async_op(args, kwargs):
                 self.async_unshards += 1
             return original(*args, **kwargs)
 
         return unshard
+
+    def unrecognized(self, missing: list[str]) -> None:
+        """A hyper-parallel whose units neither lineage's interface fits: say so once."""
+        if "unrecognized" in self.facts:
+            return
+        line = (f"{version_found()} is not a version the adapter recognizes: missing "
+                + ", ".join(missing))
+        self.facts["unrecognized"] = line
+        self.session.note_error(line)
+
+    def scheduler_created(self, scheduler: Any) -> None:
+        if all(s is not scheduler for s in self.created):
+            self.created.append(scheduler)
 
     def _routed_prefetch(self, state: Any, original: Any) -> Any:
         @functools.wraps(original)
@@ -275,6 +391,15 @@ class HyperParallelAdapter(FrameworkAdapter):
             return self.prefetch(state, original, args, kwargs)
 
         return prefetch
+
+    def _prefetch_started(self, state: Any, scheduler: Any) -> None:
+        """The older lineage's prefetch gathers without the state's unshard: the order
+        record gets the unshard here (the gate names the edge), and the state's own unshard
+        that follows is no new one."""
+        order = self.recording_order()
+        if order is not None and id(state) not in self.pending:
+            order.unshard(self.name_of(scheduler))
+        self.pending.add(id(state))
 
     def check_plan_agreement(self, root: Any) -> None:
         """Every rank records all ranks' plan hashes; different plans would make collectives diverge."""
@@ -322,6 +447,8 @@ class HyperParallelAdapter(FrameworkAdapter):
             result = original(*args, **kwargs)
             issued = self.async_unshards - before
             extra["async_unshards"] += issued
+            if issued and self.lineages.get(id(state)) == HSDP_LINEAGE:
+                self._prefetch_started(state, target)  # not through state.unshard there
             return issued > 0
 
         self.session.prefetch(
@@ -354,16 +481,33 @@ class HyperParallelAdapter(FrameworkAdapter):
         return found
 
     def gradient(self, param: Any) -> Any:
-        """Where hyper-parallel's post-backward leaves the local gradient, read on the host."""
-        grad = getattr(getattr(param, "sharded_param", None), "grad", None)
+        """Where hyper-parallel leaves the local gradient (on the lineage's tensor), on the host."""
+        grad = getattr(tensor_of(param), "grad", None)
         return None if grad is None else local_array(grad)
 
     def value(self, param: Any) -> Any:
-        value = getattr(param, "sharded_param", None)
+        value = tensor_of(param)
         return None if value is None else local_array(value)
 
     def measure(self, names: list[str], tensors: list[Any]) -> DigestColumns:
         return numpy_digest.measure(names, tensors)
+
+    def on_step_end(self, step: int) -> None:
+        if not self.roots and self.created and "no_prefetch_hooks" not in self.facts:
+            self.say_why_no_hooks()
+        super().on_step_end(step)
+
+    def say_why_no_hooks(self) -> None:
+        """A step ended and no scheduler's prefetching hook ever ran: say why, if known."""
+        states = [getattr(s, "hsdp_state", None) for s in self.created]
+        for state in states:
+            lineage, missing = lineage_of(state)
+            if lineage is None:
+                self.unrecognized(missing)
+                return
+        if all(getattr(s, "no_param_sharded", False) for s in self.created):
+            self.facts["no_prefetch_hooks"] = NO_HOOKS
+            self.session.note(NO_HOOKS)
 
     def nothing_digested_reason(self) -> str:
         return "the adapter found no parameter tensors in hyper-parallel's units"
@@ -436,6 +580,17 @@ def _patched_setter(original: Any, phase: str) -> Any:
     return setter
 
 
+def _patched_init(original: Any) -> Any:
+    @functools.wraps(original)
+    def init(self: Any, *args: Any, **kwargs: Any) -> None:
+        original(self, *args, **kwargs)
+        adapter = _adapter
+        if adapter is not None:
+            adapter.scheduler_created(self)  # hooked or not (the older lineage at size 1)
+
+    return init
+
+
 def is_scheduler_class(obj: Any) -> bool:
     return isinstance(obj, type) and all(callable(getattr(obj, s, None)) for s in LIST_SETTERS)
 
@@ -451,6 +606,8 @@ def patch_scheduler_class(cls: type) -> None:
     for name, (phase, _) in LIST_SETTERS.items():
         if name in cls.__dict__:
             setattr(cls, name, _patched_setter(cls.__dict__[name], phase))
+    if "__init__" in cls.__dict__:
+        cls.__init__ = _patched_init(cls.__dict__["__init__"])
 
 
 def _patch_module(module: Any) -> None:

@@ -110,7 +110,8 @@ def verdict_lines(result: dict) -> list[str]:
                      "counts and shard sizes are not the build's): "
                      + ", ".join(result["units_without_params"]))
     observed = "" if result.get("guard_observed", True) else " (no size-one edge fired: nothing to judge by)"
-    lines.append(f"guard: {result['guard']}{observed}")
+    note = f" ({result['guard_note']})" if result.get("guard_note") else ""
+    lines.append(f"guard: {result['guard']}{observed}{note}")
     lines += finding_lines(result)
     not_checked = [n["kind"] for n in result.get("not_checked", [])]
     if not result["ok"]:

@@ -67,6 +67,21 @@ def test_late_when_the_target_unsharded_itself_first():
     assert kinds_by_edge(result) == {("late", e)} and not result["ok"]
 
 
+def test_a_backward_prefetch_into_a_unit_still_unsharded_from_forward_is_no_waste():
+    # reshard_after_forward off: B keeps its forward unshard into backward; the backward
+    # prefetch finds it unsharded and does nothing. A no-op note, not "late".
+    e = f"bwd:{A}->{B}"
+    order = [step(("unshard", B, "self"), ("use", B, "fwd"), ("use", A, "bwd"),
+                  ("prefetch", e, "noop"), ("use", B, "bwd"), ("reshard", B))]
+    result = audit(graph(e), [], order)
+    assert kinds_by_edge(result) == {("no-op", e)} and result["ok"]
+    [finding] = result["findings"]
+    assert "still unsharded from its fwd use" in finding["evidence"]
+    # ... while a target that unsharded itself for the edge's own phase is late.
+    late = [step(("unshard", B, "self"), ("use", B, "bwd"), ("prefetch", e, "noop"))]
+    assert kinds_by_edge(audit(graph(e), [], late)) == {("late", e)}
+
+
 def test_never_consumed_when_resharded_or_used_only_in_the_other_phase():
     e = f"bwd:{A}->{B}"
     resharded = step(("prefetch", e, "issued"), ("unshard", B, e), ("reshard", B))
@@ -160,11 +175,13 @@ def test_fsdp2_mistargeted_backward_edge_is_never_consumed(tmp_path):
 
 
 @pytest.mark.slow
-def test_fsdp2_prefetch_into_an_unsharded_root_is_late(tmp_path):
+def test_fsdp2_prefetch_into_the_root_still_unsharded_from_forward_is_a_no_op(tmp_path):
     pytest.importorskip("torch")
-    edge = "bwd:layers.0->root"  # the root unsharded itself before layers.0's backward
+    # FSDP2 keeps the root unsharded after forward: layers.0's backward prefetch of it
+    # finds it unsharded and does nothing (no waste, so no "late").
+    edge = "bwd:layers.0->root"
     result = audit_workload(tmp_path, "late", {**FSDP2, "extra_edges": [edge]})
-    assert kinds_by_edge(result) == {("late", edge)} and not result["ok"]
+    assert kinds_by_edge(result) == {("no-op", edge)} and result["ok"]
 
 
 @pytest.mark.slow

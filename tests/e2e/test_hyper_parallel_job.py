@@ -1,8 +1,9 @@
-"""A user's job sharded by hyper-parallel, through ``command:``: where the adapter finds no
+"""A user's job sharded by hyper-parallel, through ``command:``. Where the adapter finds no
 tensor to digest on a rank, ``aa`` never says "bitwise identical" and its signals line names
 the rank and why. The job (tests/jobs/hp_tensorless_job.py) imports nothing of ours; its
 hyper-parallel is a stand-in build (tests/jobs/hp_standin) whose parameters keep their
-tensors under names no lineage uses.
+tensors under names no lineage uses. A build whose parameters have neither lineage's early
+gather is refused in one line naming what is missing and the version found (exit 2).
 """
 
 from __future__ import annotations
@@ -44,3 +45,24 @@ def test_a_rank_with_nothing_digested_gets_the_printed_precision_wording(tmp_pat
             "hyper-parallel's units") in out
     result = json.loads(out_json.read_text())
     assert [row["rank"] for row in result["signals"]["digests"]["nothing_digested"]] == [0]
+
+
+def test_a_hyper_parallel_version_neither_lineage_fits_is_one_line_and_exit_2(tmp_path, capsys):
+    argv = [sys.executable, str(JOBS / "hp_tensorless_job.py"), "{steps}"]
+    experiment = tmp_path / "hp.yaml"
+    experiment.write_text(textwrap.dedent(f"""
+        name: hp
+        command: {json.dumps(argv)}
+        env: {{PYTHONPATH: {json.dumps(str(JOBS / "hp_standin"))}, HP_STANDIN_BUILD: unknown}}
+        metrics: {{format: torchtitan, names: [loss, grad_norm]}}
+        graph: {{source: runtime}}
+        steps: 3
+        timeout_s: 120
+    """))
+    code = main(["graph", str(experiment), "--state-dir", str(tmp_path / "state")])
+    captured = capsys.readouterr()
+    assert code == 2
+    errors = [line for line in captured.err.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1, captured.err  # progress lines aside, one line says why
+    assert ("hyper-parallel 0.0.0+standin is not a version the adapter recognizes: missing "
+            "parameter.unshard (fully_shard), parameter.prefetch_unsharded (hsdp)") in errors[0]

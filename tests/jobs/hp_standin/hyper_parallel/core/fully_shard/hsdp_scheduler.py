@@ -1,6 +1,13 @@
 """A stand-in for a hyper-parallel build whose parameters hold their tensors under names no
 lineage uses (neither ``sharded_param`` nor ``param``): the adapter finds units and edges
-but no tensor to digest. Only the scheduler interface the adapter hooks is kept."""
+but no tensor to digest. Only the scheduler interface the adapter hooks is kept.
+
+With HP_STANDIN_BUILD=unknown in the environment its parameters have neither lineage's
+early gather (no ``unshard``, no ``prefetch_unsharded``): a version the adapter does not
+recognize.
+"""
+
+import os
 
 
 class _Param:
@@ -14,15 +21,26 @@ class _Param:
         return None
 
 
+class _BareParam:
+    shard_size = 2
+
+    def gather_somehow(self):
+        return None
+
+
 class _State:
     def __init__(self):
-        self.hsdp_params = [_Param()]
+        unknown = os.environ.get("HP_STANDIN_BUILD") == "unknown"
+        self.hsdp_params = [_BareParam() if unknown else _Param()]
         self.sharded_hsdp_params = list(self.hsdp_params)
         self.is_shard = True
 
     def prefetch(self):
         for param in self.sharded_hsdp_params:
-            param.unshard(async_op=True)
+            if isinstance(param, _BareParam):
+                param.gather_somehow()
+            else:
+                param.unshard(async_op=True)
 
 
 class HSDPSchedulerV2:
