@@ -20,6 +20,7 @@ import re
 import shlex
 import time
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 
 from pydantic import ValidationError
@@ -40,6 +41,8 @@ from bisect_prefetch.init_file import (
 )
 from bisect_prefetch.metrics.detect import FORMATS, Reading, readings, steps_seen
 from bisect_prefetch.report.progress import RunProgress
+from bisect_prefetch.runs.discover import engine_says
+from bisect_prefetch.runs.faults import RANK_LOG_DIR
 from bisect_prefetch.runs.first_error import first_error_line
 from bisect_prefetch.runs.group import GroupResult, run_group
 from bisect_prefetch.runs.merge import GRAPH_FILE
@@ -53,6 +56,8 @@ CHECK_RUNS = 2
 DEFAULT_STEPS = 30  # the file's steps when the command has no steps argument
 DEFAULT_SEED = 1234
 LOG_FILES = ("stdout.log", "stderr.log", "metrics.jsonl")  # where a run's metric lines may be
+MSRUN = ("msrun", "mindspore.parallel.cluster.run")
+WORKER_LOGS = f"{RANK_LOG_DIR}/worker_*.log"  # msrun --log_dir: worker_<rank>.log each
 STOP_CHECK_S = 0.5  # how often the first run's logs are read while it goes
 
 
@@ -87,6 +92,10 @@ def init(
     console.print("finding the arguments that set steps, seed and port...", markup=False)
     placeholders = find_placeholders(command)
     console.print(f"-> {describe_placeholders(placeholders)}", markup=False, soft_wrap=True)
+    if _per_rank_logs(placeholders):
+        console.print(f"-> msrun: each worker logs to its own file under the run dir "
+                      f"(--log_dir={{rank_log_dir}}); metrics are read from {WORKER_LOGS}",
+                      markup=False, soft_wrap=True)
 
     # step 2: the metric lines (a short run, or the log given) and the prefetch graph
     seed = placeholders.value(SEED)
@@ -171,10 +180,38 @@ def describe_placeholders(p: Placeholders) -> str:
     return "; ".join(parts)
 
 
+def _per_rank_logs(p: Placeholders) -> bool:
+    """msrun writes its workers' output merged on its own stdout (two ranks' lines glued
+    together): give each worker its own log under the run dir, as the README's msrun
+    template does (``--log_dir={rank_log_dir}``). True for an msrun command."""
+    if p.launcher not in MSRUN:
+        return False
+    argv = p.argv
+    for i, word in enumerate(argv):
+        if word.startswith("--log_dir="):
+            argv[i] = "--log_dir={rank_log_dir}"
+            return True
+        if word == "--log_dir" and i + 1 < len(argv):
+            argv[i + 1] = "{rank_log_dir}"
+            return True
+    at = next(i for i, word in enumerate(argv) if word.rsplit("/", 1)[-1] in MSRUN) + 1
+    argv.insert(at, "--log_dir={rank_log_dir}")
+    p.marked[:] = [replace(m, index=m.index + (m.index >= at)) for m in p.marked]
+    return True
+
+
+def _log_files(run_dir: Path, p: Placeholders) -> list[Path]:
+    """Where a run's metric lines may be: msrun's per-worker logs, else the job's own."""
+    if p.launcher in MSRUN:
+        return [*sorted((run_dir / RANK_LOG_DIR).glob("worker_*.log")), run_dir / "metrics.jsonl"]
+    return [run_dir / name for name in LOG_FILES]
+
+
 class _StopAfterSteps:
     """Stops a run once its logs show `steps` steps (any parser), looking twice a second."""
 
-    def __init__(self, steps: int) -> None:
+    def __init__(self, steps: int, p: Placeholders) -> None:
+        self.p = p
         self.steps = steps
         self.fired = False
         self._next = 0.0
@@ -184,7 +221,7 @@ class _StopAfterSteps:
         if now < self._next:
             return False
         self._next = now + STOP_CHECK_S
-        self.fired = steps_seen([run_dir / name for name in LOG_FILES]) >= self.steps
+        self.fired = steps_seen(_log_files(run_dir, self.p)) >= self.steps
         return self.fired
 
 
@@ -199,7 +236,7 @@ def _first_run(base: dict, p: Placeholders, state_dir: Path,
         raise BisectPrefetchError(f"cannot run this command: {exc.errors()[0]['msg']}") from None
     # With a steps argument the job ends by itself after PROBE_STEPS; one more step shows
     # that the argument does not set its steps (stopped there, not left to train on).
-    stop = _StopAfterSteps(PROBE_STEPS + 1 if p.found(STEPS) else PROBE_STEPS)
+    stop = _StopAfterSteps(PROBE_STEPS + 1 if p.found(STEPS) else PROBE_STEPS, p)
     how = (f"for {PROBE_STEPS} steps" if p.found(STEPS) is not None else
            f"as given, stopped after {PROBE_STEPS} steps' metric lines (timeout {probe.timeout_s:g}s)")
     console.print(f"running your command {how} under the adapter, to read its log and its "
@@ -210,7 +247,7 @@ def _first_run(base: dict, p: Placeholders, state_dir: Path,
                                 index=len(opened.state.records()))
         run = opened.runner.run(key, label="init", stop=stop)
         run_dir = opened.state.run_dir(run.run_id)
-    found = readings([run_dir / name for name in LOG_FILES])
+    found = readings(_log_files(run_dir, p))
     mark = p.found(STEPS)
     if mark is not None and (stop.fired or max((r.last_step for r in found), default=0)
                              > PROBE_STEPS):
@@ -230,6 +267,10 @@ def _first_run(base: dict, p: Placeholders, state_dir: Path,
                     f"({', '.join(FORMATS)})")
         raise BisectPrefetchError(f"{what}{': ' + why if why else ''}; its output: "
                                   f"{run_dir / 'stdout.log'}, {run_dir / 'stderr.log'}")
+    said = engine_says(run_dir)  # the adapter named why it found no graph
+    if said is not None:
+        raise BisectPrefetchError(f"your command ran, but {said}; its output: "
+                                  f"{run_dir / 'stderr.log'}")
     graph_note = _graph_note(run_dir)
     if not graph_note:
         raise BisectPrefetchError(
@@ -275,7 +316,9 @@ def _choose(found: list[Reading], console: Console, *, log: Path | None) -> Metr
                     "files: to its glob")
         found_in = f"{log} (the runs read the job's stdout; set files: if it prints them elsewhere)"
     else:
-        if best.path.name != ("metrics.jsonl" if best.fmt == "jsonl" else "stdout.log"):
+        if best.path.parent.name == RANK_LOG_DIR:
+            files = WORKER_LOGS  # every worker's log, one rank each
+        elif best.path.name != ("metrics.jsonl" if best.fmt == "jsonl" else "stdout.log"):
             files = best.path.name
         found_in = f"the job's {best.path.name} (init's short run)"
     return MetricsChoice(format=best.fmt, names=best.names, files=files, found_in=found_in,
