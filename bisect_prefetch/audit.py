@@ -339,8 +339,9 @@ def _size_one(result: dict[str, Any], probes: Sequence[dict[str, Any]],
     by_id = {e["id"]: e for e in result["edges"]}
     for edge in result["size_one_edges_unsharding"]:
         e = by_id[edge]
-        evidence = (f"target {_edge_target(edge)[1]} has shard size 1: "
-                    f"{e['async_unshards']} async unshards copied locally")
+        target = _edge_target(edge)[1]
+        evidence = (f"target {target} has shard size 1: "
+                    + _size_one_copies(_engine_of(target, probes), e["async_unshards"]))
         steps, ranks = set(), set()
         for probe in probes:
             for entry in probe.get("steps", []):
@@ -351,6 +352,39 @@ def _size_one(result: dict[str, Any], probes: Sequence[dict[str, Any]],
         entry = findings.found[("size-one", edge)]
         entry["steps"] |= steps
         entry["ranks"] |= ranks
+
+
+# torch's FSDP2 whose size-one unshard was read (_fsdp_param_group.py, world_size == 1).
+FSDP2_SIZE_ONE_CHECKED = "2.13"
+
+
+def _engine_of(unit: str, probes: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """{"name", "version"} of the engine that shards this unit, as the probes say (a job
+    may import FSDP2 and shard with hyper-parallel); {} when they do not."""
+    for probe in probes:
+        hyper = probe.get("hyper_parallel")
+        if isinstance(hyper, dict) and unit in (hyper.get("units") or {}):
+            return {"name": "hyper-parallel", "version": hyper.get("version", "hyper-parallel")}
+    for probe in probes:
+        if isinstance(probe.get("fsdp2"), dict):
+            return {"name": "fsdp2", "version": probe["fsdp2"].get("torch", "")}
+    return {}
+
+
+def _size_one_copies(engine: dict[str, Any], count: int) -> str:
+    """What the size-one prefetches did, as the engine (and its version) does it."""
+    name, version = engine.get("name"), str(engine.get("version") or "")
+    if name == "hyper-parallel":
+        return (f"{count} prefetches each copied the local shard at once (no collective; "
+                f"{version}), and the unit's own unshard copies it again")
+    if name == "fsdp2":
+        checked = version.startswith(FSDP2_SIZE_ONE_CHECKED)
+        return (f"{count} prefetches issued an unshard that copies nothing when issued (torch "
+                f"{version} FSDP2 records a placeholder and copies at wait_for_unshard, on the "
+                "unit's own use" + ("" if checked else
+                                    f"; read on torch {FSDP2_SIZE_ONE_CHECKED}, not this version")
+                + "): a prefetch with nothing to overlap")
+    return f"{count} async unshards copied locally"
 
 
 def _never_fired(result: dict[str, Any], probes: Sequence[dict[str, Any]],

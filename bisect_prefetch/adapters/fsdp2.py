@@ -97,6 +97,8 @@ class _Fsdp2Adapter(FrameworkAdapter):
     def discover(self, root: FSDPState) -> None:
         """Name the root's states and read their explicit prefetch lists."""
         self.roots.append(root)
+        # FSDP2 is in use (not merely imported): the audit words size-one evidence by version.
+        self.session.probe_extra["fsdp2"] = {"torch": torch.__version__}
         root_module = root._modules[0]
         fqns: dict[torch.nn.Module, str] = {}
         for fqn, module in root_module.named_modules():

@@ -247,6 +247,7 @@ class HyperParallelAdapter(FrameworkAdapter):
         self.lineages: dict[int, str] = {}  # id(state) -> its lineage
         self.created: list[Any] = []  # every scheduler made, hooked or not
         self.facts: dict[str, Any] = {"edges": self.edge_extra, "units": self.unit_facts}
+        self.facts["version"] = version_found()  # the audit words its evidence by it
         session.probe_extra["hyper_parallel"] = self.facts
 
     def name_of_cell(self, cell: Any) -> str:
