@@ -317,7 +317,9 @@ def _choose(found: list[Reading], console: Console, *, log: Path | None) -> Metr
         found_in = f"{log} (the runs read the job's stdout; set files: if it prints them elsewhere)"
     else:
         if best.path.parent.name == RANK_LOG_DIR:
-            files = WORKER_LOGS  # every worker's log, one rank each
+            printing = {r.path for r in found if r.fmt == best.fmt and r.path.parent == best.path.parent}
+            # Every worker's log where each rank prints its lines, else the one that does.
+            files = WORKER_LOGS if len(printing) > 1 else f"{RANK_LOG_DIR}/{best.path.name}"
         elif best.path.name != ("metrics.jsonl" if best.fmt == "jsonl" else "stdout.log"):
             files = best.path.name
         found_in = f"the job's {best.path.name} (init's short run)"

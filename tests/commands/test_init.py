@@ -408,6 +408,16 @@ def test_init_on_an_msrun_command_gives_each_worker_its_own_log(tmp_path, capsys
     assert experiment.metrics.files == "rank_logs/worker_*.log"
     assert "-> all-off A/A: identical at the printed precision" in out
 
+    # A job whose rank 0 alone prints: its log alone (an empty one would be missing metrics).
+    rank0 = tmp_path / "rank0_job.py"
+    rank0.write_text(job.read_text().replace(
+        "    print(", "    if os.environ.get('RANK_ID') == '0': print(", 1))
+    code, path = _init(tmp_path, "--force", "--", sys.executable, str(msrun), "--worker_num=2",
+                       str(rank0), "--steps", "4", out="rank0.yaml")
+    out = capsys.readouterr().out
+    assert code == 0, out
+    assert load_experiment(path).metrics.files == "rank_logs/worker_0.log"
+
 
 def test_an_msrun_log_dir_of_the_users_becomes_the_runs_own():
     from bisect_prefetch.commands.init import _per_rank_logs
