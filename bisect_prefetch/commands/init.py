@@ -20,7 +20,6 @@ import re
 import shlex
 import time
 from collections.abc import Sequence
-from dataclasses import replace
 from pathlib import Path
 
 from pydantic import ValidationError
@@ -46,6 +45,7 @@ from bisect_prefetch.runs.faults import RANK_LOG_DIR
 from bisect_prefetch.runs.first_error import first_error_line
 from bisect_prefetch.runs.group import GroupResult, run_group
 from bisect_prefetch.runs.merge import GRAPH_FILE
+from bisect_prefetch.runs.rank_logs import WORKER_LOGS, log_files, per_rank_logs
 from bisect_prefetch.runs.state import open_state
 from bisect_prefetch.vocab import CONSISTENT, DIVERGED, GUARD_NONE, TIMEOUT
 
@@ -56,8 +56,6 @@ CHECK_RUNS = 2
 DEFAULT_STEPS = 30  # the file's steps when the command has no steps argument
 DEFAULT_SEED = 1234
 LOG_FILES = ("stdout.log", "stderr.log", "metrics.jsonl")  # where a run's metric lines may be
-MSRUN = ("msrun", "mindspore.parallel.cluster.run")
-WORKER_LOGS = f"{RANK_LOG_DIR}/worker_*.log"  # msrun --log_dir: worker_<rank>.log each
 STOP_CHECK_S = 0.5  # how often the first run's logs are read while it goes
 
 
@@ -92,7 +90,7 @@ def init(
     console.print("finding the arguments that set steps, seed and port...", markup=False)
     placeholders = find_placeholders(command)
     console.print(f"-> {describe_placeholders(placeholders)}", markup=False, soft_wrap=True)
-    if _per_rank_logs(placeholders):
+    if per_rank_logs(placeholders):
         console.print(f"-> msrun: each worker logs to its own file under the run dir "
                       f"(--log_dir={{rank_log_dir}}); metrics are read from {WORKER_LOGS}",
                       markup=False, soft_wrap=True)
@@ -180,33 +178,6 @@ def describe_placeholders(p: Placeholders) -> str:
     return "; ".join(parts)
 
 
-def _per_rank_logs(p: Placeholders) -> bool:
-    """msrun writes its workers' output merged on its own stdout (two ranks' lines glued
-    together): give each worker its own log under the run dir, as the README's msrun
-    template does (``--log_dir={rank_log_dir}``). True for an msrun command."""
-    if p.launcher not in MSRUN:
-        return False
-    argv = p.argv
-    for i, word in enumerate(argv):
-        if word.startswith("--log_dir="):
-            argv[i] = "--log_dir={rank_log_dir}"
-            return True
-        if word == "--log_dir" and i + 1 < len(argv):
-            argv[i + 1] = "{rank_log_dir}"
-            return True
-    at = next(i for i, word in enumerate(argv) if word.rsplit("/", 1)[-1] in MSRUN) + 1
-    argv.insert(at, "--log_dir={rank_log_dir}")
-    p.marked[:] = [replace(m, index=m.index + (m.index >= at)) for m in p.marked]
-    return True
-
-
-def _log_files(run_dir: Path, p: Placeholders) -> list[Path]:
-    """Where a run's metric lines may be: msrun's per-worker logs, else the job's own."""
-    if p.launcher in MSRUN:
-        return [*sorted((run_dir / RANK_LOG_DIR).glob("worker_*.log")), run_dir / "metrics.jsonl"]
-    return [run_dir / name for name in LOG_FILES]
-
-
 class _StopAfterSteps:
     """Stops a run once its logs show `steps` steps (any parser), looking twice a second."""
 
@@ -221,7 +192,7 @@ class _StopAfterSteps:
         if now < self._next:
             return False
         self._next = now + STOP_CHECK_S
-        self.fired = steps_seen(_log_files(run_dir, self.p)) >= self.steps
+        self.fired = steps_seen(log_files(run_dir, self.p, LOG_FILES)) >= self.steps
         return self.fired
 
 
@@ -247,7 +218,7 @@ def _first_run(base: dict, p: Placeholders, state_dir: Path,
                                 index=len(opened.state.records()))
         run = opened.runner.run(key, label="init", stop=stop)
         run_dir = opened.state.run_dir(run.run_id)
-    found = readings(_log_files(run_dir, p))
+    found = readings(log_files(run_dir, p, LOG_FILES))
     mark = p.found(STEPS)
     if mark is not None and (stop.fired or max((r.last_step for r in found), default=0)
                              > PROBE_STEPS):

@@ -67,11 +67,14 @@ from collections.abc import Iterable, Sequence
 
 from mindspore import Parameter, Tensor, nn, ops
 
+from bisect_prefetch.workloads.hsdp_double_states import (
+    BUILD_GUARDS,
+    HSDPStateDouble,
+    HSDPStateV1Double,
+)
+
 LINEAGES = ("fully_shard", "hsdp")
 SHARD_SIZE_SOURCES = ("shard_size", "shard_world_size")
-# The build's own prefetch guard: none (the reported bug) or the upstream fix,
-# which skips a prefetch when no parameter has `shard_size > 1`.
-BUILD_GUARDS = ("none", "shard-size")
 
 
 class CompletedHandle:
@@ -157,47 +160,6 @@ class HSDPParamDouble:
 
     def to_sharded(self) -> None:
         """Nothing to do: the double keeps the full buffer (the state's is_shard says sharded)."""
-
-
-class HSDPStateDouble:
-    """The FSDP state of one wrapped cell: its parameters and their shard/unshard cycle."""
-
-    def __init__(self, params: list[HSDPParamDouble], *, build_guard: str = "none") -> None:
-        if build_guard not in BUILD_GUARDS:
-            raise ValueError(f"build_guard must be one of {BUILD_GUARDS}")
-        self.hsdp_params = params
-        self.sharded_hsdp_params = list(params)
-        self.build_guard = build_guard
-        self.is_shard = True
-        self.module_name: str | None = None
-
-    def shard(self) -> None:
-        if not self.is_shard:
-            for param in self.sharded_hsdp_params:
-                param.to_sharded()
-            self.is_shard = True
-
-    def unshard(self, async_op: bool = False, unshard_replicate: bool = True) -> None:
-        if not self.is_shard:
-            return
-        for param in self.sharded_hsdp_params:
-            param.unshard(async_op)
-        if not async_op:
-            self.wait_for_unshard()
-
-    def wait_for_unshard(self) -> None:
-        if not self.is_shard:
-            return
-        for param in self.sharded_hsdp_params:
-            param.wait_for_unshard()
-        self.is_shard = False
-
-    def prefetch(self, unshard_replicate: bool = True) -> None:
-        if self.build_guard == "shard-size" and not any(
-            getattr(param, "shard_size", 1) > 1 for param in self.sharded_hsdp_params
-        ):
-            return  # the upstream fix, as written against the older parameter line
-        self.unshard(async_op=True, unshard_replicate=unshard_replicate)
 
 
 class HSDPSchedulerDouble:
@@ -323,35 +285,6 @@ class HSDPParamV1Double:
 
     def to_sharded(self) -> None:
         """Nothing to do: the double keeps the full buffer (the state's is_shard says sharded)."""
-
-
-class HSDPStateV1Double:
-    """The older lineage's state: only sharded parameters are unsharded or prefetched."""
-
-    def __init__(self, params: list[HSDPParamV1Double]) -> None:
-        self.hsdp_params = params
-        self.sharded_hsdp_params = [p for p in params if p.sharded]
-        self.is_shard = True
-
-    def shard(self) -> None:
-        if self.is_shard:
-            return
-        for param in self.sharded_hsdp_params:
-            param.to_sharded()
-        self.is_shard = True
-
-    def unshard(self) -> None:
-        if not self.is_shard:
-            return
-        for param in self.sharded_hsdp_params:
-            param.to_unsharded()
-        self.is_shard = False
-
-    def prefetch(self) -> None:
-        if not self.is_shard:
-            return
-        for param in self.sharded_hsdp_params:
-            param.prefetch_unsharded()
 
 
 class HSDPSchedulerV1Double(HSDPSchedulerDouble):

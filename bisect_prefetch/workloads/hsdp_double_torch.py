@@ -19,7 +19,8 @@ fdd0a80 of 2026-03-05; file:line below), written anew (no code of it is copied):
   output's gradient hook calls ``_hsdp_backward_pre_hook(cell, None)`` (scheduler.py:110),
   which unshards again only with ``reshard_after_forward`` on, then prefetches the
   backward list (core/fully_shard/hsdp_scheduler.py:159).
-- The state (core/fully_shard/hsdp_state.py): ``hsdp_params``, ``sharded_hsdp_params``
+- The state (core/fully_shard/hsdp_state.py; the MindSpore mode's HSDPStateDouble,
+  workloads/hsdp_double_states.py): ``hsdp_params``, ``sharded_hsdp_params``
   (the ``is_sharded`` ones), ``is_shard``, ``unshard(async_op)`` (:123: each sharded
   parameter's ``unshard``, then ``wait_for_unshard`` unless async), ``prefetch()`` =
   ``unshard(async_op=True)`` (:135), ``wait_for_unshard()`` (:139), ``shard()`` (:110).
@@ -53,6 +54,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch import nn
+
+from bisect_prefetch.workloads.hsdp_double_states import HSDPStateDouble
 
 LINEAGE = "fully_shard"
 
@@ -106,42 +109,10 @@ class HSDPParamTorchDouble:
         """Nothing to do: the double keeps the full buffer (the state's is_shard says sharded)."""
 
 
-class HSDPStateTorchDouble:
-    def __init__(self, params: list[HSDPParamTorchDouble]) -> None:
-        self.hsdp_params = params
-        self.sharded_hsdp_params = [p for p in params if p.is_sharded]
-        self.is_shard = True
-
-    def shard(self) -> None:
-        if self.is_shard:
-            return
-        for param in self.sharded_hsdp_params:
-            param.to_sharded()
-        self.is_shard = True
-
-    def unshard(self, async_op: bool = False) -> None:
-        if not self.is_shard:
-            return
-        for param in self.sharded_hsdp_params:
-            param.unshard(async_op)
-        if not async_op:
-            self.wait_for_unshard()
-
-    def prefetch(self) -> None:
-        self.unshard(async_op=True)
-
-    def wait_for_unshard(self) -> None:
-        if not self.is_shard:
-            return
-        for param in self.sharded_hsdp_params:
-            param.wait_for_unshard()
-        self.is_shard = False
-
-
 class HSDPSchedulerTorchDouble:
     """Per wrapped module: the prefetch lists and TorchHSDPSchedulerV2's hook sequence."""
 
-    def __init__(self, module: nn.Module, state: HSDPStateTorchDouble, *,
+    def __init__(self, module: nn.Module, state: HSDPStateDouble, *,
                  reshard_after_forward: bool) -> None:
         self.cell = module
         self.hsdp_state = state
@@ -199,7 +170,7 @@ def fully_shard(module: nn.Module, *, shard_size: int, shard_rank: int, group: A
             params.append(HSDPParamTorchDouble(owner, name, shard_size=shard_size,
                                                shard_rank=shard_rank, group=group))
     module.hsdp_scheduler = HSDPSchedulerTorchDouble(
-        module, HSDPStateTorchDouble(params), reshard_after_forward=reshard_after_forward)
+        module, HSDPStateDouble(params), reshard_after_forward=reshard_after_forward)
     return module
 
 

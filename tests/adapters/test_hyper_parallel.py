@@ -31,6 +31,7 @@ from bisect_prefetch.metrics.digests import compare_digest_files
 
 REPO = Path(__file__).resolve().parents[2]
 SITE = REPO / "bisect_prefetch" / "adapters" / "site"
+STANDIN = REPO / "tests" / "jobs" / "hp_standin"  # a stand-in hyper_parallel package
 
 
 # -- a toy scheduler with hyper-parallel's interface -----------------------------------
@@ -250,47 +251,6 @@ def test_under_mindspore_graph_mode_the_schedule_is_refused(adapter_with, tmp_pa
         assert probe["schedule_followed"] == [[0, 1], [1, 2]]
 
 
-FAKE_SCHEDULER = '''
-class HSDPSchedulerV2:
-    def __init__(self, cell):
-        cell.hsdp_scheduler = self
-        self.cell = cell
-        self.hsdp_state = State()
-        self.forward_prefetch_cells = []
-        self.backward_prefetch_cells = []
-
-    def set_forward_prefetch_cells(self, hsdp_cell_list):
-        self.forward_prefetch_cells = hsdp_cell_list
-
-    def set_backward_prefetch_cells(self, hsdp_cell_list):
-        self.backward_prefetch_cells = hsdp_cell_list
-
-    def _hsdp_forward_pre_hook(self, cell, args):
-        for target in self.forward_prefetch_cells:
-            target.hsdp_scheduler.hsdp_state.prefetch()
-
-    def _hsdp_backward_pre_hook(self, cell, grad):
-        for target in self.backward_prefetch_cells:
-            target.hsdp_scheduler.hsdp_state.prefetch()
-
-
-class Param:
-    shard_world_size = 2
-    is_sharded = True
-
-    def unshard(self, async_op=False):
-        pass
-
-
-class State:
-    def __init__(self):
-        self.sharded_hsdp_params = [Param()]
-
-    def prefetch(self):
-        for param in self.sharded_hsdp_params:
-            param.unshard(True)
-'''
-
 FAKE_JOB = '''
 import hyper_parallel  # the adapter activates here
 from hyper_parallel.core.fully_shard.hsdp_scheduler import HSDPSchedulerV2
@@ -319,17 +279,12 @@ report_step(1, loss=1.0)
 
 
 def test_importing_hyper_parallel_activates_the_adapter(tmp_path):
-    package = tmp_path / "pkgs" / "hyper_parallel" / "core" / "fully_shard"
-    package.mkdir(parents=True)
-    for folder in (package, package.parent, package.parent.parent):
-        (folder / "__init__.py").write_text("")
-    (package / "hsdp_scheduler.py").write_text(textwrap.dedent(FAKE_SCHEDULER))
     (tmp_path / "job.py").write_text(textwrap.dedent(FAKE_JOB))
     plan = {"version": 1, "out_dir": str(tmp_path), "mask": [], "guard": "none"}
     (tmp_path / "plan.json").write_text(json.dumps(plan))
     env = {
         **os.environ,
-        "PYTHONPATH": os.pathsep.join([str(SITE), str(REPO), str(tmp_path / "pkgs")]),
+        "PYTHONPATH": os.pathsep.join([str(SITE), str(REPO), str(STANDIN)]),
         "BISECT_PREFETCH_PLAN": str(tmp_path / "plan.json"),
     }
     done = subprocess.run(

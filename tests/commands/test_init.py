@@ -420,12 +420,12 @@ def test_init_on_an_msrun_command_gives_each_worker_its_own_log(tmp_path, capsys
 
 
 def test_an_msrun_log_dir_of_the_users_becomes_the_runs_own():
-    from bisect_prefetch.commands.init import _per_rank_logs
+    from bisect_prefetch.runs.rank_logs import per_rank_logs
 
     for given, expect in ((["--log_dir=/logs"], ["--log_dir={rank_log_dir}"]),
                           (["--log_dir", "/logs"], ["--log_dir", "{rank_log_dir}"])):
         p = find_placeholders(["msrun", "--worker_num=2", *given, "run.py", "--steps", "9"])
-        assert _per_rank_logs(p)
+        assert per_rank_logs(p)
         assert p.argv == ["msrun", "--worker_num=2", *expect, "run.py", "--steps", "{steps}"]
     torchrun = find_placeholders(["torchrun", "t.py"])
-    assert not _per_rank_logs(torchrun) and torchrun.argv == ["torchrun", "t.py"]
+    assert not per_rank_logs(torchrun) and torchrun.argv == ["torchrun", "t.py"]

@@ -22,18 +22,25 @@ JOBS = Path(__file__).resolve().parents[1] / "jobs"
 pytestmark = pytest.mark.slow
 
 
-def test_a_rank_with_nothing_digested_gets_the_printed_precision_wording(tmp_path, capsys):
+def _experiment(tmp_path: Path, **env: str) -> Path:
+    """The job through command:, its hyper_parallel the stand-in build (env: more of it)."""
     argv = [sys.executable, str(JOBS / "hp_tensorless_job.py"), "{steps}"]
+    env = {"PYTHONPATH": str(JOBS / "hp_standin"), **env}
     experiment = tmp_path / "hp.yaml"
     experiment.write_text(textwrap.dedent(f"""
         name: hp
         command: {json.dumps(argv)}
-        env: {{PYTHONPATH: {json.dumps(str(JOBS / "hp_standin"))}}}
+        env: {json.dumps(env)}
         metrics: {{format: torchtitan, names: [loss, grad_norm]}}
         graph: {{source: runtime}}
         steps: 3
         timeout_s: 120
     """))
+    return experiment
+
+
+def test_a_rank_with_nothing_digested_gets_the_printed_precision_wording(tmp_path, capsys):
+    experiment = _experiment(tmp_path)
     out_json = tmp_path / "aa.json"
     code = main(["aa", str(experiment), "--runs", "2", "--state-dir", str(tmp_path / "state"),
                  "--json", str(out_json)])
@@ -48,17 +55,7 @@ def test_a_rank_with_nothing_digested_gets_the_printed_precision_wording(tmp_pat
 
 
 def test_a_hyper_parallel_version_neither_lineage_fits_is_one_line_and_exit_2(tmp_path, capsys):
-    argv = [sys.executable, str(JOBS / "hp_tensorless_job.py"), "{steps}"]
-    experiment = tmp_path / "hp.yaml"
-    experiment.write_text(textwrap.dedent(f"""
-        name: hp
-        command: {json.dumps(argv)}
-        env: {{PYTHONPATH: {json.dumps(str(JOBS / "hp_standin"))}, HP_STANDIN_BUILD: unknown}}
-        metrics: {{format: torchtitan, names: [loss, grad_norm]}}
-        graph: {{source: runtime}}
-        steps: 3
-        timeout_s: 120
-    """))
+    experiment = _experiment(tmp_path, HP_STANDIN_BUILD="unknown")
     code = main(["graph", str(experiment), "--state-dir", str(tmp_path / "state")])
     captured = capsys.readouterr()
     assert code == 2

@@ -11,7 +11,8 @@ import os
 
 
 class _Param:
-    shard_size = 2
+    shard_world_size = 2
+    is_sharded = True
 
     def __init__(self):
         self.sharded_param = None  # the tensor lives elsewhere in this build
@@ -22,7 +23,8 @@ class _Param:
 
 
 class _BareParam:
-    shard_size = 2
+    shard_world_size = 2
+    is_sharded = True
 
     def gather_somehow(self):
         return None
