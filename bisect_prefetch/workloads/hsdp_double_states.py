@@ -13,23 +13,30 @@ from typing import Any
 BUILD_GUARDS = ("none", "shard-size")
 
 
-class HSDPStateDouble:
-    """The FSDP state of one wrapped cell: its parameters and their shard/unshard cycle."""
+class _StateCommon:
+    """What both lineages' states share: the parameters, is_shard and shard()."""
 
-    def __init__(self, params: list[Any], *, build_guard: str = "none") -> None:
-        if build_guard not in BUILD_GUARDS:
-            raise ValueError(f"build_guard must be one of {BUILD_GUARDS}")
+    def __init__(self, params: list[Any], sharded: list[Any]) -> None:
         self.hsdp_params = params
-        self.sharded_hsdp_params = list(params)
-        self.build_guard = build_guard
+        self.sharded_hsdp_params = sharded
         self.is_shard = True
-        self.module_name: str | None = None
 
     def shard(self) -> None:
         if not self.is_shard:
             for param in self.sharded_hsdp_params:
                 param.to_sharded()
             self.is_shard = True
+
+
+class HSDPStateDouble(_StateCommon):
+    """The newer lineage's state (core/fully_shard/hsdp_state.py): its shard/unshard cycle."""
+
+    def __init__(self, params: list[Any], *, build_guard: str = "none") -> None:
+        if build_guard not in BUILD_GUARDS:
+            raise ValueError(f"build_guard must be one of {BUILD_GUARDS}")
+        super().__init__(params, list(params))
+        self.build_guard = build_guard
+        self.module_name: str | None = None
 
     def unshard(self, async_op: bool = False, unshard_replicate: bool = True) -> None:
         if not self.is_shard:
@@ -54,14 +61,13 @@ class HSDPStateDouble:
         self.unshard(async_op=True, unshard_replicate=unshard_replicate)
 
 
-class HSDPStateV1Double(HSDPStateDouble):
-    """The older lineage's state: only sharded parameters are unsharded or prefetched
-    (core/hsdp/hsdp_state.py: ``unshard()`` takes no async_op, ``prefetch()`` calls each
-    sharded parameter's ``prefetch_unsharded()``); ``shard()`` is the same."""
+class HSDPStateV1Double(_StateCommon):
+    """The older lineage's state (core/hsdp/hsdp_state.py): only sharded parameters are
+    unsharded or prefetched; ``unshard()`` takes no async_op, ``prefetch()`` calls each
+    sharded parameter's ``prefetch_unsharded()``, and there is no ``wait_for_unshard``."""
 
     def __init__(self, params: list[Any]) -> None:
-        super().__init__(params)
-        self.sharded_hsdp_params = [p for p in params if p.sharded]
+        super().__init__(params, [p for p in params if p.sharded])
 
     def unshard(self) -> None:
         if not self.is_shard:
