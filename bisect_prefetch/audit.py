@@ -17,8 +17,11 @@ the refactor pitfall of a guard reading ``getattr(param, "shard_size", 1)`` on
 parameters that have no ``shard_size``. ``ok`` is false on either. ``guard``
 is ``disables-real-prefetch`` on the second, else ``absent`` on the first,
 else ``present`` when size-one prefetches were attempted (or skipped by the
-tool's guard) without an async unshard, else ``absent`` with
-``guard_observed: false`` (no size-one edge fired: nothing to judge by).
+tool's guard) without an async unshard, except ``not-needed`` (with ``guard_note``)
+where every such prefetch went into a unit whose engine makes it a no-op by
+construction (hyper-parallel's older hsdp lineage prefetches only sharded
+parameters), else ``absent`` with ``guard_observed: false`` (no size-one edge
+fired: nothing to judge by).
 ``pitfall_units`` names sharded units whose parameters lack ``shard_size``:
 there a guard reading it would switch real prefetch off.
 
@@ -31,7 +34,10 @@ step by step per rank:
 - ``never-consumed``: the edge unsharded its target, which was resharded,
   unsharded again, used only in the other phase, or still held at the step's
   end, without a use in the edge's phase (``evidence`` says which);
-- ``late``: the edge fired into a target that had unsharded itself;
+- ``late``: the edge fired into a target that had unsharded itself for the edge's
+  phase; a target still unsharded from its use in the other phase (no reshard after
+  forward: hyper-parallel's and FSDP2's ``reshard_after_forward`` off) makes the edge a
+  ``no-op`` instead, since nothing was wasted;
 - ``shadowed`` (``shadowed_by``: the edge that unsharded the target first)
   and ``no-op``: fired, issued nothing;
 - ``duplicate-target`` (``others``): another edge of the same phase has the
@@ -100,6 +106,30 @@ def _pitfall_units(probes: Sequence[dict[str, Any]]) -> list[str]:
     return sorted(names)
 
 
+def _target(edge: dict[str, Any]) -> str:
+    return parse_edge_id(edge["id"])[2]
+
+
+def _noop_by_construction(probes: Sequence[dict[str, Any]]) -> set[str]:
+    """Units whose engine makes a size-one prefetch a no-op by construction (hyper-parallel's
+    older hsdp lineage: only sharded parameters are prefetched)."""
+    return {name for probe in probes
+            for name, unit in probe.get("hyper_parallel", {}).get("units", {}).items()
+            if unit.get("lineage") == "hsdp"}
+
+
+def _units_without_params(probes: Sequence[dict[str, Any]]) -> list[str]:
+    """Every unit, where the adapter found no parameter tensor in any of a rank's units (a
+    unit of its own may hold none; all of them, never): their parameter counts and shard
+    sizes then say nothing about the build."""
+    names = set()
+    for probe in probes:
+        units = probe.get("hyper_parallel", {}).get("units", {})
+        if units and not any(unit.get("params", 0) for unit in units.values()):
+            names.update(units)
+    return sorted(names)
+
+
 def audit(graph: dict[str, Any], probes: Sequence[dict[str, Any]],
           order: Sequence[dict[str, Any]] | None = None,
           kinds: Sequence[str] = KINDS) -> dict[str, Any]:
@@ -135,10 +165,16 @@ def audit(graph: dict[str, Any], probes: Sequence[dict[str, Any]],
         and e["async_unshards"] == 0
     ]
     observed = any(e["attempts"] > 0 or e["guarded"] > 0 for e in size_one)
+    by_construction = _noop_by_construction(probes)
+    attempted = [e for e in size_one if e["attempts"] > 0]
     if lost:
         guard = "disables-real-prefetch"
     elif still_unshards or not observed:
         guard = "absent"
+    elif attempted and all(_target(e) in by_construction for e in attempted):
+        # The engine's prefetch into a size-one unit does nothing whatever the build:
+        # there is no guard to be present (the older hsdp lineage).
+        guard = "not-needed"
     else:
         guard = "present"
     result = {
@@ -149,7 +185,12 @@ def audit(graph: dict[str, Any], probes: Sequence[dict[str, Any]],
         "size_one_edges_unsharding": still_unshards,
         "real_prefetch_lost": lost,
         "pitfall_units": _pitfall_units(probes),
+        "units_without_params": _units_without_params(probes),
     }
+    if guard == "not-needed":
+        result["guard_note"] = ("hyper-parallel's older hsdp lineage: a prefetch into a unit "
+                                "of shard size 1 is a no-op by construction (only sharded "
+                                "parameters are prefetched); no guard is involved")
     chosen = [f for f in findings(graph, probes, order, result) if f["kind"] in kinds]
     result["findings"] = chosen
     result["kinds"] = list(kinds)
@@ -240,6 +281,12 @@ def _walk_step(record: dict[str, Any], findings: _Findings) -> None:
             if hold is None:
                 findings.add("no-op", edge, f"{edge} fired and issued nothing",
                              step=step, rank=rank)
+            elif hold.get("last_use") not in (None, _edge_target(edge)[0]):
+                # Still unsharded from its use in the other phase (no reshard after
+                # forward): the prefetch had nothing to do, and nothing was wasted.
+                findings.add("no-op", edge, f"{target} was still unsharded from its "
+                             f"{hold['last_use']} use when {edge} fired (no reshard between)",
+                             step=step, rank=rank)
             elif hold["by"] == "self":
                 findings.add("late", edge, f"{target} had unsharded itself before {edge} "
                              "fired", step=step, rank=rank)
@@ -258,11 +305,13 @@ def _walk_step(record: dict[str, Any], findings: _Findings) -> None:
             unit, phase = event[1], event[2]
             hold = held.get(unit)
             if hold is None:
-                held[unit] = {"by": "self", "phase": phase, "used": True}
-            elif not hold["used"]:
+                held[unit] = {"by": "self", "phase": phase, "used": True, "last_use": phase}
+                continue
+            if not hold["used"]:
                 if hold["by"] != "self" and hold["phase"] != phase:
                     unused(unit, f"was used in {phase} instead, so it stayed unsharded")
                 hold["used"] = True
+            hold["last_use"] = phase
         elif what == "reshard":
             unit = event[1]
             unused(unit, "was resharded")
@@ -290,8 +339,9 @@ def _size_one(result: dict[str, Any], probes: Sequence[dict[str, Any]],
     by_id = {e["id"]: e for e in result["edges"]}
     for edge in result["size_one_edges_unsharding"]:
         e = by_id[edge]
-        evidence = (f"target {_edge_target(edge)[1]} has shard size 1: "
-                    f"{e['async_unshards']} async unshards copied locally")
+        target = _edge_target(edge)[1]
+        evidence = (f"target {target} has shard size 1: "
+                    + _size_one_copies(_engine_of(target, probes), e["async_unshards"]))
         steps, ranks = set(), set()
         for probe in probes:
             for entry in probe.get("steps", []):
@@ -302,6 +352,39 @@ def _size_one(result: dict[str, Any], probes: Sequence[dict[str, Any]],
         entry = findings.found[("size-one", edge)]
         entry["steps"] |= steps
         entry["ranks"] |= ranks
+
+
+# torch's FSDP2 whose size-one unshard was read (_fsdp_param_group.py, world_size == 1).
+FSDP2_SIZE_ONE_CHECKED = "2.13"
+
+
+def _engine_of(unit: str, probes: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """{"name", "version"} of the engine that shards this unit, as the probes say (a job
+    may import FSDP2 and shard with hyper-parallel); {} when they do not."""
+    for probe in probes:
+        hyper = probe.get("hyper_parallel")
+        if isinstance(hyper, dict) and unit in (hyper.get("units") or {}):
+            return {"name": "hyper-parallel", "version": hyper.get("version", "hyper-parallel")}
+    for probe in probes:
+        if isinstance(probe.get("fsdp2"), dict):
+            return {"name": "fsdp2", "version": probe["fsdp2"].get("torch", "")}
+    return {}
+
+
+def _size_one_copies(engine: dict[str, Any], count: int) -> str:
+    """What the size-one prefetches did, as the engine (and its version) does it."""
+    name, version = engine.get("name"), str(engine.get("version") or "")
+    if name == "hyper-parallel":
+        return (f"{count} prefetches each copied the local shard at once (no collective; "
+                f"{version}), and the unit's own unshard copies it again")
+    if name == "fsdp2":
+        checked = version.startswith(FSDP2_SIZE_ONE_CHECKED)
+        return (f"{count} prefetches issued an unshard that copies nothing when issued (torch "
+                f"{version} FSDP2 records a placeholder and copies at wait_for_unshard, on the "
+                "unit's own use" + ("" if checked else
+                                    f"; read on torch {FSDP2_SIZE_ONE_CHECKED}, not this version")
+                + "): a prefetch with nothing to overlap")
+    return f"{count} async unshards copied locally"
 
 
 def _never_fired(result: dict[str, Any], probes: Sequence[dict[str, Any]],

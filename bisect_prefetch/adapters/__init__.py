@@ -46,8 +46,9 @@ For framework adapters (fsdp2, hyper_parallel, ...), through ``session()``:
   report each unit's use (``stress.used``) while it measures the issue-to-use gaps,
   and prefetches that left no window (``stress.no_window``). Its record is the
   probe's ``stress``.
-- The plan's ``schedule`` (adapters/plan.py): the gate's mask starts as step 1's; when
-  the clock ends step s (``_end_step``), step s+1's mask becomes the gate's, before any
+- ``Session.gate`` (adapters/gate.py): the mask and the size-one guard. With the plan's
+  ``schedule`` (adapters/plan.py) its mask starts as step 1's; when the clock ends step s
+  (``_end_step``), step s+1's mask becomes the gate's, before any
   prefetch of step s+1 (where each clock source puts that boundary: adapters/steps.py;
   ``report``: wherever the job calls ``report_step``, numbered as the job numbers its
   steps, and the probe's ``step_notes`` say so). The probe says ``schedule_followed``:
@@ -75,9 +76,10 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from bisect_prefetch.vocab import GUARD_SIZE_ONE, GUARDED, ISSUED, MASKED, NOOP, parse_edge_id
+from bisect_prefetch.vocab import ISSUED, NOOP, parse_edge_id
 
 from . import environment
+from .gate import Gate
 from .import_hook import when_imported
 from .order import OrderLog
 from .plan import Plan, load_plan
@@ -89,8 +91,11 @@ PrefetchListener = Callable[[str, Any, bool], None]
 
 # Frameworks with an adapter: module whose import activates it -> adapter module, which
 # defines ``activate(session)``. An adapter module that is not there is skipped. An
-# adapter module must import its framework inside activate(), not at its top: if the job
-# imported the adapter module first, the hook would otherwise fire while it is half-imported.
+# adapter module may import its framework's base package at its top (fsdp2.py imports
+# torch, which does not import torch.distributed.fsdp), but never the module whose import
+# activates it: if the job imported the adapter module first, the hook would otherwise fire
+# while the adapter module is half-imported (fsdp2.py imports torch.distributed.fsdp's
+# internals inside activate()).
 FRAMEWORK_ADAPTERS = {
     "torch.distributed.fsdp": "bisect_prefetch.adapters.fsdp2",
     # MindFormers 2.x shards through hyper-parallel, so this entry covers its jobs too.
@@ -129,16 +134,7 @@ class Session:
         self._update_listeners: list[Callable[[int], None]] = []
         self._step_end_listeners: list[Callable[[int], None]] = []
         self._exit_listeners: list[Callable[[], None]] = []
-        self._guard_size_one = plan is not None and plan.guard == GUARD_SIZE_ONE
-        self._mask = plan.mask if plan is not None else None  # the gate's: the current segment's
-        # The schedule of masks by step (None: the plan's mask throughout).
-        self._schedule = plan.schedule if plan is not None else None
-        self._segment = 0  # the schedule's segment whose mask the gate holds
-        self._segment_first_step = 1  # ... since this step
-        self._segment_pending = self._schedule is not None  # not yet listed as followed
-        self.schedule_followed: list[list[int]] = []  # [segment, first step it held]
-        self.schedule_refused: str | None = None
-        self._followed_unwritten = False  # a segment was listed since the probe was written
+        self.gate = Gate(plan)  # the mask (by step, with a schedule) and the size-one guard
         self._last_probe_write = 0.0
         self._environment_written = False
         self._lock = threading.Lock()
@@ -164,15 +160,10 @@ class Session:
         target_module: Any,
         run: Callable[[], bool],
     ) -> str:
-        if self._segment_pending:  # the first prefetch under a new segment: it is followed
-            self._list_segment()
         order = self.order
         event = order.begin_prefetch(edge_id) if order is not None else None
-        if self._mask is not None and edge_id not in self._mask:
-            outcome = MASKED
-        elif self.guard_skips(target_shard_size):
-            outcome = GUARDED
-        else:
+        outcome = self.gate.decide(edge_id, target_shard_size)
+        if outcome is None:
             stress = self.stress
             if stress is not None:  # the issuing side waits, never the consumer
                 stress.before_issue(edge_id)
@@ -201,7 +192,7 @@ class Session:
 
     def guard_skips(self, target_shard_size: int) -> bool:
         """The guard alone: whether a prefetch into a unit of this shard size is skipped."""
-        return self._guard_size_one and target_shard_size == 1
+        return self.gate.guard_skips(target_shard_size)
 
     # -- listeners ----------------------------------------------------------------------
     def add_prefetch_listener(self, fn: PrefetchListener) -> None:
@@ -224,14 +215,9 @@ class Session:
         """The engine cannot switch masks inside a run (``reason``, one line): segment 0's
         mask stays for the whole run, and the probe says ``schedule_refused``. A framework
         adapter calls it before the first step ends."""
-        if self._schedule is None or self.schedule_refused is not None:
-            return
-        self.schedule_refused = reason
-        self._segment, self._segment_first_step = 0, 1
-        self._mask = self._schedule[0][1]
-        self._segment_pending = [0, 1] not in self.schedule_followed
-        self.note(f"the plan's schedule of masks is not followed: {reason}; segment 0's mask "
-                  "stays for the whole run")
+        if self.gate.refuse(reason):
+            self.note(f"the plan's schedule of masks is not followed: {reason}; segment 0's "
+                      "mask stays for the whole run")
 
     def note(self, message: str) -> None:
         """Something about the job the run's record must say (not an error), on stderr; the
@@ -259,42 +245,21 @@ class Session:
         with self._lock:
             self.tally.end_step(step)
         self.last_step = step
-        if self._schedule is not None:
-            if self._segment_pending:  # a step ended under it: it is followed
-                self._list_segment()
-            # Step step+1's mask, before its first prefetch (the clock ends a step before the
-            # next one's first forward begins). At exit none follows: the segment stays unlisted.
-            if self.schedule_refused is None:
-                self._switch_segment(step + 1)
+        # Step step+1's mask, before its first prefetch (the clock ends a step before the
+        # next one's first forward begins).
+        if self.gate.step_ended(step) and self.clock.source == REPORT:
+            self.clock.say_once("schedule-report", (
+                "the schedule of masks switches at the job's report_step calls (no "
+                "optimizer or backward boundary seen): a call inside a step moves the "
+                "rest of that step to the next segment's mask"))
         if not self._environment_written:
             self.write_environment()
         for listener in self._step_end_listeners:
             listener(step)
-        if step <= _PROBE_EVERY_STEP_UNTIL or self._followed_unwritten or (
+        if step <= _PROBE_EVERY_STEP_UNTIL or self.gate.followed_unwritten or (
             time.monotonic() - self._last_probe_write >= _PROBE_MIN_INTERVAL_S
         ):
             self.write_probe()
-
-    def _switch_segment(self, step: int) -> None:
-        """Make the mask of the segment that holds at ``step`` the gate's."""
-        index = self.plan.segment_for_step(step)
-        if index != self._segment:
-            self._segment, self._segment_first_step = index, step
-            self._mask = self._schedule[index][1]
-            self._segment_pending = True
-            if self.clock.source == REPORT:
-                self.clock.say_once("schedule-report", (
-                    "the schedule of masks switches at the job's report_step calls (no "
-                    "optimizer or backward boundary seen): a call inside a step moves the "
-                    "rest of that step to the next segment's mask"))
-
-    def _list_segment(self) -> None:
-        """The current segment is followed: list it in ``schedule_followed`` (once)."""
-        with self._lock:
-            if self._segment_pending:
-                self._segment_pending = False
-                self.schedule_followed.append([self._segment, self._segment_first_step])
-                self._followed_unwritten = True
 
     def write_probe(self) -> None:
         if self.recorder is None or not self.plan.record_probe:
@@ -305,14 +270,14 @@ class Session:
                 "step_notes": clock.notes, "step_seconds": self.step_seconds}
         if self.stress is not None:
             head["stress"] = self.stress.record()
-        if self.schedule_refused is not None:
-            head["schedule_refused"] = self.schedule_refused
+        gate = self.gate
+        if gate.refused is not None:
+            head["schedule_refused"] = gate.refused
         if self.errors:
             head["errors"] = list(self.errors)
         with self._lock:
-            if self._schedule is not None:
-                head["schedule_followed"] = [list(entry) for entry in self.schedule_followed]
-                self._followed_unwritten = False
+            if gate.schedule is not None:
+                head["schedule_followed"] = gate.followed_for_probe()
             self.recorder.probe(head, self.tally)
         self._last_probe_write = time.monotonic()
 
@@ -333,9 +298,9 @@ class Session:
                 "no step boundary found (no optimizer step of a hooked framework, no "
                 "backward of a root unit, no report_step): digests, unit order and step "
                 "times are off")
-        schedule = self._schedule
+        schedule = self.gate.schedule
         if (schedule is not None and len(schedule) > 1 and self.clock.source is None
-                and self.schedule_refused is None and (self.forwards or self.tally.edges)):
+                and self.gate.refused is None and (self.forwards or self.tally.edges)):
             self.clock.say_once("schedule-no-steps", (
                 "no step boundary found: the plan's schedule of masks was not followed; "
                 "segment 0's mask held for the whole run"))

@@ -50,7 +50,6 @@ from __future__ import annotations
 import contextlib
 import datetime
 import fnmatch
-import threading
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
@@ -60,8 +59,7 @@ import torch.distributed as dist
 from bisect_prefetch import vocab
 from bisect_prefetch.adapters.base import DigestColumns, FrameworkAdapter
 from bisect_prefetch.adapters.torch_digest import TensorBatch, local
-from bisect_prefetch.adapters.units import ROOT_NAME, UNKNOWN_NAME, is_layer, node_kind
-from bisect_prefetch.vocab import VALUE_SUFFIX
+from bisect_prefetch.adapters.units import ROOT_NAME, UNKNOWN_NAME
 
 if TYPE_CHECKING:
     from torch.distributed.fsdp._fully_shard._fsdp_param_group import FSDPParamGroup
@@ -83,51 +81,33 @@ class _Fsdp2Adapter(FrameworkAdapter):
 
     def __init__(self, session: Any) -> None:
         super().__init__(session)
-        self.roots: list[FSDPState] = []
-        self.states: list[FSDPState] = []
-        self.state_names: dict[FSDPState, str] = {}
         self.group_states: dict[FSDPParamGroup, FSDPState] = {}
         self.group_shard_sizes: dict[FSDPParamGroup, int] = {}
         self.post_forward_sequence: list[FSDPState] = []
         self.graph_final = False
-        self._local = threading.local()
         self._unknown_source_reported = False
         self.plan_store: Any = None  # the job's c10d store, once this rank posted its plan hash
         self.world_size = 1
-        self._digest_key: tuple[str, int] | None = None
-        self._digest_params: list[tuple[str, Any]] = []
-        self._digest_names: list[str] = []
         self._digest_batch: TensorBatch | None = None
-
-    # -- prefetch sources -------------------------------------------------------------
-    def sources(self) -> list[FSDPState]:
-        stack = getattr(self._local, "stack", None)
-        if stack is None:
-            stack = self._local.stack = []
-        return stack
 
     def group_name(self, group: FSDPParamGroup) -> str:
         return self.name_of(self.group_states.get(group))
-
-    def name_of(self, state: FSDPState | None) -> str:
-        if state is None:
-            return UNKNOWN_NAME
-        return self.state_names.get(state, UNKNOWN_NAME)
 
     # -- discovery --------------------------------------------------------------------
     def discover(self, root: FSDPState) -> None:
         """Name the root's states and read their explicit prefetch lists."""
         self.roots.append(root)
+        # FSDP2 is in use (not merely imported): the audit words size-one evidence by version.
+        self.session.probe_extra["fsdp2"] = {"torch": torch.__version__}
         root_module = root._modules[0]
         fqns: dict[torch.nn.Module, str] = {}
         for fqn, module in root_module.named_modules():
             fqns.setdefault(module, fqn)
         for state in root._state_ctx.all_states:
-            if state in self.state_names:
+            if id(state) in self.unit_names:
                 continue
             names = [fqns.get(module, UNKNOWN_NAME) or ROOT_NAME for module in state._modules]
-            self.state_names[state] = "+".join(names)
-            self.states.append(state)
+            self.name_unit(state, "+".join(names))
             for group in state._fsdp_param_groups:
                 self.group_states[group] = state
                 self.group_shard_sizes[group] = _group_shard_size(group)
@@ -198,31 +178,13 @@ class _Fsdp2Adapter(FrameworkAdapter):
                 self.add_edge(vocab.BWD, self.name_of(state), self.name_of(sequence[j]), implicit=True)
         self.write_graph()
 
-    def graph_nodes(self) -> list[dict[str, Any]]:
-        order: dict[FSDPState, int] = {}
+    def unit_rows(self) -> list[tuple[str, int | None, int]]:
+        order: dict[int, int] = {}  # id(state) -> its place in the first forward
         for state in self.post_forward_sequence:
-            order.setdefault(state, len(order))
-        names = [self.name_of(state) for state in self.states]
-        layer_orders = [
-            order[s]
-            for s in self.states
-            if s in order and is_layer(self.name_of(s))
-        ]
-        first_layer = min(layer_orders, default=None)
-        nodes = []
-        for state in self.states:
-            name = self.name_of(state)
-            sizes = [self.group_shard_sizes[g] for g in state._fsdp_param_groups]
-            nodes.append(
-                {
-                    "name": name,
-                    "kind": node_kind(name, order.get(state), names, first_layer),
-                    "order": order.get(state),
-                    "shard_size": max(sizes, default=1),
-                }
-            )
-        nodes.sort(key=lambda n: (n["order"] is None, n["order"] or 0))
-        return nodes
+            order.setdefault(id(state), len(order))
+        return [(self.name_of(state), order.get(id(state)),
+                 max((self.group_shard_sizes[g] for g in state._fsdp_param_groups), default=1))
+                for state in self.units]
 
     # -- the prefetch choke point -----------------------------------------------------
     def prefetch(self, original, target: FSDPParamGroup, pass_type: str) -> None:
@@ -235,14 +197,9 @@ class _Fsdp2Adapter(FrameworkAdapter):
             )
         phase = vocab.FWD if pass_type == "forward" else vocab.BWD
         target_state = self.group_states.get(target)
-        edge_id = vocab.edge_id(phase, self.name_of(source), self.name_of(target_state))
-        if edge_id not in self.edges:
-            implicit = (
-                phase == vocab.BWD and source is not None and not source._states_to_backward_prefetch
-            )
-            self.add_edge(
-                phase, self.name_of(source), self.name_of(target_state), implicit=implicit
-            )
+        implicit = phase == vocab.BWD and source is not None and not source._states_to_backward_prefetch
+        edge_id = self.add_edge(phase, self.name_of(source), self.name_of(target_state),
+                                implicit=implicit)
 
         def run() -> bool:
             # Issued: this call started the unshard (FSDP2 returns early when the target is
@@ -268,54 +225,30 @@ class _Fsdp2Adapter(FrameworkAdapter):
         )
 
     # -- step end and exit ------------------------------------------------------------
-    def ready(self) -> bool:
-        return bool(self.roots)
-
-    def on_step_end(self, step: int) -> None:
-        if not self.roots:
-            return
-        self.check_plan_agreement()
+    def settle(self, *, at_exit: bool) -> None:
+        if not at_exit:
+            self.check_plan_agreement()
         self.finalize_graph()
-        super().on_step_end(step)
 
-    def on_exit(self) -> None:
-        if self.roots:
-            self.finalize_graph()
-            super().on_exit()
-
-    def digest_params(self, glob: str) -> list[tuple[str, Any]]:
-        """(name, FSDPParam) of the parameters whose gradients are digested (cached)."""
-        key = (glob, len(self.states))  # a second root adds states: look again
-        if self._digest_key != key:
-            self._digest_key = key
-            self._digest_params = [
-                (fsdp_param._param_fqn, fsdp_param)
-                for state in self.states
+    # -- digests ----------------------------------------------------------------------
+    def find_digest_params(self, glob: str) -> list[tuple[str, Any]]:
+        return [(fsdp_param._param_fqn, fsdp_param)
+                for state in self.units
                 for group in state._fsdp_param_groups
                 for fsdp_param in group.fsdp_params
-                if fnmatch.fnmatchcase(fsdp_param._param_fqn, glob)
-            ]
-            # Gradients first, then values: the names of a step with every gradient in.
-            self._digest_names = ([name for name, _ in self._digest_params]
-                                  + [name + VALUE_SUFFIX for name, _ in self._digest_params])
-        return self._digest_params
+                if fnmatch.fnmatchcase(fsdp_param._param_fqn, glob)]
 
-    def tensor_digests(self, glob: str, step: int) -> DigestColumns:
-        """Each matching parameter's local gradient shard and local value shard.
+    def gradient(self, param: Any) -> Any:
+        grad = param.sharded_param.grad
+        return None if grad is None else local(grad)  # read only
 
-        A gradient that is None this step (the parameter took no part) is left out of the
-        step's records; its value is still digested.
-        """
-        params = [fsdp_param.sharded_param for _, fsdp_param in self.digest_params(glob)]
-        grads = [param.grad for param in params]
-        names = self._digest_names
-        if any(grad is None for grad in grads):
-            names = [name for (name, _), grad in zip(self._digest_params, grads)
-                     if grad is not None] + names[len(params):]
-            grads = [grad for grad in grads if grad is not None]
-        tensors = [local(t) for t in grads] + [local(t) for t in params]  # read only
+    def value(self, param: Any) -> Any:
+        return local(param.sharded_param)
+
+    def measure(self, names: list[str], tensors: list[Any]) -> DigestColumns:
+        """On the tensors' device, in a few ops (adapters/torch_digest.py)."""
         batch = self._digest_batch
-        if batch is None or (batch.names is not names and batch.names != names):  # shapes stay
+        if batch is None or batch.names != names:  # the same names keep their shapes
             batch = self._digest_batch = TensorBatch(names, tensors)
         with torch.no_grad():
             return batch.measure(tensors)
@@ -357,14 +290,9 @@ def _patch_torch() -> None:
         if adapter is None:
             return original_pre_forward(self, module, args, kwargs)
         if getattr(self, "_is_root", False):  # before it unshards anything: a new step's
-            adapter.session.forwards += 1
-            adapter.session.clock.forward_begins()
-        sources = adapter.sources()
-        sources.append(self)
-        try:
+            adapter.root_forward_begins()
+        with adapter.prefetching_from(self):
             return original_pre_forward(self, module, args, kwargs)
-        finally:
-            sources.pop()
 
     @_dynamo_disable
     def _pre_backward(self: FSDPState, grad: torch.Tensor) -> torch.Tensor:
@@ -373,12 +301,8 @@ def _patch_torch() -> None:
             return original_pre_backward(self, grad)
         if not adapter.graph_final and adapter.roots:
             adapter.finalize_graph()  # the first forward is complete: its order is known
-        sources = adapter.sources()
-        sources.append(self)
-        try:
+        with adapter.prefetching_from(self):
             return original_pre_backward(self, grad)
-        finally:
-            sources.pop()
 
     def _root_post_backward_final_callback(self: FSDPState) -> None:
         original_root_backward_done(self)
@@ -475,10 +399,7 @@ def _stress_use(group: FSDPParamGroup, phase: str) -> None:
 def _recording_order() -> Any:
     """The session's order log while it still records, else None."""
     adapter = _adapter
-    if adapter is None:
-        return None
-    order = adapter.session.order
-    return order if order is not None and order.steps_left > 0 else None
+    return adapter.recording_order() if adapter is not None else None
 
 
 def activate(session: Any) -> None:

@@ -1,4 +1,22 @@
-"""The adapter for hyper-parallel's ``fully_shard`` (MindSpore and torch backends).
+"""The adapter for hyper-parallel, both lineages, on its MindSpore and torch backends.
+
+- the newer ``fully_shard`` lineage (core/fully_shard: HSDPSchedulerV2, and the
+  backends' MindSporeHSDPStateV2 / TorchHSDPStateV2): parameters hold their local
+  tensor as ``sharded_param``, a prefetch is ``unshard(async_op=True)``; a prefetch into
+  a unit of shard size 1 copies the local shard at once (no collective), which the
+  unit's own unshard does again;
+- the older ``hyper_parallel.hsdp(cell, shard_size, threshold, ...)`` lineage
+  (core/hsdp, platform/*/hsdp): parameters hold it as ``param`` (``sharded_param`` is
+  None at shard size 1), a prefetch is ``prefetch_unsharded()`` of each sharded
+  parameter, so a prefetch into a unit of shard size 1 does nothing by construction;
+  with ``shard_size=1`` no prefetching hook is registered at all.
+
+A state is of the older lineage when its parameters have ``prefetch_unsharded`` (a
+state without parameters: when it has no ``wait_for_unshard``), of the newer when they
+have ``unshard``; a build whose states have neither (or no ``prefetch``) is not one the
+adapter recognizes: it says so once, naming what is missing and the version found (the
+probe's ``hyper_parallel.unrecognized``; ``graph`` and every command that discovers the
+graph stop there, exit 2).
 
 Activated by ``bisect_prefetch.adapters.install()`` when the job imports
 ``hyper_parallel``; a job whose schedulers live in other modules (something
@@ -23,20 +41,26 @@ modules of ``SCHEDULER_MODULES`` as they are imported):
 Each state's ``prefetch()`` (instance attribute) goes through ``Session.prefetch``,
 the one gate: it masks, applies the size-one guard, probes and notifies
 listeners; a prefetch from outside any hook (no edge) meets the guard alone. Each
-parameter's ``unshard`` (and a comm-fusion ``param_group.unshard``) counts
-calls with ``async_op=True``. The probe gets, under ``"hyper_parallel"``,
-per edge ``async_unshards`` and ``already_unsharded`` (the target was unsharded
-when the prefetch came), and per unit its effective shard size, whether it is
-size-one, and how many of its parameters carry ``shard_size``.
+call that starts a gather early is counted: a parameter's (or comm-fusion buffer's)
+``unshard`` with ``async_op=True``, or its ``prefetch_unsharded()``. The probe gets,
+under ``"hyper_parallel"``, per edge ``async_unshards`` (those calls) and
+``already_unsharded`` (the target was unsharded when the prefetch came), per unit its
+effective shard size, whether it is size-one, its parameter count, how many carry
+``shard_size``, and its ``lineage``; ``size_one_prefetch``: what a size-one prefetch
+does in each lineage seen. The scheduler classes' ``__init__`` is wrapped too: when a
+step ends and no prefetching hook ever ran because every scheduler has
+``no_param_sharded`` (the older lineage with ``shard_size=1``), the probe's
+``no_prefetch_hooks`` says so, and ``graph`` says it instead of "recorded no graph".
 
 Step boundaries (adapters/steps.py): the root's forward pre-hook tells the clock
 a forward begins; the optimizer's call (adapters/optimizers.py: a MindSpore
 optimizer Cell in PyNative mode, or torch's optimizer hooks) is the update. When
 the optimizer is about to apply a step's gradients, each wrapped parameter's
-local gradient (``hsdp_param.sharded_param.grad``, where hyper-parallel's
-post-backward leaves it; a DTensor's local shard) and its local value are read
+local gradient (``.grad`` of the lineage's tensor: ``sharded_param``, where the newer
+post-backward leaves it, or ``param``, where the older grad-buffer hook does; a
+DTensor's local shard) and its local value (that tensor) are read
 as numpy arrays (``asnumpy()``; a torch tensor through ``numpy()``: on the host)
-and digested as adapters/digest.py says, with norm and max abs, into
+and digested as adapters/digest.py says (adapters/numpy_digest.py), with norm and max abs, into
 digests.jsonl. A parameter is named by its path from the root
 (``parameters_and_names()`` / ``named_parameters()``), the names the units come
 from; a gradient that is None (not computed, or cleared) is skipped.
@@ -44,7 +68,9 @@ from; a gradient that is None (not computed, or cleared) is skipped.
 While the session records the order (the first steps), the state's
 ``unshard`` and ``shard`` (instance attributes) record unshards that start
 work (an async unshard leaves its gathers pending until the state is
-unsharded) and reshards, and each prefetching hook records its cell's use.
+unsharded) and reshards, and each prefetching hook records its cell's use; the older
+lineage's prefetch, which gathers without the state's ``unshard``, records its unshard
+at the gate.
 
 A plan's schedule of masks (adapters/plan.py) is followed at the step boundaries the
 optimizer shows, as in any adapter, except where the engine takes the prefetch decisions
@@ -60,9 +86,9 @@ backward) fixes the decisions at compile time too; the context says PyNative the
 the adapter switches, and the probe's per-step tally would show the gate's decisions,
 not the compiled graph's.
 
-Effective shard size of a parameter: ``shard_size`` where present (the FSDP
-shard group's size, from ``_init_group_infos()``), else ``shard_world_size``
-if ``is_sharded``, else 1. Of a state: the largest over its parameters
+Effective shard size of a parameter: ``shard_size`` where present (the older
+lineage's group size, 1 under its threshold), else ``shard_world_size`` (the shard
+mesh's size) if ``is_sharded``, else 1. Of a state: the largest over its parameters
 (``sharded_hsdp_params`` where present, else ``hsdp_params``).
 """
 
@@ -71,16 +97,15 @@ from __future__ import annotations
 import contextlib
 import fnmatch
 import functools
-import math
 import sys
-import threading
 from collections.abc import Iterator
 from typing import Any
 
-from bisect_prefetch.adapters import digest
+from bisect_prefetch.adapters import numpy_digest
 from bisect_prefetch.adapters.base import DigestColumns, FrameworkAdapter
-from bisect_prefetch.adapters.units import ROOT_NAME, UNKNOWN_NAME, is_layer, node_kind
-from bisect_prefetch.vocab import BWD, FWD, VALUE_SUFFIX
+from bisect_prefetch.adapters.numpy_digest import local_array
+from bisect_prefetch.adapters.units import ROOT_NAME
+from bisect_prefetch.vocab import BWD, FWD
 
 SCHEDULER_MODULES = (
     "hyper_parallel.core.fully_shard.hsdp_scheduler",  # HSDPSchedulerV2, both backends
@@ -91,6 +116,19 @@ LIST_SETTERS = {
     "set_forward_prefetch_cells": (FWD, "forward_prefetch_cells"),
     "set_backward_prefetch_cells": (BWD, "backward_prefetch_cells"),
 }
+HSDP_LINEAGE = "hsdp"  # hyper_parallel.hsdp(...): core/hsdp, platform/*/hsdp
+FULLY_SHARD_LINEAGE = "fully_shard"  # fully_shard(...): core/fully_shard, *HSDPStateV2
+# What a prefetch into a unit of shard size 1 does, per lineage (the audit's evidence).
+SIZE_ONE_PREFETCH = {
+    HSDP_LINEAGE: "a no-op by construction: hyper-parallel's older hsdp lineage leaves "
+                  "size-one parameters out of sharded_hsdp_params, the only ones its "
+                  "prefetch touches (no guard is involved)",
+    FULLY_SHARD_LINEAGE: "a local copy made at once (no collective), which the unit's own "
+                         "unshard makes again",
+}
+NO_HOOKS = ("every unit has shard size 1: hyper-parallel registered no prefetch hooks "
+            "(its older hsdp lineage does not, with shard_size=1), so there is no prefetch "
+            "to gate, and whether a size-one guard is present is moot")
 _adapter: HyperParallelAdapter | None = None
 
 
@@ -116,6 +154,51 @@ def state_shard_size(state: Any) -> int:
     return max((param_shard_size(p) for p in state_params(state)), default=1)
 
 
+def all_params(state: Any) -> list[Any]:
+    """Every wrapped parameter of the state (sharded or not)."""
+    return list(getattr(state, "hsdp_params", None) or state_params(state))
+
+
+# -- lineages -------------------------------------------------------------------------
+def lineage_of(state: Any) -> tuple[str | None, list[str]]:
+    """(HSDP_LINEAGE or FULLY_SHARD_LINEAGE, []) for a state the adapter knows, else
+    (None, the attributes neither lineage's state or parameters lacked)."""
+    if not callable(getattr(state, "prefetch", None)):
+        return None, ["hsdp_state.prefetch"]
+    params = all_params(state)
+    if any(callable(getattr(p, "prefetch_unsharded", None)) for p in params):
+        return HSDP_LINEAGE, []
+    lacking = [p for p in params if not callable(getattr(p, "unshard", None))]
+    if lacking:
+        return None, ["parameter.unshard (fully_shard)", "parameter.prefetch_unsharded (hsdp)"]
+    if not params and not callable(getattr(state, "wait_for_unshard", None)):
+        return HSDP_LINEAGE, []  # a unit with no parameter of its own: the state tells
+    return FULLY_SHARD_LINEAGE, []
+
+
+def tensor_of(param: Any) -> Any:
+    """The wrapped parameter's local value: the older lineage keeps it in ``param`` (its
+    ``sharded_param`` is None at shard size 1, and stale otherwise), the newer one in
+    ``sharded_param``."""
+    if callable(getattr(param, "prefetch_unsharded", None)):
+        return getattr(param, "param", None)
+    return getattr(param, "sharded_param", None)
+
+
+def version_found() -> str:
+    """hyper-parallel's version as installed (or the module's own), for messages."""
+    module = sys.modules.get("hyper_parallel")
+    version = getattr(module, "__version__", None)
+    if version is None:
+        try:
+            from importlib import metadata
+
+            version = metadata.version("hyper_parallel")
+        except Exception:  # not installed as a distribution (a source tree, a stand-in)
+            version = "of unknown version"
+    return f"hyper-parallel {version}"
+
+
 # -- names ----------------------------------------------------------------------------
 def named_submodules(root: Any) -> Iterator[tuple[str, Any]]:
     """(fqn, module) under ``root``, itself first: MindSpore cells or torch modules."""
@@ -138,61 +221,13 @@ def named_parameters(root: Any) -> Iterator[tuple[str, Any]]:
 
 def hsdp_param_name(param: Any, paths: dict[int, str]) -> str | None:
     """A wrapped parameter's path from the root, whichever of its Parameters the cell holds."""
-    for attr in ("sharded_param", "_unsharded_param", "unsharded_param"):
+    for attr in ("param", "sharded_param", "_unsharded_param", "unsharded_param"):
         path = paths.get(id(getattr(param, attr, None)))
         if path is not None:
             return path
     return getattr(param, "_param_fqn", None) or getattr(
         getattr(param, "sharded_param", None), "name", None
     )
-
-
-def gradient_array(param: Any) -> Any:
-    """The local shard of a wrapped parameter's gradient as a flat numpy array, or None."""
-    grad = getattr(getattr(param, "sharded_param", None), "grad", None)
-    return None if grad is None else local_array(grad)
-
-
-def value_array(param: Any) -> Any:
-    """The local shard of a wrapped parameter's value as a flat numpy array, or None."""
-    value = getattr(param, "sharded_param", None)
-    return None if value is None else local_array(value)
-
-
-def local_array(tensor: Any) -> Any:
-    """A tensor's local shard as a flat numpy array on the host."""
-    local = getattr(tensor, "_local_tensor", None)  # a torch DTensor's shard
-    if local is None:
-        local = tensor.to_local() if hasattr(tensor, "to_local") else tensor
-    try:
-        array = _numpy(local)
-    except (TypeError, RuntimeError):  # a dtype numpy lacks (bfloat16): widened, exactly
-        array = _numpy(local.float())
-    return array.reshape(-1)  # contiguous (copied if it was not)
-
-
-def array_digest(array: Any) -> str:
-    """adapters/digest.py's digest of a flat numpy array, in numpy (uint arithmetic wraps)."""
-    import numpy as np  # the job's own: MindSpore and torch both bring it
-
-    bits = digest.lane_bits(array.itemsize)
-    signed, unsigned = (np.int64, np.uint64) if bits == 64 else (np.int32, np.uint32)
-    # Each pattern as a signed integer, widened to the lane (sign-extended, as torch widens).
-    patterns = array.view(f"i{array.itemsize}").astype(signed).view(unsigned)
-    weights = ((np.arange(1, array.size + 1, dtype=np.uint64) * np.uint64(digest.GOLDEN))
-               | np.uint64(1)).astype(unsigned)
-    products = (patterns * weights).view(signed)
-    weighted = int(products.sum(dtype=signed))  # modulo 2^L: numpy wraps, as torch does
-    # xor of the patterns widened to 64 bits as torch.hash_tensor widens them
-    wide = array.astype(np.float64) if array.dtype.kind == "f" else array.astype(np.int64)
-    xor = int(np.bitwise_xor.reduce(wide.view(np.uint64)))
-    return digest.spell(xor, weighted)
-
-
-def _numpy(tensor: Any) -> Any:
-    if hasattr(tensor, "asnumpy"):  # MindSpore
-        return tensor.asnumpy()
-    return tensor.detach().cpu().numpy()  # torch
 
 
 def _async_op(args: tuple, kwargs: dict) -> bool:
@@ -203,29 +238,17 @@ class HyperParallelAdapter(FrameworkAdapter):
     """Names wrapped modules, graphs their prefetch lists, routes prefetches through the gate."""
 
     def __init__(self, session: Any) -> None:
-        super().__init__(session)
-        self.names: dict[int, str] = {}  # id(scheduler) -> unit name
-        self.schedulers: list[Any] = []  # named schedulers, in discovery order
+        super().__init__(session)  # its units are the schedulers, its roots the root modules
         self.state_owner: dict[int, Any] = {}  # id(state) -> scheduler
         self.edge_extra: dict[str, dict[str, int]] = {}
-        self.units: dict[str, dict[str, Any]] = {}
+        self.unit_facts: dict[str, dict[str, Any]] = {}  # unit name -> what the probe says of it
         self.async_unshards = 0
         self.pending: set[int] = set()  # id(state) of states with an async unshard not yet waited
-        self.roots: list[Any] = []  # root modules, in discovery order
-        self._local = threading.local()
-        self._digest_key: tuple[str, int] | None = None
-        self._digest_params: list[tuple[str, Any]] = []
-        session.probe_extra["hyper_parallel"] = {"edges": self.edge_extra, "units": self.units}
-
-    # -- prefetch sources -------------------------------------------------------------
-    def sources(self) -> list[tuple[str, Any]]:
-        stack = getattr(self._local, "stack", None)
-        if stack is None:
-            stack = self._local.stack = []
-        return stack
-
-    def name_of(self, scheduler: Any) -> str:
-        return self.names.get(id(scheduler), UNKNOWN_NAME)
+        self.lineages: dict[int, str] = {}  # id(state) -> its lineage
+        self.created: list[Any] = []  # every scheduler made, hooked or not
+        self.facts: dict[str, Any] = {"edges": self.edge_extra, "units": self.unit_facts}
+        self.facts["version"] = version_found()  # the audit words its evidence by it
+        session.probe_extra["hyper_parallel"] = self.facts
 
     def name_of_cell(self, cell: Any) -> str:
         return self.name_of(getattr(cell, "hsdp_scheduler", None))
@@ -233,19 +256,14 @@ class HyperParallelAdapter(FrameworkAdapter):
     @contextlib.contextmanager
     def running_hook(self, scheduler: Any, phase: str) -> Iterator[None]:
         """Around a scheduler's prefetching pre-hook: it is the source of prefetches inside."""
-        if id(scheduler) not in self.names and phase == FWD:
+        if id(scheduler) not in self.unit_names and phase == FWD:
             self.discover(scheduler)  # the first forward pre-hook to run is the root's
         if phase == FWD and scheduler_modules(scheduler)[0] in self.roots:
-            self.session.forwards += 1
-            self.session.clock.forward_begins()  # before it unshards: a new step's
-        sources = self.sources()
-        sources.append((phase, scheduler))
-        try:
+            self.root_forward_begins()  # before it unshards: a new step's
+        with self.prefetching_from((phase, scheduler)):
             yield
-        finally:
-            sources.pop()
-        order = self.session.order
-        if order is not None and order.steps_left > 0:
+        order = self.recording_order()
+        if order is not None:
             order.use(self.name_of(scheduler), phase)  # the hook unsharded it: it computes now
 
     # -- discovery --------------------------------------------------------------------
@@ -256,13 +274,12 @@ class HyperParallelAdapter(FrameworkAdapter):
         found: dict[int, tuple[Any, list[str]]] = {}
         for fqn, module in named_submodules(root):
             scheduler = getattr(module, "hsdp_scheduler", None)
-            if scheduler is None or id(scheduler) in self.names:
+            if scheduler is None or id(scheduler) in self.unit_names:
                 continue
             entry = found.setdefault(id(scheduler), (scheduler, []))
             entry[1].append(fqn or ROOT_NAME)
         for scheduler, fqns in found.values():
-            self.names[id(scheduler)] = "+".join(fqns)
-            self.schedulers.append(scheduler)
+            self.name_unit(scheduler, "+".join(fqns))
         for scheduler, _ in found.values():
             self.instrument_state(scheduler)
             for phase, attr in LIST_SETTERS.values():
@@ -277,17 +294,32 @@ class HyperParallelAdapter(FrameworkAdapter):
         state = getattr(scheduler, "hsdp_state", None)
         if state is None or id(state) in self.state_owner:
             return
+        lineage, missing = lineage_of(state)
+        if lineage is None:
+            self.unrecognized(missing)
+            return
         self.state_owner[id(state)] = scheduler
-        params = state_params(state)
+        self.lineages[id(state)] = lineage
+        params = all_params(state)
         size = state_shard_size(state)
-        self.units[self.name_of(scheduler)] = {
+        self.unit_facts[self.name_of(scheduler)] = {
             "shard_size": size,
             "size_one": size == 1,
             "params": len(params),
             "params_with_shard_size": sum(hasattr(p, "shard_size") for p in params),
+            "lineage": lineage,
         }
-        for unsharder in [*params, getattr(state, "param_group", None)]:
-            if unsharder is not None and hasattr(unsharder, "unshard"):
+        self.facts.setdefault("size_one_prefetch", {})[lineage] = SIZE_ONE_PREFETCH[lineage]
+        # Every call that starts a gather early: unshard(async_op=True) (fully_shard) or
+        # prefetch_unsharded() (hsdp), of a parameter or of a comm-fusion buffer.
+        buffers = [getattr(state, "param_group", None), *(getattr(state, "param_buffers", None) or [])]
+        for unsharder in [*params, *buffers]:
+            if unsharder is None:
+                continue
+            if callable(getattr(unsharder, "prefetch_unsharded", None)):
+                unsharder.prefetch_unsharded = self._counting_unshard(
+                    unsharder.prefetch_unsharded, always=True)
+            elif callable(getattr(unsharder, "unshard", None)):
                 unsharder.unshard = self._counting_unshard(unsharder.unshard)
         state.prefetch = self._routed_prefetch(state, state.prefetch)
         if self.session.order is not None:
@@ -331,14 +363,28 @@ class HyperParallelAdapter(FrameworkAdapter):
 
         return shard
 
-    def _counting_unshard(self, original: Any) -> Any:
+    def _counting_unshard(self, original: Any, *, always: bool = False) -> Any:
+        """Counts the calls that start a gather early (``always``: every call)."""
         @functools.wraps(original)
         def unshard(*args: Any, **kwargs: Any) -> Any:
-            if _async_op(args, kwargs):
+            if always or _async_op(args, kwargs):
                 self.async_unshards += 1
             return original(*args, **kwargs)
 
         return unshard
+
+    def unrecognized(self, missing: list[str]) -> None:
+        """A hyper-parallel whose units neither lineage's interface fits: say so once."""
+        if "unrecognized" in self.facts:
+            return
+        line = (f"{version_found()} is not a version the adapter recognizes: missing "
+                + ", ".join(missing))
+        self.facts["unrecognized"] = line
+        self.session.note_error(line)
+
+    def scheduler_created(self, scheduler: Any) -> None:
+        if all(s is not scheduler for s in self.created):
+            self.created.append(scheduler)
 
     def _routed_prefetch(self, state: Any, original: Any) -> Any:
         @functools.wraps(original)
@@ -346,6 +392,15 @@ class HyperParallelAdapter(FrameworkAdapter):
             return self.prefetch(state, original, args, kwargs)
 
         return prefetch
+
+    def _prefetch_started(self, state: Any, scheduler: Any) -> None:
+        """The older lineage's prefetch gathers without the state's unshard: the order
+        record gets the unshard here (the gate names the edge), and the state's own unshard
+        that follows is no new one."""
+        order = self.recording_order()
+        if order is not None and id(state) not in self.pending:
+            order.unshard(self.name_of(scheduler))
+        self.pending.add(id(state))
 
     def check_plan_agreement(self, root: Any) -> None:
         """Every rank records all ranks' plan hashes; different plans would make collectives diverge."""
@@ -359,7 +414,7 @@ class HyperParallelAdapter(FrameworkAdapter):
     # -- prefetch lists ---------------------------------------------------------------
     def note_list(self, scheduler: Any, phase: str, cells: Any) -> None:
         """Graph the edges of a prefetch list (once names are known: at discovery, or now)."""
-        if id(scheduler) not in self.names:
+        if id(scheduler) not in self.unit_names:
             return  # names come at the first root forward; graphed then
         src = self.name_of(scheduler)
         for cell in cells:
@@ -393,6 +448,8 @@ class HyperParallelAdapter(FrameworkAdapter):
             result = original(*args, **kwargs)
             issued = self.async_unshards - before
             extra["async_unshards"] += issued
+            if issued and self.lineages.get(id(state)) == HSDP_LINEAGE:
+                self._prefetch_started(state, target)  # not through state.unshard there
             return issued > 0
 
         self.session.prefetch(
@@ -403,56 +460,58 @@ class HyperParallelAdapter(FrameworkAdapter):
         )
         return result
 
-    # -- graph, steps and exit --------------------------------------------------------
-    def graph_nodes(self) -> list[dict[str, Any]]:
-        names = [self.name_of(s) for s in self.schedulers]
-        layers = [i for i, n in enumerate(names) if is_layer(n)]
-        first_layer = min(layers, default=None)
-        return [
-            {
-                "name": name,
-                "kind": node_kind(name, order, names, first_layer),
-                "order": order,
-                "shard_size": self.units.get(name, {}).get("shard_size"),
-            }
-            for order, name in enumerate(names)
-        ]
+    # -- graph and digests ------------------------------------------------------------
+    def unit_rows(self) -> list[tuple[str, int, Any]]:
+        """In discovery order (the root first, then its wrapped modules as walked)."""
+        return [(name, order, self.unit_facts.get(name, {}).get("shard_size"))
+                for order, name in enumerate(map(self.name_of, self.units))]
 
-    # -- gradient digests -------------------------------------------------------------
-    def digest_params(self, glob: str) -> list[tuple[str, Any]]:
-        """(name, wrapped parameter) of the parameters whose gradients are digested (cached)."""
-        key = (glob, len(self.schedulers))  # another root adds schedulers: look again
-        if self._digest_key != key:
-            self._digest_key = key
-            paths = {id(p): path for root in self.roots for path, p in named_parameters(root)}
-            seen: set[int] = set()
-            self._digest_params = []
-            for scheduler in self.schedulers:
-                state = getattr(scheduler, "hsdp_state", None)
-                for param in getattr(state, "hsdp_params", None) or ():
-                    name = hsdp_param_name(param, paths)
-                    if id(param) in seen or name is None:
-                        continue
-                    seen.add(id(param))
-                    if fnmatch.fnmatchcase(name, glob):
-                        self._digest_params.append((name, param))
-        return self._digest_params
-
-    def tensor_digests(self, glob: str, step: int) -> DigestColumns:
-        """Each matching parameter's local gradient and value, digested on the host."""
-        names, digests, norms, peaks = [], [], [], []
-        params = self.digest_params(glob)
-        for suffix, read in (("", gradient_array), (VALUE_SUFFIX, value_array)):
-            for name, param in params:
-                array = read(param)
-                if array is None or not array.size:  # no gradient, or an empty shard
+    def find_digest_params(self, glob: str) -> list[tuple[str, Any]]:
+        paths = {id(p): path for root in self.roots for path, p in named_parameters(root)}
+        seen: set[int] = set()
+        found = []
+        for scheduler in self.units:
+            state = getattr(scheduler, "hsdp_state", None)
+            for param in getattr(state, "hsdp_params", None) or ():
+                name = hsdp_param_name(param, paths)
+                if id(param) in seen or name is None:
                     continue
-                wide = array.astype("float64")
-                names.append(name + suffix)
-                digests.append(array_digest(array))
-                norms.append(math.sqrt(float(wide.dot(wide))))
-                peaks.append(float(abs(wide).max()))  # exact: a max does not round
-        return names, digests, norms, peaks
+                seen.add(id(param))
+                if fnmatch.fnmatchcase(name, glob):
+                    found.append((name, param))
+        return found
+
+    def gradient(self, param: Any) -> Any:
+        """Where hyper-parallel leaves the local gradient (on the lineage's tensor), on the host."""
+        grad = getattr(tensor_of(param), "grad", None)
+        return None if grad is None else local_array(grad)
+
+    def value(self, param: Any) -> Any:
+        value = tensor_of(param)
+        return None if value is None else local_array(value)
+
+    def measure(self, names: list[str], tensors: list[Any]) -> DigestColumns:
+        return numpy_digest.measure(names, tensors)
+
+    def on_step_end(self, step: int) -> None:
+        if not self.roots and self.created and "no_prefetch_hooks" not in self.facts:
+            self.say_why_no_hooks()
+        super().on_step_end(step)
+
+    def say_why_no_hooks(self) -> None:
+        """A step ended and no scheduler's prefetching hook ever ran: say why, if known."""
+        states = [getattr(s, "hsdp_state", None) for s in self.created]
+        for state in states:
+            lineage, missing = lineage_of(state)
+            if lineage is None:
+                self.unrecognized(missing)
+                return
+        if all(getattr(s, "no_param_sharded", False) for s in self.created):
+            self.facts["no_prefetch_hooks"] = NO_HOOKS
+            self.session.note(NO_HOOKS)
+
+    def nothing_digested_reason(self) -> str:
+        return "the adapter found no parameter tensors in hyper-parallel's units"
 
 
 def compiled_once(root: Any) -> str | None:
@@ -522,6 +581,17 @@ def _patched_setter(original: Any, phase: str) -> Any:
     return setter
 
 
+def _patched_init(original: Any) -> Any:
+    @functools.wraps(original)
+    def init(self: Any, *args: Any, **kwargs: Any) -> None:
+        original(self, *args, **kwargs)
+        adapter = _adapter
+        if adapter is not None:
+            adapter.scheduler_created(self)  # hooked or not (the older lineage at size 1)
+
+    return init
+
+
 def is_scheduler_class(obj: Any) -> bool:
     return isinstance(obj, type) and all(callable(getattr(obj, s, None)) for s in LIST_SETTERS)
 
@@ -537,6 +607,8 @@ def patch_scheduler_class(cls: type) -> None:
     for name, (phase, _) in LIST_SETTERS.items():
         if name in cls.__dict__:
             setattr(cls, name, _patched_setter(cls.__dict__[name], phase))
+    if "__init__" in cls.__dict__:
+        cls.__init__ = _patched_init(cls.__dict__["__init__"])
 
 
 def _patch_module(module: Any) -> None:

@@ -28,8 +28,8 @@ the probe's ``schedule_followed`` (adapters/__init__.py).
 API: ``load_plan(path=None) -> Plan | None`` (None when no plan is set),
 ``parse_plan(dict) -> Plan`` (raises ``PlanError``), ``plan_hash(dict) -> str``
 (sha256 hex of the canonical JSON; the orchestrator may use it too),
-``Plan.allows(edge_id)`` (step 1's mask), ``Plan.mask_for_step(step)`` and
-``Plan.segment_for_step(step)``. Standard library only.
+and ``Plan.segment_for_step(step)`` (the gate, adapters/gate.py, takes each step's mask
+by it). Standard library only.
 """
 
 from __future__ import annotations
@@ -77,11 +77,6 @@ class Plan:
     # ((first_step, mask), ...), first steps from 1, strictly increasing; None: ``mask`` throughout
     schedule: tuple[tuple[int, Mask], ...] | None = None
 
-    def allows(self, edge_id: str) -> bool:
-        """Whether the mask lets this edge prefetch (no mask: every edge). With a schedule:
-        step 1's mask (``mask_for_step`` for another step's)."""
-        return self.mask is None or edge_id in self.mask
-
     def segment_for_step(self, step: int) -> int | None:
         """The index of the schedule's segment that holds at this 1-based step (steps
         below 1: the first); None without a schedule."""
@@ -89,11 +84,6 @@ class Plan:
             return None
         firsts = [first for first, _ in self.schedule]
         return max(bisect.bisect_right(firsts, step) - 1, 0)
-
-    def mask_for_step(self, step: int) -> Mask | None:
-        """The mask that holds at this 1-based training step (no schedule: the plan's mask)."""
-        index = self.segment_for_step(step)
-        return self.mask if index is None else self.schedule[index][1]
 
 
 def parse_plan(data: Any) -> Plan:

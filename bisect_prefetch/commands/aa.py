@@ -27,7 +27,7 @@ from bisect_prefetch.report.localization import describe as describe_localizatio
 from bisect_prefetch.report.progress import RunProgress
 from bisect_prefetch.report.table import group_table
 from bisect_prefetch.runs.group import AAResult, stressed_groups
-from bisect_prefetch.runs.signals import describe_stress
+from bisect_prefetch.runs.signals import describe_stress, not_localized_wording
 from bisect_prefetch.runs.state import open_state
 from bisect_prefetch.runs.step_time import WARMUP_STEPS, fix_cost_line, fix_costs
 from bisect_prefetch.select import describe, resolve_mask
@@ -183,7 +183,8 @@ def verdict_line(result: AAResult) -> str:
                 f"{not_counted}){also}")
     if result.verdict == "diverged":
         pair = " vs ".join(result.first_pair or [])
-        where = describe_localization(result.localization)
+        where = describe_localization(result.localization) or not_localized_wording(
+            [run.signals for run in result.runs if run.usable])
         return (f"-> diverged at step {result.first_diff_step}{stress}"
                 + (f" ({pair}{not_counted})" if pair else not_counted)
                 + (f"; {where}" if where else ""))

@@ -105,8 +105,13 @@ def verdict_lines(result: dict) -> list[str]:
         lines.append("units whose parameters lack shard_size (a guard reading "
                      "getattr(param, 'shard_size', 1) would disable their prefetch): "
                      + ", ".join(result["pitfall_units"]))
+    if result.get("units_without_params"):
+        lines.append("units in which the adapter found no parameter tensors (their parameter "
+                     "counts and shard sizes are not the build's): "
+                     + ", ".join(result["units_without_params"]))
     observed = "" if result.get("guard_observed", True) else " (no size-one edge fired: nothing to judge by)"
-    lines.append(f"guard: {result['guard']}{observed}")
+    note = f" ({result['guard_note']})" if result.get("guard_note") else ""
+    lines.append(f"guard: {result['guard']}{observed}{note}")
     lines += finding_lines(result)
     not_checked = [n["kind"] for n in result.get("not_checked", [])]
     if not result["ok"]:

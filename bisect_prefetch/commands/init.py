@@ -40,9 +40,12 @@ from bisect_prefetch.init_file import (
 )
 from bisect_prefetch.metrics.detect import FORMATS, Reading, readings, steps_seen
 from bisect_prefetch.report.progress import RunProgress
+from bisect_prefetch.runs.discover import engine_says
+from bisect_prefetch.runs.faults import RANK_LOG_DIR
 from bisect_prefetch.runs.first_error import first_error_line
 from bisect_prefetch.runs.group import AAResult, run_group
 from bisect_prefetch.runs.merge import GRAPH_FILE
+from bisect_prefetch.runs.rank_logs import WORKER_LOGS, log_files, per_rank_logs
 from bisect_prefetch.runs.state import open_state
 from bisect_prefetch.vocab import CONSISTENT, DIVERGED, GUARD_NONE, TIMEOUT
 
@@ -87,6 +90,10 @@ def init(
     console.print("finding the arguments that set steps, seed and port...", markup=False)
     placeholders = find_placeholders(command)
     console.print(f"-> {describe_placeholders(placeholders)}", markup=False, soft_wrap=True)
+    if per_rank_logs(placeholders):
+        console.print(f"-> msrun: each worker logs to its own file under the run dir "
+                      f"(--log_dir={{rank_log_dir}}); metrics are read from {WORKER_LOGS}",
+                      markup=False, soft_wrap=True)
 
     # step 2: the metric lines (a short run, or the log given) and the prefetch graph
     seed = placeholders.value(SEED)
@@ -174,7 +181,8 @@ def describe_placeholders(p: Placeholders) -> str:
 class _StopAfterSteps:
     """Stops a run once its logs show `steps` steps (any parser), looking twice a second."""
 
-    def __init__(self, steps: int) -> None:
+    def __init__(self, steps: int, p: Placeholders) -> None:
+        self.p = p
         self.steps = steps
         self.fired = False
         self._next = 0.0
@@ -184,7 +192,7 @@ class _StopAfterSteps:
         if now < self._next:
             return False
         self._next = now + STOP_CHECK_S
-        self.fired = steps_seen([run_dir / name for name in LOG_FILES]) >= self.steps
+        self.fired = steps_seen(log_files(run_dir, self.p, LOG_FILES)) >= self.steps
         return self.fired
 
 
@@ -199,7 +207,7 @@ def _first_run(base: dict, p: Placeholders, state_dir: Path,
         raise BisectPrefetchError(f"cannot run this command: {exc.errors()[0]['msg']}") from None
     # With a steps argument the job ends by itself after PROBE_STEPS; one more step shows
     # that the argument does not set its steps (stopped there, not left to train on).
-    stop = _StopAfterSteps(PROBE_STEPS + 1 if p.found(STEPS) else PROBE_STEPS)
+    stop = _StopAfterSteps(PROBE_STEPS + 1 if p.found(STEPS) else PROBE_STEPS, p)
     how = (f"for {PROBE_STEPS} steps" if p.found(STEPS) is not None else
            f"as given, stopped after {PROBE_STEPS} steps' metric lines (timeout {probe.timeout_s:g}s)")
     console.print(f"running your command {how} under the adapter, to read its log and its "
@@ -210,7 +218,7 @@ def _first_run(base: dict, p: Placeholders, state_dir: Path,
                                 index=len(opened.state.records()))
         run = opened.runner.run(key, label="init", stop=stop)
         run_dir = opened.state.run_dir(run.run_id)
-    found = readings([run_dir / name for name in LOG_FILES])
+    found = readings(log_files(run_dir, p, LOG_FILES))
     mark = p.found(STEPS)
     if mark is not None and (stop.fired or max((r.last_step for r in found), default=0)
                              > PROBE_STEPS):
@@ -230,6 +238,10 @@ def _first_run(base: dict, p: Placeholders, state_dir: Path,
                     f"({', '.join(FORMATS)})")
         raise BisectPrefetchError(f"{what}{': ' + why if why else ''}; its output: "
                                   f"{run_dir / 'stdout.log'}, {run_dir / 'stderr.log'}")
+    said = engine_says(run_dir)  # the adapter named why it found no graph
+    if said is not None:
+        raise BisectPrefetchError(f"your command ran, but {said}; its output: "
+                                  f"{run_dir / 'stderr.log'}")
     graph_note = _graph_note(run_dir)
     if not graph_note:
         raise BisectPrefetchError(
@@ -275,7 +287,11 @@ def _choose(found: list[Reading], console: Console, *, log: Path | None) -> Metr
                     "files: to its glob")
         found_in = f"{log} (the runs read the job's stdout; set files: if it prints them elsewhere)"
     else:
-        if best.path.name != ("metrics.jsonl" if best.fmt == "jsonl" else "stdout.log"):
+        if best.path.parent.name == RANK_LOG_DIR:
+            printing = {r.path for r in found if r.fmt == best.fmt and r.path.parent == best.path.parent}
+            # Every worker's log where each rank prints its lines, else the one that does.
+            files = WORKER_LOGS if len(printing) > 1 else f"{RANK_LOG_DIR}/{best.path.name}"
+        elif best.path.name != ("metrics.jsonl" if best.fmt == "jsonl" else "stdout.log"):
             files = best.path.name
         found_in = f"the job's {best.path.name} (init's short run)"
     return MetricsChoice(format=best.fmt, names=best.names, files=files, found_in=found_in,

@@ -48,6 +48,9 @@ def discover_graph(runner: Runner, console: Console | None = None) -> graphs.Pre
                       "under the recorder...", markup=False)
     out = runner.run(key, label="discover")
     run_dir = runner.state.run_dir(out.run_id)
+    said = engine_says(run_dir)  # the adapter's own word first: it names the cause
+    if said is not None:
+        raise BisectPrefetchError(f"graph discovery run {out.run_id}: {said}")
     if not out.usable:
         raise BisectPrefetchError(
             f"graph discovery run {out.run_id} ended in {out.outcome} ({out.reason}); "
@@ -66,6 +69,22 @@ def discover_graph(runner: Runner, console: Console | None = None) -> graphs.Pre
                       f"(run {out.run_id}, {how})", markup=False)
     return graph
 
+
+
+def engine_says(run_dir: Path) -> str | None:
+    """Why an engine's adapter learned no usable graph, in its own words (the probe's
+    hyper_parallel record: a version it does not recognize, or no prefetch hooks because
+    every unit has shard size 1); None when it says nothing."""
+    try:
+        merged = json.loads((Path(run_dir) / PROBE_FILE).read_text())
+        records = [probe.get("hyper_parallel") or {} for probe in merged["ranks"].values()]
+    except (OSError, ValueError, KeyError, AttributeError, TypeError):
+        return None
+    for key in ("unrecognized", "no_prefetch_hooks"):
+        for record in records:
+            if isinstance(record, dict) and isinstance(record.get(key), str):
+                return record[key]
+    return None
 
 
 def static_mismatch(experiment: Experiment, run_dir: Path, *, shown: int = 4) -> str | None:

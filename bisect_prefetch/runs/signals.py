@@ -5,8 +5,9 @@ A run's signals (``run_signals(run_dir, ...)``, journaled with the run and in st
 - ``step_source``: where the adapter found step boundaries (adapters/steps.py:
   ``optimizer``, ``backward``, ``report``), or None (no adapter, or no boundary found);
   ``steps_counted``: per rank, how many training steps it counted;
-- ``digests``: gradient and value digests (parameters, gradients, ranks, steps, coverage),
-  or None;
+- ``digests``: gradient and value digests (parameters, gradients, ranks, steps, coverage,
+  and ``nothing_digested``: ``[{"rank", "reason"}]``, the ranks that digested no tensor at
+  some step they digested, or took no digest while others did), or None;
 - ``order_steps``: steps of unit order recorded (rank 0);
 - ``step_time``: whether step times were recorded;
 - ``precision``: per metric, the precision the job printed it at (metrics/precision.py);
@@ -98,6 +99,7 @@ def run_signals(run_dir: Path, *, metric_files: Sequence[Path], fmt: str,
             "ranks": len(digest_ranks),
             "steps": max(int(s.get("steps", 0)) for s in summaries),
             "coverage": summaries[0].get("coverage", "every element"),
+            "nothing_digested": _nothing_digested(probes, digest_ranks),
         }
     if digests is None:
         digests = _digests_from_file(Path(run_dir) / "digests.jsonl")
@@ -117,6 +119,22 @@ def run_signals(run_dir: Path, *, metric_files: Sequence[Path], fmt: str,
         "precision": printed_precision(metric_files, fmt, names, pattern),
         "notes": notes,
     }
+
+
+def _nothing_digested(probes: dict[int, dict[str, Any]],
+                      summaries: dict[int, dict[str, Any]]) -> list[dict[str, Any]]:
+    """The ranks that digested no tensor at a step they digested (or none while others did)."""
+    empty = []
+    for rank in sorted(probes):
+        summary = summaries.get(rank)
+        if summary is None:
+            empty.append({"rank": rank, "reason": "it took no digest (the adapter found no "
+                                                  "units on this rank)"})
+        elif not summary.get("fewest_tensors", 1) or not (
+                int(summary.get("parameters", 0)) + int(summary.get("gradients", 0))):
+            empty.append({"rank": rank, "reason": str(summary.get(
+                "nothing_digested", "the adapter found no parameter tensors to digest"))})
+    return empty
 
 
 def _stress(probes: dict[int, dict[str, Any]]) -> dict[str, Any] | None:
@@ -203,6 +221,7 @@ def describe_signals(signals: dict[str, Any] | None) -> str:
                   if digests.get("values", True) else "")
         parts.append(f"digests of {digests['gradients']} gradients{values} x "
                      f"{digests['ranks']} rank(s), {digests['coverage']}")
+        parts.extend(_describe_nothing_digested(digests))
     order = signals.get("order_steps") or 0
     if order:
         parts.append(f"unit order, {order} step{'s' if order != 1 else ''}")
@@ -228,6 +247,15 @@ def describe_signals(signals: dict[str, Any] | None) -> str:
     return line
 
 
+def _describe_nothing_digested(digests: dict[str, Any]) -> list[str]:
+    """'rank 0: 0 tensors digested: <why>; so no bitwise claim' per rank that compared nothing."""
+    empty = digests.get("nothing_digested") or []
+    said = [f"rank {row['rank']}: 0 tensors digested: {row['reason']}" for row in empty]
+    if said:
+        said[-1] += " (no bitwise claim: the digests compare nothing there)"
+    return said
+
+
 def _why_missing(signals: dict[str, Any]) -> str:
     source = signals.get("step_source")
     if source is None:
@@ -235,10 +263,23 @@ def _why_missing(signals: dict[str, Any]) -> str:
     return f"steps from {source}"
 
 
+def not_localized_wording(signals: Sequence[dict[str, Any] | None]) -> str | None:
+    """Why a divergence has no unit named: ranks that digested nothing give nothing to
+    localize from ('not localized: nothing digested on rank 0, 1'); None otherwise."""
+    ranks = sorted({row["rank"] for s in signals if s and s.get("digests")
+                    for row in s["digests"].get("nothing_digested") or []})
+    if not ranks:
+        return None
+    return ("not localized: nothing digested on rank " + ", ".join(map(str, ranks))
+            + " (no tensor to localize from)")
+
+
 def identical_wording(signals: Sequence[dict[str, Any] | None]) -> str:
     """'bitwise identical' only where digests or full-precision metrics back it."""
     known = [s for s in signals if s]
-    if known and all(s.get("digests") for s in known):
+    # Only where every rank digested at least one tensor at every step it digested.
+    if known and all(s.get("digests") and not s["digests"].get("nothing_digested")
+                     for s in known):
         return "bitwise identical (digests)"
     precision: dict[str, Any] = {}
     for s in known:

@@ -1,31 +1,64 @@
-"""A TEST DOUBLE of hyper-parallel's ``fully_shard`` interface, on real MindSpore.
+"""A TEST DOUBLE of hyper-parallel's interface, on real MindSpore, in one mode per lineage.
 
-This is not an FSDP for anyone's training. It exists so the hyper-parallel
-adapter can be tested on this machine, where hyper-parallel is not installable.
-It keeps the parts of the interface the adapter touches, with the same names
-and the same control flow as hyper-parallel's MindSpore backend:
+This is not an FSDP for anyone's training. It exists so the hyper-parallel adapter can be
+tested on this machine, where hyper-parallel is not on the package index. Each mode keeps
+the attributes the adapter touches and the call sequence of hyper-parallel's public source
+(mindspore-ai/hyper-parallel, commit fdd0a80 of 2026-03-05; file:line below), written
+anew (no code of it is copied):
+
+``lineage="fully_shard"`` (``fully_shard``: the newer lineage, core/fully_shard, which
+MindSporeHSDPStateV2 and TorchHSDPStateV2 build on):
 
 - ``fully_shard(cell, ...)`` gives the cell an ``hsdp_scheduler`` holding
-  ``forward_prefetch_cells`` / ``backward_prefetch_cells``, their setters
-  ``set_forward_prefetch_cells`` / ``set_backward_prefetch_cells``, and an
-  ``hsdp_state``.
-- The state has ``hsdp_params`` / ``sharded_hsdp_params``, ``unshard(async_op)``,
-  ``wait_for_unshard()``, ``shard()`` and ``prefetch()`` (= ``unshard(async_op=True)``).
-- Each parameter has ``shard_world_size`` and ``is_sharded``; on the older
-  line (``shard_size_source="shard_size"``) ``_init_group_infos()`` also sets
-  ``shard_size``, which the later refactor dropped.
-- Forward and backward pre-hooks unshard the cell and prefetch its lists.
-- A parameter's ``unshard`` is a no-op while a prefetch handle is pending. With
-  shard size 1 there is no collective: it copies the local buffer and leaves the
-  handle None, so the cell's own unshard copies again (the reported bug). With
-  shard size > 1 it runs a real AllGather over mindspore.communication; CPU
-  collectives are synchronous, so the handle it returns is already complete.
+  ``forward_prefetch_cells`` / ``backward_prefetch_cells`` and their setters
+  (core/fully_shard/hsdp_scheduler.py:184), and an ``hsdp_state``.
+- The state has ``hsdp_params`` / ``sharded_hsdp_params``, ``unshard(async_op)`` (it
+  unshards each of ``sharded_hsdp_params``, then waits unless async:
+  core/fully_shard/hsdp_state.py:123), ``wait_for_unshard()`` (:139), ``shard()`` and
+  ``prefetch()`` = ``unshard(async_op=True)`` (:135): no guard of its own.
+- Each parameter has ``sharded_param``, ``shard_world_size`` (the shard mesh's size,
+  platform/torch/fully_shard/param.py:529) and ``is_sharded`` (the source sets it False
+  only below its threshold, :246; the double, which has no threshold, at shard size 1:
+  either way the size read is 1); its ``unshard(async_op)``
+  is a no-op while a prefetch handle is pending (:660). With shard size 1 there is no
+  collective: ``_get_unsharded_param_data`` copies the local shard at once and returns no
+  handle (:645), so the cell's own unshard copies again (the reported bug). With shard
+  size > 1 it runs a real AllGather; CPU collectives are synchronous, so the handle it
+  returns is already complete.
+- Forward and backward pre-hooks unshard the cell and prefetch its lists
+  (core/fully_shard/hsdp_scheduler.py:129, :159; the backward one unshards only when
+  ``reshard_after_forward`` is on, :162).
+- ``shard_size_source="shard_size"`` adds a ``shard_size`` attribute to each parameter
+  (what the older lineage's parameters carry), for the audit's refactor-pitfall checks;
+  ``build_guard="shard-size"`` is an upstream fix as written against it (it skips a
+  prefetch when no parameter has ``shard_size > 1``).
 
-What is simplified: the cell always computes with its own full-size Parameter
-(unshard writes the gathered value into it; reshard does not free memory),
-there are no replicate parameters, no mixed precision, no comm fusion, and
-gradients are reduced by ``shard_gradients`` after backward (AllReduce + own
-chunk: MindSpore's CPU backend has no ReduceScatter).
+``lineage="hsdp"`` (the older lineage: ``hyper_parallel.hsdp(cell, shard_size,
+threshold, ...)``, core/hsdp/api.py:162, MindSpore's platform/mindspore/hsdp):
+
+- ``hsdp(cell, shard_size=..., threshold=...)`` gives the cell an ``hsdp_scheduler``
+  (core/hsdp/api.py:49) with the same lists and setters (core/hsdp/hsdp_scheduler.py:168);
+  it sets ``no_param_sharded = shard_size == 1`` (:47) and then registers no forward or
+  backward hooks at all (:90): with shard size 1 nothing prefetches.
+- Each parameter keeps the cell's own Parameter as ``param`` (core/hsdp/hsdp_param.py:28);
+  ``sharded_param`` stays None (:33) unless the parameter is sharded; its ``shard_size``
+  is the group's, 1 below the threshold (``_init_param_shard_size``), and ``sharded`` is
+  False at size 1 (:248). ``prefetch_unsharded()`` starts an async all-gather unless a
+  handle is pending (:282); ``to_unsharded()`` waits for it or gathers (:291).
+- The state lists only sharded parameters in ``sharded_hsdp_params``
+  (platform/mindspore/hsdp/state.py:38); its ``prefetch()`` returns when the state is
+  unsharded and otherwise calls ``prefetch_unsharded()`` on each of them
+  (core/hsdp/hsdp_state.py:124): a prefetch into a unit of shard size 1 does nothing, by
+  construction (no guard is involved). ``unshard()`` takes no ``async_op`` (:111).
+- The gradient is left on ``param.grad`` as the grad-buffer hook does
+  (platform/mindspore/hsdp/scheduler.py:192).
+
+What is simplified in both: the cell always computes with its own full-size Parameter
+(unshard writes the gathered value into it; reshard does not free memory), the optimizer
+updates a separate shard Parameter (``sharded_param``; the older lineage's size-one
+parameters: ``param`` itself), there are no replicate parameters, no mixed precision, no
+comm fusion, and gradients are reduced by ``shard_gradients`` after backward (AllReduce +
+own chunk: MindSpore's CPU backend has no ReduceScatter).
 """
 
 from __future__ import annotations
@@ -34,10 +67,14 @@ from collections.abc import Iterable, Sequence
 
 from mindspore import Parameter, Tensor, nn, ops
 
+from bisect_prefetch.workloads.hsdp_double_states import (
+    BUILD_GUARDS,
+    HSDPStateDouble,
+    HSDPStateV1Double,
+)
+
+LINEAGES = ("fully_shard", "hsdp")
 SHARD_SIZE_SOURCES = ("shard_size", "shard_world_size")
-# The build's own prefetch guard: none (the reported bug) or the upstream fix,
-# which skips a prefetch when no parameter has `shard_size > 1`.
-BUILD_GUARDS = ("none", "shard-size")
 
 
 class CompletedHandle:
@@ -75,6 +112,27 @@ class HSDPParamDouble:
         self.all_gather_output: Tensor | None = None
         self._init_group_infos()
 
+    # The double's own helpers (not the interface): which Parameter the cell computes
+    # with, which the optimizer updates, and where the reduced gradient is left.
+    @property
+    def cell_param(self) -> Parameter:
+        return self.unsharded_param
+
+    @property
+    def trained_param(self) -> Parameter:
+        return self.sharded_param
+
+    def leave_gradient(self, grad: Tensor) -> None:
+        self.sharded_param.grad = grad  # where the post-backward leaves it
+
+    @property
+    def gathers(self) -> bool:
+        """Whether unsharding is a real collective (else a local copy)."""
+        return self.is_sharded
+
+    def own_shard(self, grad: Tensor) -> Tensor:
+        return ops.chunk(grad, self.shard_world_size, 0)[self.shard_rank] if self.is_sharded else grad
+
     def _init_group_infos(self) -> None:
         # The older line records the FSDP shard group's size here; the later refactor does not.
         if self._shard_size_source == "shard_size":
@@ -102,47 +160,6 @@ class HSDPParamDouble:
 
     def to_sharded(self) -> None:
         """Nothing to do: the double keeps the full buffer (the state's is_shard says sharded)."""
-
-
-class HSDPStateDouble:
-    """The FSDP state of one wrapped cell: its parameters and their shard/unshard cycle."""
-
-    def __init__(self, params: list[HSDPParamDouble], *, build_guard: str = "none") -> None:
-        if build_guard not in BUILD_GUARDS:
-            raise ValueError(f"build_guard must be one of {BUILD_GUARDS}")
-        self.hsdp_params = params
-        self.sharded_hsdp_params = list(params)
-        self.build_guard = build_guard
-        self.is_shard = True
-        self.module_name: str | None = None
-
-    def shard(self) -> None:
-        if not self.is_shard:
-            for param in self.sharded_hsdp_params:
-                param.to_sharded()
-            self.is_shard = True
-
-    def unshard(self, async_op: bool = False, unshard_replicate: bool = True) -> None:
-        if not self.is_shard:
-            return
-        for param in self.sharded_hsdp_params:
-            param.unshard(async_op)
-        if not async_op:
-            self.wait_for_unshard()
-
-    def wait_for_unshard(self) -> None:
-        if not self.is_shard:
-            return
-        for param in self.sharded_hsdp_params:
-            param.wait_for_unshard()
-        self.is_shard = False
-
-    def prefetch(self, unshard_replicate: bool = True) -> None:
-        if self.build_guard == "shard-size" and not any(
-            getattr(param, "shard_size", 1) > 1 for param in self.sharded_hsdp_params
-        ):
-            return  # the upstream fix, as written against the older parameter line
-        self.unshard(async_op=True, unshard_replicate=unshard_replicate)
 
 
 class HSDPSchedulerDouble:
@@ -212,6 +229,102 @@ class HSDPSchedulerDouble:
         self.hsdp_state.shard()
 
 
+# -- the older lineage (hyper_parallel.hsdp) -------------------------------------------
+class HSDPParamV1Double:
+    """One parameter under the older lineage: ``param`` is the cell's own Parameter."""
+
+    def __init__(self, param: Parameter, *, shard_size: int, shard_rank: int) -> None:
+        if param.shape[0] % shard_size:
+            raise ValueError(f"{param.name}: dim 0 ({param.shape[0]}) not divisible by {shard_size}")
+        self.param = param
+        self.shard_size = shard_size
+        self.shard_rank = shard_rank
+        self.sharded = shard_size > 1
+        self.sharded_param: Parameter | None = None
+        self.prefetch_handle: CompletedHandle | None = None
+        self.prefetch_data: Tensor | None = None
+        if self.sharded:
+            chunk = ops.chunk(param.value(), shard_size, 0)[shard_rank]
+            self.sharded_param = Parameter(chunk.copy(), name=f"sharded_{param.name}")
+
+    # The double's own helpers, as on HSDPParamDouble.
+    @property
+    def cell_param(self) -> Parameter:
+        return self.param
+
+    @property
+    def trained_param(self) -> Parameter:
+        return self.sharded_param if self.sharded else self.param
+
+    def leave_gradient(self, grad: Tensor) -> None:
+        self.param.grad = grad  # as the older grad-buffer hook does
+
+    @property
+    def gathers(self) -> bool:
+        return self.sharded
+
+    def own_shard(self, grad: Tensor) -> Tensor:
+        return ops.chunk(grad, self.shard_size, 0)[self.shard_rank] if self.sharded else grad
+
+    def _get_unsharded_param_data(self, async_op: bool) -> tuple[Tensor, CompletedHandle | None]:
+        return ops.AllGather()(self.sharded_param.value()), CompletedHandle() if async_op else None
+
+    def prefetch_unsharded(self) -> None:
+        if self.prefetch_handle is not None:
+            return
+        self.prefetch_data, self.prefetch_handle = self._get_unsharded_param_data(True)
+
+    def to_unsharded(self) -> None:
+        if self.prefetch_handle is not None:
+            self.prefetch_handle.wait()
+            self.param.set_data(self.prefetch_data)
+            self.prefetch_handle = self.prefetch_data = None
+            return
+        data, _ = self._get_unsharded_param_data(False)
+        self.param.set_data(data)
+
+    def to_sharded(self) -> None:
+        """Nothing to do: the double keeps the full buffer (the state's is_shard says sharded)."""
+
+
+class HSDPSchedulerV1Double(HSDPSchedulerDouble):
+    """The older scheduler: no prefetching hooks at all when the shard size is 1."""
+
+    def __init__(self, cell: nn.Cell, state: HSDPStateV1Double, *, shard_size: int) -> None:
+        self.no_param_sharded = shard_size == 1
+        super().__init__(cell, state)
+
+    def _register_hooks(self) -> None:
+        if self.no_param_sharded:
+            return
+        super()._register_hooks()
+
+    def _hsdp_forward_pre_hook(self, cell, args):
+        self.hsdp_state.unshard()
+        for prefetch_cell in self.forward_prefetch_cells:
+            prefetch_cell.hsdp_scheduler.hsdp_state.prefetch()
+
+    def _hsdp_backward_pre_hook(self, cell, grad_outputs):
+        self.hsdp_state.unshard()
+        for prefetch_cell in self.backward_prefetch_cells:
+            prefetch_cell.hsdp_scheduler.hsdp_state.prefetch()
+
+
+def hsdp(cell: nn.Cell, *, shard_size: int, shard_rank: int, threshold: int = 0) -> nn.Cell:
+    """The older lineage's entry: shard the parameters no inner wrapped cell owns; a
+    parameter under ``threshold`` bytes keeps shard size 1. Wrap inner cells first."""
+    params = []
+    for _, param in cell.parameters_and_names():
+        if getattr(param, "has_hsdp_param", False):
+            continue
+        param.has_hsdp_param = True
+        size = shard_size if param.value().nbytes >= threshold else 1
+        params.append(HSDPParamV1Double(param, shard_size=size, shard_rank=shard_rank))
+    cell.hsdp_scheduler = HSDPSchedulerV1Double(cell, HSDPStateV1Double(params),
+                                                shard_size=shard_size)
+    return cell
+
+
 def fully_shard(
     cell: nn.Cell,
     *,
@@ -249,8 +362,8 @@ def set_modules_to_backward_prefetch(cell: nn.Cell, modules: Sequence[nn.Cell]) 
     cell.hsdp_scheduler.set_backward_prefetch_cells(list(modules))
 
 
-def wrapped_params(root: nn.Cell) -> Iterable[HSDPParamDouble]:
-    """Every HSDPParamDouble under ``root``, in cells_and_names order."""
+def wrapped_params(root: nn.Cell) -> Iterable[HSDPParamDouble | HSDPParamV1Double]:
+    """Every wrapped parameter under ``root``, in cells_and_names order."""
     for _, sub in root.cells_and_names():
         scheduler = getattr(sub, "hsdp_scheduler", None)
         if scheduler is not None:
@@ -258,7 +371,8 @@ def wrapped_params(root: nn.Cell) -> Iterable[HSDPParamDouble]:
 
 
 def shard_gradients(
-    params: Sequence[HSDPParamDouble], grads: Sequence[Tensor], *, world_size: int
+    params: Sequence[HSDPParamDouble | HSDPParamV1Double], grads: Sequence[Tensor], *,
+    world_size: int
 ) -> list[Tensor]:
     """Full gradients -> this rank's shard gradients, averaged over the shard group.
 
@@ -270,9 +384,7 @@ def shard_gradients(
     for param, grad in zip(params, grads, strict=True):
         if all_reduce is not None:
             grad = all_reduce(grad) / world_size
-        if param.is_sharded:
-            grad = ops.chunk(grad, param.shard_world_size, 0)[param.shard_rank]
-        sharded.append(grad)
+        sharded.append(param.own_shard(grad))
     return sharded
 
 
@@ -280,10 +392,15 @@ __all__ = [
     "BUILD_GUARDS",
     "SHARD_SIZE_SOURCES",
     "CompletedHandle",
+    "LINEAGES",
     "HSDPParamDouble",
+    "HSDPParamV1Double",
     "HSDPSchedulerDouble",
+    "HSDPSchedulerV1Double",
     "HSDPStateDouble",
+    "HSDPStateV1Double",
     "fully_shard",
+    "hsdp",
     "set_modules_to_backward_prefetch",
     "set_modules_to_forward_prefetch",
     "shard_gradients",

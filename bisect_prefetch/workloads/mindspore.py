@@ -122,12 +122,19 @@ class GPT(nn.Cell):
 
 
 def shard_model(
-    model: GPT, *, world_size: int, rank: int, shard_size_source: str, build_guard: str
+    model: GPT, *, world_size: int, rank: int, shard_size_source: str, build_guard: str,
+    lineage: str = "fully_shard", threshold: int = 0, shard_size: int | None = None,
 ) -> list[HSDPParamDouble]:
-    """fully_shard every unit, inner first and the root last, then set MindFormers' chain."""
+    """Shard every unit (fully_shard, or the older lineage's hsdp over ``shard_size``,
+    default the world size, with parameters under ``threshold`` bytes left at size 1),
+    inner first and the root last, then set MindFormers' chain."""
     layers = list(model.decoder.layers)
     units = [model.embedding, *layers, model.decoder.final_layernorm, model.output_layer, model]
     for unit in units:
+        if lineage == "hsdp":
+            hsdp_double.hsdp(unit, shard_size=shard_size or world_size, shard_rank=rank,
+                             threshold=threshold)
+            continue
         hsdp_double.fully_shard(
             unit,
             shard_world_size=world_size,
@@ -163,10 +170,10 @@ class PlantedFault:
         if edge_id != self.edge or not issued:
             return
         params = target_module.hsdp_scheduler.hsdp_state.hsdp_params
-        if self.mode == "size-one-copy" and any(p.is_sharded for p in params):
+        if self.mode == "size-one-copy" and any(p.gathers for p in params):
             return  # a real AllGather, not the redundant local copy
         if self._entropy.random() < self.hazard:
-            nudge_one_ulp(params[0].sharded_param)
+            nudge_one_ulp(params[0].trained_param)
             self.nudges += 1
 
 
@@ -225,17 +232,18 @@ def train(args: argparse.Namespace) -> None:
         rank=rank,
         shard_size_source=args.shard_size_source,
         build_guard=args.build_guard,
+        lineage=args.lineage,
     )
     fault = fault_from(args)
     if fault is not None:
         adapters.add_prefetch_listener(fault.on_prefetch)
-    optimizer = nn.Adam([p.sharded_param for p in params], learning_rate=args.lr)
+    optimizer = nn.Adam([p.trained_param for p in params], learning_rate=args.lr)
     loss_fn = nn.CrossEntropyLoss()
 
     def forward(ids: Tensor, targets: Tensor) -> Tensor:
         return loss_fn(model(ids).reshape(-1, VOCAB), targets)
 
-    grad_fn = ms.value_and_grad(forward, None, [p.unsharded_param for p in params])
+    grad_fn = ms.value_and_grad(forward, None, [p.cell_param for p in params])
     all_reduce = ops.AllReduce(ops.ReduceOp.SUM) if world_size > 1 else None
     batches = fixed_batches(args.seed, rank)
     for step in range(1, args.steps + 1):
@@ -247,8 +255,8 @@ def train(args: argparse.Namespace) -> None:
         grad_norm = math.sqrt(sum(float((g.astype(ms.float64) ** 2).sum()) for g in grads))
         shards = own_shards(params, grads)
         for param, shard in zip(params, shards, strict=True):
-            # Where hyper-parallel's post-backward leaves it; the adapter digests it there.
-            param.sharded_param.grad = shard
+            # Where hyper-parallel leaves it (per lineage); the adapter digests it there.
+            param.leave_gradient(shard)
         optimizer(tuple(shards))
         loss_value = float(loss.asnumpy())
         adapters.report_step(step, loss=loss_value, grad_norm=grad_norm)
@@ -260,10 +268,7 @@ def train(args: argparse.Namespace) -> None:
 
 def own_shards(params: Sequence[HSDPParamDouble], grads: Sequence[Tensor]) -> list[Tensor]:
     """This rank's chunk of each averaged gradient (the double has no ReduceScatter)."""
-    return [
-        ops.chunk(g, p.shard_world_size, 0)[p.shard_rank] if p.is_sharded else g
-        for p, g in zip(params, grads, strict=True)
-    ]
+    return [p.own_shard(g) for p, g in zip(params, grads, strict=True)]
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
@@ -282,6 +287,13 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         choices=hsdp_double.SHARD_SIZE_SOURCES,
         default="shard_size",
         help="shard_size: the older parameter line; shard_world_size: the refactor without it",
+    )
+    parser.add_argument(
+        "--lineage",
+        choices=hsdp_double.LINEAGES,
+        default="fully_shard",
+        help="which hyper-parallel lineage the double plays: fully_shard (the newer) or hsdp "
+             "(the older hyper_parallel.hsdp)",
     )
     parser.add_argument(
         "--build-guard",

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from bisect_prefetch.adapters import Session
+from bisect_prefetch.adapters.gate import Gate
 from bisect_prefetch.adapters.import_hook import when_imported
 from bisect_prefetch.adapters.plan import PlanError, load_plan, parse_plan, plan_hash
 from bisect_prefetch.adapters.recorder import ProbeTally, Recorder
@@ -48,9 +49,11 @@ def test_plan_hash_is_canonical_and_sees_the_mask():
 
 def test_parse_plan_reads_fields_and_rejects_bad_ones(tmp_path):
     plan = parse_plan(plan_dict(tmp_path, mask=["fwd:a->b"], guard="size-one"))
-    assert plan.allows("fwd:a->b") and not plan.allows("bwd:b->a")
+    gate = Gate(plan)
+    assert gate.decide("fwd:a->b", 2) is None and gate.decide("bwd:b->a", 2) == "masked"
+    assert gate.decide("fwd:a->b", 1) == "guarded"
     assert plan.guard == "size-one" and plan.out_dir == str(tmp_path)
-    assert parse_plan(plan_dict(tmp_path)).allows("anything")
+    assert Gate(parse_plan(plan_dict(tmp_path))).decide("anything", 1) is None
     for bad in (
         {**plan_dict(tmp_path), "version": 2},
         {**plan_dict(tmp_path), "mask": "fwd:a->b"},
@@ -260,7 +263,7 @@ def _reference_digest(values) -> str:
 
 def test_tensor_batch_digests_every_element_as_the_format_says():
     torch = pytest.importorskip("torch")
-    from bisect_prefetch.adapters.hyper_parallel import array_digest
+    from bisect_prefetch.adapters.numpy_digest import array_digest
     from bisect_prefetch.adapters.torch_digest import BATCHED_MAX_BYTES, TensorBatch
 
     torch.manual_seed(0)

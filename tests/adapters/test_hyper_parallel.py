@@ -31,6 +31,7 @@ from bisect_prefetch.metrics.digests import compare_digest_files
 
 REPO = Path(__file__).resolve().parents[2]
 SITE = REPO / "bisect_prefetch" / "adapters" / "site"
+STANDIN = REPO / "tests" / "jobs" / "hp_standin"  # a stand-in hyper_parallel package
 
 
 # -- a toy scheduler with hyper-parallel's interface -----------------------------------
@@ -250,47 +251,6 @@ def test_under_mindspore_graph_mode_the_schedule_is_refused(adapter_with, tmp_pa
         assert probe["schedule_followed"] == [[0, 1], [1, 2]]
 
 
-FAKE_SCHEDULER = '''
-class HSDPSchedulerV2:
-    def __init__(self, cell):
-        cell.hsdp_scheduler = self
-        self.cell = cell
-        self.hsdp_state = State()
-        self.forward_prefetch_cells = []
-        self.backward_prefetch_cells = []
-
-    def set_forward_prefetch_cells(self, hsdp_cell_list):
-        self.forward_prefetch_cells = hsdp_cell_list
-
-    def set_backward_prefetch_cells(self, hsdp_cell_list):
-        self.backward_prefetch_cells = hsdp_cell_list
-
-    def _hsdp_forward_pre_hook(self, cell, args):
-        for target in self.forward_prefetch_cells:
-            target.hsdp_scheduler.hsdp_state.prefetch()
-
-    def _hsdp_backward_pre_hook(self, cell, grad):
-        for target in self.backward_prefetch_cells:
-            target.hsdp_scheduler.hsdp_state.prefetch()
-
-
-class Param:
-    shard_world_size = 2
-    is_sharded = True
-
-    def unshard(self, async_op=False):
-        pass
-
-
-class State:
-    def __init__(self):
-        self.sharded_hsdp_params = [Param()]
-
-    def prefetch(self):
-        for param in self.sharded_hsdp_params:
-            param.unshard(True)
-'''
-
 FAKE_JOB = '''
 import hyper_parallel  # the adapter activates here
 from hyper_parallel.core.fully_shard.hsdp_scheduler import HSDPSchedulerV2
@@ -319,17 +279,12 @@ report_step(1, loss=1.0)
 
 
 def test_importing_hyper_parallel_activates_the_adapter(tmp_path):
-    package = tmp_path / "pkgs" / "hyper_parallel" / "core" / "fully_shard"
-    package.mkdir(parents=True)
-    for folder in (package, package.parent, package.parent.parent):
-        (folder / "__init__.py").write_text("")
-    (package / "hsdp_scheduler.py").write_text(textwrap.dedent(FAKE_SCHEDULER))
     (tmp_path / "job.py").write_text(textwrap.dedent(FAKE_JOB))
     plan = {"version": 1, "out_dir": str(tmp_path), "mask": [], "guard": "none"}
     (tmp_path / "plan.json").write_text(json.dumps(plan))
     env = {
         **os.environ,
-        "PYTHONPATH": os.pathsep.join([str(SITE), str(REPO), str(tmp_path / "pkgs")]),
+        "PYTHONPATH": os.pathsep.join([str(SITE), str(REPO), str(STANDIN)]),
         "BISECT_PREFETCH_PLAN": str(tmp_path / "plan.json"),
     }
     done = subprocess.run(
@@ -353,11 +308,16 @@ DIGEST_FIELDS = {"step", "rank", "param", "digest", "norm", "max_abs"}
 NUDGED_PARAM = "decoder.layers.0.attention.qkv.weight"  # 12 KiB: its digest samples it
 
 
-def mindspore_digest_run(out_dir: Path, monkeypatch, *, nudge_step: int | None = None) -> dict:
+def mindspore_digest_run(out_dir: Path, monkeypatch, *, nudge_step: int | None = None,
+                         lineage: str = "fully_shard", shard_size: int = 2) -> dict:
     """Three steps of the reference GPT under hyper-parallel's double, in this process.
 
-    Each step leaves every parameter's shard gradient on ``sharded_param.grad``, as
-    hyper-parallel's post-backward does, then calls the optimizer (the adapter digests
+    lineage hsdp: the older lineage with shard size 2 asked for and every parameter under
+    the threshold (so of shard size 1, with the prefetching hooks registered), as a job
+    with small parameters gets on one host.
+
+    Each step leaves every parameter's shard gradient where the lineage leaves it
+    (``sharded_param.grad``; the older lineage: ``param.grad``), then calls the optimizer (the adapter digests
     the gradients and values before the update). nudge_step: at that step, one element of NUDGED_PARAM's gradient moves by
     one ulp. Returns the last step's gradients by parameter name.
     """
@@ -369,6 +329,7 @@ def mindspore_digest_run(out_dir: Path, monkeypatch, *, nudge_step: int | None =
 
     ms.set_context(mode=ms.PYNATIVE_MODE, device_target="CPU")
     hp.patch_scheduler_class(hsdp_double.HSDPSchedulerDouble)
+    hp.patch_scheduler_class(hsdp_double.HSDPSchedulerV1Double)
     plan = {"version": 1, "out_dir": str(out_dir), "mask": None, "guard": "none",
             "record": {"digests": "*", "digest_every": 1}}
     session = Session(parse_plan(plan), rank=0)
@@ -380,35 +341,41 @@ def mindspore_digest_run(out_dir: Path, monkeypatch, *, nudge_step: int | None =
     for _, param in model.parameters_and_names():
         param.set_data(ms.Tensor((0.1 * rng.standard_normal(param.shape)).astype(np.float32)))
     params = workload.shard_model(model, world_size=1, rank=0, shard_size_source="shard_size",
-                                  build_guard="none")
-    optimizer = ms.nn.Adam([p.sharded_param for p in params], learning_rate=1e-2)
+                                  build_guard="none", lineage=lineage, shard_size=shard_size,
+                                  threshold=1 << 30)
+    optimizer = ms.nn.Adam([p.trained_param for p in params], learning_rate=1e-2)
     loss_fn = ms.nn.CrossEntropyLoss()
     grad_fn = ms.value_and_grad(lambda ids, targets: loss_fn(model(ids).reshape(-1, workload.VOCAB),
                                                              targets),
-                                None, [p.unsharded_param for p in params])
+                                None, [p.cell_param for p in params])
     last: dict[str, np.ndarray] = {}
     for step, (ids, targets) in enumerate(workload.fixed_batches(7, 0)[:3], start=1):
         loss, grads = grad_fn(ids, targets)
         grads = [g.asnumpy() for g in grads]
         for param, grad in zip(params, grads, strict=True):
-            if step == nudge_step and param.unsharded_param.name == NUDGED_PARAM:
+            if step == nudge_step and param.cell_param.name == NUDGED_PARAM:
                 grad.reshape(-1)[0] = np.nextafter(grad.reshape(-1)[0], np.float32(np.inf))
-            param.sharded_param.grad = ms.Tensor(grad)
-            last[param.unsharded_param.name] = grad
-        optimizer(tuple(param.sharded_param.grad for param in params))
+            param.leave_gradient(ms.Tensor(grad))
+            last[param.cell_param.name] = grad
+        optimizer(tuple(ms.Tensor(last[param.cell_param.name]) for param in params))
         session.report_step(step, {"loss": float(loss.asnumpy())})
     session.close()
     return last
 
 
+LINEAGES = ("fully_shard", "hsdp")
+
+
 @pytest.mark.mindspore
-def test_digests_of_mindspore_gradients_are_the_lines_the_orchestrator_reads(tmp_path, monkeypatch):
-    from bisect_prefetch.adapters.hyper_parallel import array_digest
+@pytest.mark.parametrize("lineage", LINEAGES)
+def test_digests_of_mindspore_gradients_are_the_lines_the_orchestrator_reads(
+        tmp_path, monkeypatch, lineage):
+    from bisect_prefetch.adapters.numpy_digest import array_digest
     from bisect_prefetch.metrics.digests import parse_digest_line
     from bisect_prefetch.metrics.localize import unit_of, units_in_graph
     from bisect_prefetch.vocab import VALUE_SUFFIX
 
-    grads = mindspore_digest_run(tmp_path, monkeypatch)
+    grads = mindspore_digest_run(tmp_path, monkeypatch, lineage=lineage)
     lines = (tmp_path / "digests.jsonl").read_text().splitlines()
     assert len(lines) == 3 * 2 * len(grads)  # each parameter's gradient and value
     assert all(set(json.loads(line)) == DIGEST_FIELDS for line in lines)
@@ -429,13 +396,15 @@ def test_digests_of_mindspore_gradients_are_the_lines_the_orchestrator_reads(tmp
 
 
 @pytest.mark.mindspore
-def test_mindspore_digests_are_reproducible_and_see_a_one_ulp_change(tmp_path, monkeypatch):
+@pytest.mark.parametrize("lineage", LINEAGES)
+def test_mindspore_digests_are_reproducible_and_see_a_one_ulp_change(tmp_path, monkeypatch,
+                                                                     lineage):
     from bisect_prefetch.metrics.digests import compare_digest_files
 
     runs = {name: tmp_path / name for name in ("a", "b", "nudged")}
-    mindspore_digest_run(runs["a"], monkeypatch)
-    grads = mindspore_digest_run(runs["b"], monkeypatch)
-    mindspore_digest_run(runs["nudged"], monkeypatch, nudge_step=2)
+    mindspore_digest_run(runs["a"], monkeypatch, lineage=lineage)
+    grads = mindspore_digest_run(runs["b"], monkeypatch, lineage=lineage)
+    mindspore_digest_run(runs["nudged"], monkeypatch, nudge_step=2, lineage=lineage)
     a, b = (runs[name] / "digests.jsonl" for name in ("a", "b"))
     assert a.read_text() == b.read_text()  # same inputs, same bytes, same lines
     result = compare_digest_files(a, runs["nudged"] / "digests.jsonl")
@@ -444,6 +413,74 @@ def test_mindspore_digests_are_reproducible_and_see_a_one_ulp_change(tmp_path, m
     assert result.spread[2] == 1  # exactly that parameter's digest at that step
     assert result.records_compared == 3 * 2 * len(grads)
     assert result.missing_in_a == result.missing_in_b == 0
+
+
+@pytest.mark.mindspore
+def test_older_lineage_size_one_units_are_found_digested_and_their_prefetch_is_no_guard(
+        tmp_path, monkeypatch):
+    grads = mindspore_digest_run(tmp_path, monkeypatch, lineage="hsdp")
+    probe = json.loads((tmp_path / "probe.rank0.json").read_text())
+    units = probe["hyper_parallel"]["units"]
+    assert {u["lineage"] for u in units.values()} == {"hsdp"}
+    assert all(u["shard_size"] == 1 and u["size_one"] for u in units.values())
+    assert sum(u["params"] for u in units.values()) == len(grads)  # not 0: param, not sharded_param
+    assert probe["digests"]["fewest_tensors"] == 2 * len(grads)  # gradients and values
+    # Prefetches fired into size-one units and started nothing: by construction, not a guard.
+    edges = probe["hyper_parallel"]["edges"]
+    assert edges and all(e["async_unshards"] == 0 for e in edges.values())
+    result = audit_run_dir(tmp_path)
+    assert result["guard"] == "not-needed"
+    assert "no-op by construction" in result["guard_note"]
+    assert result["units_without_params"] == []
+
+
+@pytest.mark.mindspore
+def test_older_lineage_with_shard_size_one_says_no_prefetch_hooks_were_registered(
+        tmp_path, monkeypatch):
+    from bisect_prefetch.runs.discover import engine_says
+
+    mindspore_digest_run(tmp_path, monkeypatch, lineage="hsdp", shard_size=1)
+    probe = json.loads((tmp_path / "probe.rank0.json").read_text())
+    assert probe["hyper_parallel"]["no_prefetch_hooks"] == hp.NO_HOOKS
+    assert not (tmp_path / "graph.rank0.json").exists()
+    assert "digests" not in probe  # no unit found: nothing digested, so no bitwise claim
+    (tmp_path / "probe.json").write_text(json.dumps({"ranks": {"0": probe}}))
+    assert engine_says(tmp_path).startswith("every unit has shard size 1: hyper-parallel "
+                                             "registered no prefetch hooks")
+
+
+def test_older_lineage_prefetch_of_a_sharded_unit_is_counted_as_issued(adapter_with):
+    """prefetch_unsharded() is the older lineage's early gather: counted, never 'lost'."""
+    adapter = adapter_with()
+    root, layers = toy_model(shard_size=2)
+    for layer in layers:
+        state = layer.hsdp_scheduler.hsdp_state
+        for param in state.hsdp_params:
+            param.prefetch_unsharded = lambda: None
+            param.param = object()
+        # The older state's prefetch: prefetch_unsharded() on each sharded parameter.
+        state.prefetch = lambda state=state: [p.prefetch_unsharded()
+                                              for p in state.sharded_hsdp_params]
+    one_step(root, layers)
+    facts = adapter.session.probe_extra["hyper_parallel"]
+    assert facts["units"]["layers.1"]["lineage"] == "hsdp"
+    assert facts["edges"]["fwd:layers.0->layers.1"]["async_unshards"] == 2
+    assert adapter.session.tally.edges["fwd:layers.0->layers.1"]["issued"] == 1
+
+
+def test_a_version_neither_lineage_fits_is_named_once(adapter_with):
+    adapter = adapter_with()
+    root, layers = toy_model(shard_size=2)
+    for module in [root, *layers]:
+        state = module.hsdp_scheduler.hsdp_state
+        state.prefetch = lambda: None  # this build gathers some other way
+        for param in state.hsdp_params:
+            param.unshard = None  # neither unshard nor prefetch_unsharded
+    one_step(root, layers)
+    line = adapter.session.probe_extra["hyper_parallel"]["unrecognized"]
+    assert line.startswith("hyper-parallel ") and "is not a version the adapter recognizes" in line
+    assert "parameter.unshard (fully_shard), parameter.prefetch_unsharded (hsdp)" in line
+    assert adapter.session.errors == [line]
 
 
 # -- the MindSpore reference workload through msrun -------------------------------------
@@ -538,7 +575,9 @@ RUN_SPECS = {  # the 2-rank runs first: they take longest
         "ranks": 2,
         "args": ["--build-guard", "shard-size", "--shard-size-source", "shard_world_size"],
     },
+    "older-two-ranks": {"ranks": 2, "args": ["--lineage", "hsdp"]},
     "reference": {"ranks": 1},
+    "older-one-rank": {"ranks": 1, "args": ["--lineage", "hsdp"]},
     "size-one-copy": {"ranks": 1, "args": [*FAULT, "--fault-mode", "size-one-copy"]},
     "size-one-copy-guarded": {
         "ranks": 1, "guard": "size-one", "args": [*FAULT, "--fault-mode", "size-one-copy"],
@@ -626,6 +665,34 @@ def test_masking_the_faulty_backward_edge_removes_the_drift(runs):
 
 
 @mindspore_run
+def test_older_lineage_two_ranks_prefetch_gathers_and_every_rank_digests(runs):
+    """hyper_parallel.hsdp's lineage over 2 ranks: prefetch_unsharded() starts real
+    AllGathers (never read as lost prefetch), and param holds the digested tensors."""
+    run = runs("older-two-ranks")
+    assert run.graph(0) == run.graph(1)
+    assert _edge_ids(run.graph()) == set(from_policy("mindformers", LAYERS).edge_ids())
+    for rank in (0, 1):
+        probe = run.probe(rank)
+        units = probe["hyper_parallel"]["units"]
+        assert {u["lineage"] for u in units.values()} == {"hsdp"}
+        assert {u["shard_size"] for u in units.values() if u["params"]} == {2}
+        assert all(e["async_unshards"] > 0 for e in probe["hyper_parallel"]["edges"].values())
+        assert probe["digests"]["fewest_tensors"] > 0 and probe["digests"]["gradients"] > 0
+    result = audit_run_dir(run.dir)
+    assert result["real_prefetch_lost"] == [] and result["size_one_edges"] == []
+    assert result["guard"] != "present" and result["ok"]
+
+
+@mindspore_run
+def test_older_lineage_one_rank_registers_no_prefetch_hooks_and_says_why(runs):
+    run = runs("older-one-rank")
+    probe = run.probe()
+    assert probe["hyper_parallel"]["no_prefetch_hooks"] == hp.NO_HOOKS
+    assert not (run.dir / "graph.rank0.json").exists()
+    assert "registered no prefetch hooks" in (run.dir / "msrun.log").read_text() + run.worker_log()
+
+
+@mindspore_run
 def test_two_ranks_no_unit_is_size_one_and_the_guard_keeps_all_gathers(runs):
     # The later parameter line (no shard_size): the guard must read shard_world_size.
     run = runs("two-ranks-guarded")
@@ -679,3 +746,28 @@ def test_a_nudged_parameter_is_localized_to_the_target_of_its_edge(runs):
     where = verdict.localization
     assert where is not None and where.step == 1, verdict
     assert (where.unit, where.rule) == ("decoder.layers.0", "values")
+
+
+def test_a_step_with_no_tensor_found_is_recorded_and_withdraws_the_bitwise_claim(
+        adapter_with, tmp_path):
+    from bisect_prefetch.runs.signals import describe_signals, identical_wording, run_signals
+
+    adapter = adapter_with(record={"digests": "*", "digest_every": 1})
+    root, layers = toy_model(shard_size=2)
+    root.named_parameters = lambda: iter(())
+    for module in [root, *layers]:  # a build whose units list no parameter the adapter reads
+        state = module.hsdp_scheduler.hsdp_state
+        state.hsdp_params = state.sharded_hsdp_params = []
+    one_step(root, layers)
+    adapter.on_update(1)
+    adapter.session.clock.steps = 1
+    adapter.session.write_probe()
+    summary = adapter.session.probe_extra["digests"]
+    assert summary["fewest_tensors"] == 0 and "hyper-parallel's units" in summary["nothing_digested"]
+    signals = run_signals(tmp_path, metric_files=[], fmt="jsonl", names=["loss"])
+    assert "bitwise" not in identical_wording([signals])
+    assert "rank 0: 0 tensors digested: the adapter found no parameter tensors in " \
+           "hyper-parallel's units" in describe_signals(signals)
+    # The audit says the units' parameter counts are not the build's.
+    assert audit_run_dir(tmp_path)["units_without_params"] == [
+        "layers.0", "layers.1", "layers.2", "root"]

@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 
 from bisect_prefetch.adapters import Session
+from bisect_prefetch.adapters.gate import Gate
 from bisect_prefetch.adapters.plan import PlanError, parse_plan, plan_hash
 from bisect_prefetch.experiment import Experiment
 from bisect_prefetch.runs.plan import build_plan, write_plan
@@ -60,12 +61,12 @@ def test_a_schedule_gives_each_step_its_segments_mask():
     on, off, one = frozenset({"a", "b"}), frozenset(), frozenset({"b"})
     assert plan.schedule == ((1, on), (3, off), (5, one))
     assert plan.mask == on  # a reader of mask sees step 1
-    assert [plan.mask_for_step(step) for step in range(1, 8)] == [on, on, off, off, one, one, one]
+    assert [Gate(plan).mask_at(step) for step in range(1, 8)] == [on, on, off, off, one, one, one]
     assert [plan.segment_for_step(step) for step in (0, 1, 2, 3, 4, 5, 99)] == [0, 0, 0, 1, 1, 2, 2]
-    assert plan.allows("a")  # step 1's mask
+    assert Gate(plan).decide("a", 2) is None  # step 1's mask
     plain = parse_plan(plan_dict(schedule=None))
     assert plain.schedule is None and plain.segment_for_step(3) is None
-    assert plain.mask_for_step(3) == on
+    assert Gate(plain).mask_at(3) == on
     unset = plan_dict()
     del unset["schedule"]
     assert parse_plan(unset).schedule is None  # the key is optional
@@ -306,7 +307,7 @@ def test_a_users_fsdp2_job_follows_a_schedule_step_by_step_on_every_rank(tmp_pat
         assert sorted(outcomes) == list(range(1, steps + 1))  # no partial step
         assert not any(entry.get("partial") for entry in probe["steps"])
         for step, seen in outcomes.items():
-            mask = plan.mask_for_step(step)
+            mask = Gate(plan).mask_at(step)
             # Every edge fired each step; those in the step's mask ran, the others were
             # masked, and none was both (no switch inside a step).
             assert seen["issued"] | seen["noop"] | seen["masked"] == edges, (rank, step)
@@ -319,7 +320,7 @@ def test_a_users_fsdp2_job_follows_a_schedule_step_by_step_on_every_rank(tmp_pat
         lines = (scheduled_dir / f"order.rank{rank}.jsonl").read_text().splitlines()
         assert [json.loads(line)["step"] for line in lines] == list(range(1, steps + 1))
         for line in map(json.loads, lines):
-            mask = plan.mask_for_step(line["step"])
+            mask = Gate(plan).mask_at(line["step"])
             prefetches = [event[1:] for event in line["events"] if event[0] == "prefetch"]
             assert len(prefetches) == len(edges) * (2 if source == "optimizer" else 1)
             assert all((outcome == "masked") == (edge not in mask) for edge, outcome in prefetches)

@@ -67,6 +67,21 @@ def test_late_when_the_target_unsharded_itself_first():
     assert kinds_by_edge(result) == {("late", e)} and not result["ok"]
 
 
+def test_a_backward_prefetch_into_a_unit_still_unsharded_from_forward_is_no_waste():
+    # reshard_after_forward off: B keeps its forward unshard into backward; the backward
+    # prefetch finds it unsharded and does nothing. A no-op note, not "late".
+    e = f"bwd:{A}->{B}"
+    order = [step(("unshard", B, "self"), ("use", B, "fwd"), ("use", A, "bwd"),
+                  ("prefetch", e, "noop"), ("use", B, "bwd"), ("reshard", B))]
+    result = audit(graph(e), [], order)
+    assert kinds_by_edge(result) == {("no-op", e)} and result["ok"]
+    [finding] = result["findings"]
+    assert "still unsharded from its fwd use" in finding["evidence"]
+    # ... while a target that unsharded itself for the edge's own phase is late.
+    late = [step(("unshard", B, "self"), ("use", B, "bwd"), ("prefetch", e, "noop"))]
+    assert kinds_by_edge(audit(graph(e), [], late)) == {("late", e)}
+
+
 def test_never_consumed_when_resharded_or_used_only_in_the_other_phase():
     e = f"bwd:{A}->{B}"
     resharded = step(("prefetch", e, "issued"), ("unshard", B, e), ("reshard", B))
@@ -93,6 +108,27 @@ def test_size_one_edges_report_size_one_only():
     result = audit(graph(e, shard_size=1), [probe], order)
     assert [(f["kind"], f["edge"], f["steps"], f["ranks"]) for f in result["findings"]] == [
         ("size-one", e, [1], [0])]
+
+
+@pytest.mark.parametrize(("engine", "says", "never"), [
+    ({"fsdp2": {"torch": "2.13.0+cpu"}},
+     "copies nothing when issued (torch 2.13.0+cpu FSDP2 records a placeholder and copies at "
+     "wait_for_unshard, on the unit's own use): a prefetch with nothing to overlap", "read on"),
+    ({"fsdp2": {"torch": "2.9.1"}}, "read on torch 2.13, not this version", "copied the"),
+    # A job that imported FSDP2 but shards this unit with hyper-parallel: hyper-parallel's.
+    ({"fsdp2": {"torch": "2.13.0"},
+      "hyper_parallel": {"version": "hyper-parallel 0.3.0", "units": {B: {"shard_size": 1}}}},
+     "1 prefetches each copied the local shard at once (no collective; hyper-parallel 0.3.0), "
+     "and the unit's own unshard copies it again", "placeholder"),
+])
+def test_size_one_evidence_says_what_the_engine_and_its_version_do(engine, says, never):
+    e = f"fwd:{A}->{B}"
+    probe = {"rank": 0, "edges": {e: {"fired": 1, "issued": 1}}, **engine,
+             "steps": [{"step": 1, "issued": [e]}]}
+    result = audit(graph(e, shard_size=1), [probe], None)
+    [finding] = [f for f in result["findings"] if f["kind"] == "size-one"]
+    assert says in finding["evidence"] and never not in finding["evidence"]
+    assert not result["ok"]  # still flagged: a prefetch that cannot overlap anything
 
 
 def test_a_run_without_order_says_so_and_audits_what_it_has(tmp_path):
@@ -162,7 +198,7 @@ def test_fsdp2_mistargeted_backward_edge_is_never_consumed(tmp_path):
 @pytest.mark.slow
 def test_fsdp2_prefetch_into_an_unsharded_root_is_late(tmp_path):
     pytest.importorskip("torch")
-    edge = "bwd:layers.0->root"  # the root unsharded itself before layers.0's backward
+    edge = "bwd:layers.0->root"  # the root unsharded itself (and was used) in backward first
     result = audit_workload(tmp_path, "late", {**FSDP2, "extra_edges": [edge]})
     assert kinds_by_edge(result) == {("late", edge)} and not result["ok"]
 

@@ -366,3 +366,66 @@ def test_metric_lines_on_stderr_are_found_there_and_the_file_says_so(tmp_path, c
     assert "-> metrics: torchtitan lines in the job's stderr.log: loss, grad_norm" in out
     assert load_experiment(path).metrics.files == "stderr.log"
     assert _aa(tmp_path, path, "--runs", "2")[0] == 0
+
+
+FAKE_MSRUN = """
+import os, subprocess, sys
+# msrun's flags as the test needs them: --worker_num=N, --log_dir=DIR (or --log_dir DIR);
+# each worker gets RANK_ID and, with a log dir, its own worker_<rank>.log there.
+args, workers, log_dir = sys.argv[1:], 1, None
+while args and args[0].startswith("--"):
+    flag = args.pop(0)
+    if flag.startswith("--worker_num="):
+        workers = int(flag.split("=", 1)[1])
+    elif flag.startswith("--log_dir="):
+        log_dir = flag.split("=", 1)[1]
+    elif flag == "--log_dir":
+        log_dir = args.pop(0)
+procs = []
+for rank in range(workers):
+    out = open(os.path.join(log_dir, f"worker_{rank}.log"), "w") if log_dir else None
+    procs.append(subprocess.Popen([sys.executable, *args], stdout=out, stderr=subprocess.STDOUT,
+                                  env={**os.environ, "RANK_ID": str(rank)}))
+sys.exit(max(proc.wait() for proc in procs))
+"""
+
+
+def test_init_on_an_msrun_command_gives_each_worker_its_own_log(tmp_path, capsys):
+    msrun = tmp_path / "bin" / "msrun"
+    msrun.parent.mkdir()
+    msrun.write_text(textwrap.dedent(FAKE_MSRUN))
+    job = _job(tmp_path, "titan")  # every rank prints its lines
+    code, path = _init(tmp_path, "--", sys.executable, str(msrun), "--worker_num=2",
+                       "--master_port=8118", str(job), "--steps", "4")
+    out = capsys.readouterr().out
+    assert code == 0, out
+    assert ("-> msrun: each worker logs to its own file under the run dir "
+            "(--log_dir={rank_log_dir}); metrics are read from rank_logs/worker_*.log") in out
+    experiment = load_experiment(path)
+    assert experiment.command == [sys.executable, str(msrun), "--log_dir={rank_log_dir}",
+                                  "--worker_num=2", "--master_port={port}", str(job),
+                                  "--steps", "{steps}"]
+    assert experiment.metrics.files == "rank_logs/worker_*.log"
+    assert "-> all-off A/A: identical at the printed precision" in out
+
+    # A job whose rank 0 alone prints: its log alone (an empty one would be missing metrics).
+    rank0 = tmp_path / "rank0_job.py"
+    rank0.write_text(job.read_text().replace(
+        "    print(", "    if os.environ.get('RANK_ID') == '0': print(", 1))
+    code, path = _init(tmp_path, "--force", "--", sys.executable, str(msrun), "--worker_num=2",
+                       str(rank0), "--steps", "4", out="rank0.yaml")
+    out = capsys.readouterr().out
+    assert code == 0, out
+    assert load_experiment(path).metrics.files == "rank_logs/worker_0.log"
+
+
+def test_an_msrun_log_dir_of_the_users_becomes_the_runs_own():
+    from bisect_prefetch.runs.rank_logs import per_rank_logs
+
+    for given, expect in ((["--log_dir=/logs"], ["--log_dir={rank_log_dir}"]),
+                          (["--log_dir", "/logs"], ["--log_dir", "{rank_log_dir}"])):
+        p = find_placeholders(["msrun", "--worker_num=2", *given, "run.py", "--steps", "9"])
+        assert per_rank_logs(p)
+        assert p.argv == ["msrun", "--worker_num=2", *expect, "run.py", "--steps", "{steps}"]
+    torchrun = find_placeholders(["torchrun", "t.py"])
+    assert not per_rank_logs(torchrun) and torchrun.argv == ["torchrun", "t.py"]
