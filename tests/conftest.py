@@ -221,6 +221,18 @@ def read_jsonl(path: Path) -> list[dict]:
     return sorted(records, key=lambda r: (r["step"], r["rank"], r.get("param", "")))
 
 
+def rank_lines(run_dir: Path, name: str) -> list[str]:
+    """The lines of every rank's NAME.rank<R>.jsonl in a run dir (metrics, digests), rank by rank."""
+    paths = sorted(Path(run_dir).glob(f"{name}.rank*.jsonl"), key=lambda p: (len(p.name), p.name))
+    return [line for path in paths for line in path.read_text().splitlines() if line.strip()]
+
+
+def read_ranks(run_dir: Path, name: str) -> list[dict]:
+    """rank_lines, each parsed, sorted by (step, rank, param) as read_jsonl sorts."""
+    records = [json.loads(line) for line in rank_lines(run_dir, name)]
+    return sorted(records, key=lambda r: (r["step"], r["rank"], r.get("param", "")))
+
+
 def read_probe(run_dir: Path, rank: int = 0) -> dict:
     return json.loads((run_dir / f"probe.rank{rank}.json").read_text())
 

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from bisect_prefetch.cli import main
+from tests.conftest import rank_lines
 
 pytest.importorskip("torch")
 JOB = Path(__file__).resolve().parents[2] / "examples" / "fsdp2_train.py"
@@ -51,7 +52,7 @@ def test_a_users_job_gets_digests_order_and_step_times_and_says_so(tmp_path, cap
     out = capsys.readouterr().out
     assert code == 0, out
     for run_dir in _runs(tmp_path):
-        ranks = {json.loads(line)["rank"] for line in (run_dir / "digests.jsonl").open()}
+        ranks = {json.loads(line)["rank"] for line in rank_lines(run_dir, "digests")}
         assert ranks == {0, 1}
         assert (run_dir / "order.rank0.jsonl").is_file() and (run_dir / "order.rank1.jsonl").is_file()
         for rank in (0, 1):
