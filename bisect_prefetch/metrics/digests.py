@@ -58,7 +58,7 @@ CANONICAL_LINES_RE = re.compile(CANONICAL[:10] + rb'(?<![^\n]\{"step": )' + CANO
 CHUNK_BYTES = 1 << 20  # compared as raw bytes while the files agree
 BLOCK_LINES = 1 << 10  # lines parsed at a time once they differ (the spread bound is checked between)
 # Differing steps analysed (the spread) past a rank's first difference, when bounded.
-SPREAD_STEPS = 5
+SPREAD_STEPS = 3
 EXAMPLES = 2  # unpaired records named
 
 
