@@ -41,7 +41,7 @@ $(TT_STAMP):
 	$(TT_VENV)/bin/pip install --quiet "torchtitan==0.3.0" "triton==3.9.0" tokenizers
 	touch $(TT_STAMP)
 
-# The tests start a real single-node Slurm: Debian's slurm-wlm and munge, installed when missing.
+# The tests start a real Slurm (one node; two nodes in network namespaces): Debian's slurm-wlm and munge, installed when missing.
 slurm:
 	.ci/install-slurm
 

@@ -64,7 +64,30 @@ MASKED = "masked"  # the mask switched the edge off
 GUARDED = "guarded"  # the guard skipped it
 PROBE_OUTCOMES = (ISSUED, NOOP, MASKED, GUARDED)
 
-# -- gradient digests (digests.jsonl: adapters/digest.py writes, metrics/ reads) -------
+# -- the files a rank writes into its run dir (adapters/recorder.py writes, metrics/ reads) --
+# Every rank writes files of its own: nothing in a run dir is appended to by two processes
+# (O_APPEND is not atomic across the clients of a shared filesystem, and interleaved
+# blocks land in another order each run). docs/contract.md has the table of who writes what.
+DIGESTS_PREFIX = "digests.rank"  # digests.rank<R>.jsonl
+METRICS_PREFIX = "metrics.rank"  # metrics.rank<R>.jsonl (report_step)
+RANK_FILE_SUFFIX = ".jsonl"
+# Older run dirs: every rank appended to one file. Still read, never written.
+SHARED_DIGESTS_FILE = "digests.jsonl"
+# The jsonl metrics a job writes itself, in one file (read when no rank wrote its own).
+METRICS_FILE = "metrics.jsonl"
+
+
+def digests_rank_file(rank: int) -> str:
+    """The file one rank's gradient digests are written to, in the run dir."""
+    return f"{DIGESTS_PREFIX}{rank}{RANK_FILE_SUFFIX}"
+
+
+def metrics_rank_file(rank: int) -> str:
+    """The file one rank's report_step lines are written to, in the run dir."""
+    return f"{METRICS_PREFIX}{rank}{RANK_FILE_SUFFIX}"
+
+
+# -- gradient digests (digests.rank<R>.jsonl: adapters/digest.py writes, metrics/ reads) -------
 # A parameter's value digest is recorded under the parameter's name plus this suffix.
 VALUE_SUFFIX = "@value"
 # How a run's records are made (adapters/digest.py, adapters/steps.py): runs journaled

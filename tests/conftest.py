@@ -221,6 +221,18 @@ def read_jsonl(path: Path) -> list[dict]:
     return sorted(records, key=lambda r: (r["step"], r["rank"], r.get("param", "")))
 
 
+def rank_lines(run_dir: Path, name: str) -> list[str]:
+    """The lines of every rank's NAME.rank<R>.jsonl in a run dir (metrics, digests), rank by rank."""
+    paths = sorted(Path(run_dir).glob(f"{name}.rank*.jsonl"), key=lambda p: (len(p.name), p.name))
+    return [line for path in paths for line in path.read_text().splitlines() if line.strip()]
+
+
+def read_ranks(run_dir: Path, name: str) -> list[dict]:
+    """rank_lines, each parsed, sorted by (step, rank, param) as read_jsonl sorts."""
+    records = [json.loads(line) for line in rank_lines(run_dir, name)]
+    return sorted(records, key=lambda r: (r["step"], r["rank"], r.get("param", "")))
+
+
 def read_probe(run_dir: Path, rank: int = 0) -> dict:
     return json.loads((run_dir / f"probe.rank{rank}.json").read_text())
 
@@ -251,3 +263,43 @@ def pytest_make_collect_report(collector):
         reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
         report.outcome = "failed"
         report.longrepr = f"skipped where no skip is allowed (CI=true or make test): {reason}"
+
+
+# -- who writes which file of a run dir (docs/contract.md, "What is written where") ---------
+# Written by the orchestrator (the tool), or once by the batch script / Slurm for the job
+# (stdout.log, stderr.log: one open file the launcher or Slurm holds, the ranks' console).
+ORCHESTRATOR_FILES = {"plan.json", "status.json", "env.json", "graph.json", "probe.json", "stdout.log",
+                      "stderr.log", "job.sbatch", "job_exit_code"}
+ORCHESTRATOR_DIRS = {"adapter", "rank_logs"}
+RANK_FILE = r"(?P<kind>[a-z]+)\.rank(?P<rank>\d+)(?P<other>\.[^.]+)?\.(?P<ext>jsonl|json)"
+
+
+def run_dir_writers(run_dir: Path, ranks: int) -> dict[str, str]:
+    """Every file of a run dir -> its one writer ("orchestrator" or "rank R"); fails on a file
+    no single process owns: a name of neither kind, a rank file a second process wrote
+    (NAME.rank<R>.<host>-<pid>.jsonl), or rank records inside another rank's file."""
+    import re
+
+    writers = {}
+    for path in sorted(Path(run_dir).iterdir()):
+        name = path.name
+        if path.is_dir():
+            assert name in ORCHESTRATOR_DIRS, f"{name}/: written by whom?"
+            writers[name + "/"] = "orchestrator"
+            continue
+        if name in ORCHESTRATOR_FILES:
+            writers[name] = "orchestrator"
+            continue
+        m = re.fullmatch(RANK_FILE, name)
+        assert m is not None, f"{name}: written by whom?"
+        assert m["other"] is None, f"{name}: a second process claimed rank {m['rank']}"
+        rank = int(m["rank"])
+        assert rank < ranks, name
+        if m["ext"] == "jsonl":
+            claimed = {json.loads(line).get("rank", rank) for line in path.read_text().splitlines()
+                       if line.strip()}
+        else:
+            claimed = {json.loads(path.read_text()).get("rank", rank)}
+        assert claimed <= {rank}, f"{name} holds records of ranks {sorted(claimed)}"
+        writers[name] = f"rank {rank}"
+    return writers

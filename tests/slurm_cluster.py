@@ -1,4 +1,5 @@
-"""A real single-node Slurm for the tests: munged, slurmctld and slurmd.
+"""A real Slurm for the tests: munged, slurmctld and slurmd on one node, or two slurmd nodes
+on this machine, each in a network namespace of its own (running_two_node_cluster).
 
 Debian's slurm-wlm and munge packages (installed by .ci/install-slurm, which
 `make test` runs first). The cluster gets a generated slurm.conf in a temp dir
@@ -187,3 +188,147 @@ def slurm_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SlurmClu
     """A running single-node Slurm for the whole test session (SLURM_CONF set)."""
     with running_cluster(tmp_path_factory.mktemp("slurm")) as cluster:
         yield cluster
+
+
+# -- two nodes on one machine: each slurmd in a network namespace of its own ------------
+NODES = ("bpnode1", "bpnode2")  # host names inside the namespaces (their own UTS namespace)
+
+
+@dataclass
+class TwoNodeCluster:
+    conf: Path
+    partition: str
+    nodes: tuple[str, str]
+    addresses: tuple[str, str]
+    namespaces: tuple[str, str]
+    env: dict[str, str]  # SLURM_CONF
+
+    def inside(self, argv: list[str], node: int = 0) -> list[str]:
+        """argv run in a node's network namespace, with that node's host name (the
+        controller and the clients live on the first node)."""
+        # Not `ip netns exec`: it remounts /sys, and slurmd needs the cgroup filesystem there.
+        ns = self.namespaces[node]
+        return ["nsenter", f"--net=/run/netns/{ns}", "unshare", "--mount", "--uts", "sh", "-c",
+                f'mount --bind /etc/netns/{ns}/hosts /etc/hosts && hostname {self.nodes[node]} '
+                '&& exec "$@"', "sh", *argv]
+
+
+def _ip(*argv: str) -> None:
+    done = subprocess.run(["ip", *argv], capture_output=True, text=True)
+    if done.returncode != 0:
+        raise RuntimeError(f"ip {' '.join(argv)} failed: {done.stderr.strip()} "
+                           "(the two-node Slurm needs root with CAP_NET_ADMIN: network namespaces "
+                           "and a veth pair between them)")
+
+
+def write_two_node_conf(root: Path, addresses: tuple[str, str]) -> Path:
+    for sub in ("state", "spool", "log"):
+        (root / sub).mkdir(parents=True, exist_ok=True)
+    conf = root / "slurm.conf"
+    nodes = "\n".join(f"NodeName={n} NodeAddr={a} CPUs={NODE_CPUS} State=UNKNOWN"
+                      for n, a in zip(NODES, addresses, strict=True))
+    # Ports are those of the namespaces, where nothing else listens.
+    conf.write_text(f"""\
+ClusterName=bptwo
+SlurmctldHost={NODES[0]}({addresses[0]})
+SlurmctldPort=6817
+SlurmdPort=6818
+SlurmUser=root
+SlurmdUser=root
+AuthType=auth/munge
+StateSaveLocation={root}/state
+SlurmdSpoolDir={root}/spool/%n
+SlurmctldPidFile={root}/slurmctld.pid
+SlurmdPidFile={root}/slurmd.%n.pid
+SlurmctldLogFile={root}/log/slurmctld.log
+SlurmdLogFile={root}/log/slurmd.%n.log
+ProctrackType=proctrack/linuxproc
+TaskPlugin=task/none
+JobAcctGatherType=jobacct_gather/none
+AccountingStorageType=accounting_storage/none
+JobCompType=jobcomp/none
+SchedulerType=sched/builtin
+SelectType=select/cons_tres
+SelectTypeParameters=CR_Core
+SchedulerParameters=sched_interval=1
+MpiDefault=none
+ReturnToService=2
+SlurmdParameters=config_overrides
+MinJobAge=300
+KillWait=5
+InactiveLimit=0
+{nodes}
+PartitionName={PARTITION} Nodes={",".join(NODES)} Default=YES MaxTime=INFINITE State=UP
+""")
+    return conf
+
+
+@contextmanager
+def running_two_node_cluster(root: Path) -> Iterator[TwoNodeCluster]:
+    """munged (shared through its socket's path), slurmctld and one slurmd per node, each node
+    a network namespace joined to the other by a veth pair on a private /24 that only these
+    two namespaces hold. Everything is started here and stopped by pid; the namespaces, the
+    veth pair and their /etc/netns host files are removed."""
+    for program in ("sbatch", "slurmctld", "slurmd", "munged", "ip", "unshare", "nsenter"):
+        if shutil.which(program) is None:
+            raise RuntimeError(f"{program} not found: run .ci/install-slurm (make test does)")
+    tag = f"bp{os.getpid() % 100000}"
+    namespaces = (f"{tag}a", f"{tag}b")
+    subnet = f"10.231.{os.getpid() % 250}"
+    addresses = (f"{subnet}.1", f"{subnet}.2")
+    conf = write_two_node_conf(root, addresses)
+    env = {**os.environ, "SLURM_CONF": str(conf)}
+    made: list[str] = []
+    hosts_dirs = [Path("/etc/netns") / ns for ns in namespaces]
+    procs: list[subprocess.Popen] = []
+    munged = None
+    try:
+        for ns in namespaces:
+            _ip("netns", "add", ns)
+            made.append(ns)
+        _ip("link", "add", f"{tag}va", "netns", namespaces[0], "type", "veth",
+            "peer", "name", f"{tag}vb", "netns", namespaces[1])
+        for ns, dev, address in zip(namespaces, (f"{tag}va", f"{tag}vb"), addresses, strict=True):
+            _ip("-n", ns, "addr", "add", f"{address}/24", "dev", dev)
+            _ip("-n", ns, "link", "set", dev, "up")
+            _ip("-n", ns, "link", "set", "lo", "up")
+        hosts = "127.0.0.1 localhost\n" + "".join(
+            f"{a} {n}\n" for n, a in zip(NODES, addresses, strict=True))
+        for directory in hosts_dirs:  # bound over /etc/hosts inside (TwoNodeCluster.inside)
+            directory.mkdir(parents=True, exist_ok=True)
+            (directory / "hosts").write_text(hosts)
+        cluster = TwoNodeCluster(conf=conf, partition=PARTITION, nodes=NODES, addresses=addresses,
+                                 namespaces=namespaces, env={"SLURM_CONF": str(conf)})
+        munged = _start_munged()
+        slurmctld = subprocess.Popen(cluster.inside(["slurmctld", "-D", "-i", "-f", str(conf)]),
+                                     env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        procs.append(slurmctld)
+        _wait_for(lambda: subprocess.run(cluster.inside(["scontrol", "ping"]), env=env,
+                                         capture_output=True, text=True).stdout.count("UP") > 0,
+                  60, "slurmctld", slurmctld)
+        for k, node in enumerate(NODES):
+            (root / "spool" / node).mkdir(parents=True, exist_ok=True)
+            procs.append(subprocess.Popen(
+                cluster.inside(["slurmd", "-D", "-f", str(conf), "-N", node], node=k), env=env,
+                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE))
+        for node, proc in zip(NODES, procs[1:], strict=True):
+            _wait_for(lambda node=node: _node_idle_inside(cluster, env, node), 60,
+                      f"slurmd of {node} (node idle)", proc)
+        yield cluster
+    finally:
+        if procs and procs[0].poll() is None:
+            subprocess.run(TwoNodeCluster.inside(cluster, ["scancel", "--full", "--partition", PARTITION]),
+                           env=env, capture_output=True, timeout=30)
+        for proc in reversed(procs):
+            _stop(proc)
+        _stop(munged)
+        for ns in made:
+            subprocess.run(["ip", "netns", "del", ns], capture_output=True)  # the veth pair goes with it
+        for directory in hosts_dirs:
+            shutil.rmtree(directory, ignore_errors=True)
+
+
+def _node_idle_inside(cluster: TwoNodeCluster, env: dict[str, str], node: str) -> bool:
+    out = subprocess.run(cluster.inside(["sinfo", "-h", "-n", node, "-o", "%t"]), env=env,
+                         capture_output=True, text=True)
+    return out.returncode == 0 and out.stdout.strip() in ("idle", "mix", "alloc")

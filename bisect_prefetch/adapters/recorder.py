@@ -2,14 +2,19 @@
 
 Files (all in the plan's ``out_dir``; R is the rank):
 
-- ``metrics.jsonl``: ``{"step": int, "rank": int, NAME: float, ...}`` per
-  reported step and rank. Floats keep their full repr (NaN and Infinity as
-  Python's json writes them). Each line is one ``os.write`` on an O_APPEND
-  descriptor, so ranks sharing the file never tear each other's lines, and it
-  is on disk (page cache) as soon as it is written: the engine tails it live.
-- ``digests.jsonl``: ``{"step", "rank", "param", "digest", "norm", "max_abs"}`` lines,
-  same writing rule: a hash of one parameter's local gradient shard per step and
-  rank, its norm and max abs as full-precision floats.
+- ``metrics.rank{R}.jsonl``: ``{"step": int, "rank": int, NAME: float, ...}`` per
+  reported step. Floats keep their full repr (NaN and Infinity as Python's json
+  writes them). Each line is one ``os.write``, so it is on disk (page cache) as
+  soon as it is written: the engine tails it live.
+- ``digests.rank{R}.jsonl``: ``{"step", "rank", "param", "digest", "norm", "max_abs"}``
+  lines, same writing rule: a hash of one parameter's local gradient shard per step
+  and rank, its norm and max abs as full-precision floats.
+
+Every file is this rank's alone (nothing is appended to by two processes: O_APPEND
+is not atomic across the clients of a shared filesystem). A line file is created
+exclusively (O_EXCL): a second process claiming the same rank finds it taken and
+writes ``NAME.rank{R}.{host}-{pid}.jsonl`` instead, which the reader reports as
+two writers of one rank.
 - ``order.rank{R}.jsonl``: the first few steps' unit order (adapters/order.py).
 - ``graph.rank{R}.json``: ``{"nodes": [{"name", "kind", "order", "shard_size"}],
   "edges": [{"id", "phase", "src", "dst", "implicit"}]}``, written atomically.
@@ -39,9 +44,17 @@ from __future__ import annotations
 
 import json
 import os
+import socket
+import sys
 from typing import Any
 
-from bisect_prefetch.vocab import PROBE_OUTCOMES, env_rank_file
+from bisect_prefetch.vocab import (
+    PROBE_OUTCOMES,
+    RANK_FILE_SUFFIX,
+    digests_rank_file,
+    env_rank_file,
+    metrics_rank_file,
+)
 
 OUTCOMES = PROBE_OUTCOMES
 
@@ -120,8 +133,7 @@ class Recorder:
     def _append(self, filename: str, text: str) -> None:
         fd = self._fds.get(filename)
         if fd is None:
-            flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC
-            fd = self._fds[filename] = os.open(os.path.join(self.out_dir, filename), flags, 0o644)
+            fd = self._fds[filename] = _open_own(self.out_dir, filename)
         data = text.encode("utf-8")
         written = os.write(fd, data)
         while written < len(data):  # only on a full disk or a signal; best effort
@@ -138,7 +150,7 @@ class Recorder:
         if "step" in values or "rank" in values:
             raise ValueError("'step' and 'rank' are reserved metric names")
         line = json.dumps({"step": step, "rank": self.rank, **values}, default=_to_json_number)
-        self._append("metrics.jsonl", line + "\n")
+        self._append(metrics_rank_file(self.rank), line + "\n")
 
     def digests(self, step: int, items: list[tuple[str, str, float, float]]) -> None:
         """One write for all of a step's (param, digest, norm, max_abs) records."""
@@ -166,7 +178,7 @@ class Recorder:
         values[1::4] = digests
         values[2::4] = json.dumps(norms)[1:-1].split(", ")
         values[3::4] = json.dumps(max_abs)[1:-1].split(", ")
-        self._append("digests.jsonl", template % tuple(values))
+        self._append(digests_rank_file(self.rank), template % tuple(values))
 
     def order(self, line: str) -> None:
         """One finished step of the order record (adapters/order.py) into order.rank{R}.jsonl."""
@@ -187,3 +199,27 @@ class Recorder:
         for fd in self._fds.values():
             os.close(fd)
         self._fds.clear()
+
+
+# Files this process created (by pid: a forked child owns none of them). Reopened after
+# close() with O_APPEND; any other existing file belongs to another writer.
+_CREATED: set[tuple[int, str]] = set()
+
+
+def _open_own(out_dir: str, filename: str) -> int:
+    """An append descriptor on a file only this process writes (see the module docstring)."""
+    path = os.path.join(out_dir, filename)
+    flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC
+    if (os.getpid(), path) in _CREATED:
+        return os.open(path, flags, 0o644)
+    try:
+        fd = os.open(path, flags | os.O_EXCL, 0o644)
+    except FileExistsError:
+        stem = filename[: -len(RANK_FILE_SUFFIX)] if filename.endswith(RANK_FILE_SUFFIX) else filename
+        own = f"{stem}.{socket.gethostname()}-{os.getpid()}{RANK_FILE_SUFFIX}"
+        sys.stderr.write(f"bisect-prefetch: {filename} already exists: another process claims this "
+                         f"rank; writing {own} instead\n")
+        path = os.path.join(out_dir, own)
+        fd = os.open(path, flags, 0o644)
+    _CREATED.add((os.getpid(), path))
+    return fd

@@ -36,7 +36,7 @@ import numpy as np
 
 from bisect_prefetch.errors import BisectPrefetchError
 from bisect_prefetch.metrics.completeness import step_ranges, unlike_ranks
-from bisect_prefetch.metrics.digests import DigestResult, compare_digest_files
+from bisect_prefetch.metrics.digests import DigestResult
 from bisect_prefetch.metrics.lines import parse_jsonl_line
 from bisect_prefetch.metrics.loading import load_runs
 from bisect_prefetch.metrics.localize import compare_run_digests
@@ -494,11 +494,6 @@ class CompareResult:
         }
 
 
-def _digest_file(path: Path) -> Path | None:
-    candidate = path / "digests.jsonl" if path.is_dir() else None
-    return candidate if candidate is not None and candidate.is_file() else None
-
-
 def compare_paths(
     a: str | Path,
     b: str | Path,
@@ -510,9 +505,10 @@ def compare_paths(
 ) -> CompareResult:
     """`bisect-prefetch compare A B`: two run directories or two log files.
 
-    The format is detected unless given. Gradient digests are compared when both run
-    directories hold a digests.jsonl. A run that stops before the other is a finding
-    (truncation) unless allow_truncated: then the common prefix is what counts.
+    The format is detected unless given. Gradient digests are compared when both are run
+    directories with digest files (digests.rank<R>.jsonl, or an older run dir's
+    digests.jsonl). A run that stops before the other is a finding (truncation) unless
+    allow_truncated: then the common prefix is what counts.
     """
     a, b = Path(a), Path(b)
     ta, tb = load_runs([a, b], fmt, names, pattern=pattern)
@@ -520,13 +516,10 @@ def compare_paths(
     if not metrics:
         raise BisectPrefetchError(f"no metric in common to compare between {a} and {b}")
     digests = None
-    da, db = _digest_file(a), _digest_file(b)
     found = earliest(metrics)
     if a.is_dir() and b.is_dir():  # with the checks of metrics/localize.py (cut, silent rank, ...)
         digests = compare_run_digests(a, b, labels=("a", "b"),
                                       metric_first_diff=found[0] if found else None)
-    elif da and db:
-        digests = compare_digest_files(da, db, metric_first_diff=found[0] if found else None)
     return CompareResult(
         a=str(a),
         b=str(b),

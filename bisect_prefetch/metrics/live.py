@@ -19,12 +19,12 @@ from typing import Protocol
 from bisect_prefetch.errors import BisectPrefetchError
 from bisect_prefetch.metrics.compare import StreamingComparator
 from bisect_prefetch.metrics.console import CONSOLE_FORMATS, ConsoleParser
-from bisect_prefetch.metrics.digests import DigestRecord, parse_digest_line, read_digests
+from bisect_prefetch.metrics.digest_files import digest_files
+from bisect_prefetch.metrics.digests import DigestRecord, common_prefix_length, parse_digest_line
 from bisect_prefetch.metrics.lines import jsonl_reader, regex_reader
-from bisect_prefetch.metrics.loading import metric_files, rank_from_path, run_files
-from bisect_prefetch.metrics.trajectory import LONG_LINE, MAX_LINE_BYTES, Columns
+from bisect_prefetch.metrics.loading import jsonl_files, metric_files, rank_from_path, run_files
+from bisect_prefetch.metrics.trajectory import LONG_LINE, MAX_LINE_BYTES, Columns, bounded_lines
 
-DIGEST_FILE = "digests.jsonl"
 # Which files to follow is looked up again this often (per-rank logs appear as ranks start);
 # the launcher polls much more often, and a directory walk each time would cost more than
 # reading the new lines.
@@ -129,32 +129,116 @@ class _FileFeed:
                 self.comparator.feed(rank, step, wanted)
 
 
-class DigestFollower:
-    """Compares a running job's digest records with the golden run's, as they are written.
+class RankDigestFollower:
+    """One rank's digests, compared with the golden run's file of that rank as they are written.
 
-    A record whose (step, rank, param) the golden run lacks cannot be compared: it is
-    counted in ``unmatched``, never taken for a difference (H8's digest comparison says
-    what such sets mean once the run ended).
+    A/A runs write the same bytes until they differ, so the new lines are compared as raw
+    bytes with the golden file's bytes at the same offset, and nothing is parsed while they
+    agree. At the first line that differs both lines are parsed: the same record with another
+    digest is the rank's first difference (the run stops there; what follows is not
+    aligned and is left to the final comparison). Records the golden run lacks, or in
+    another order, are followed by key through the slow path (the rest of the golden
+    rank's file read once, one rank's records); a record the golden run lacks cannot be
+    compared: it is counted in ``unmatched``, never taken for a difference.
     """
 
-    def __init__(self, path: Path, reference: Path, comparator: StreamingComparator) -> None:
+    def __init__(self, path: Path, reference: Path, rank: int) -> None:
         self.lines = NewLines(path)
-        self.comparator = comparator
-        self.reference = {(r.step, r.rank, r.param): r.digest for r in read_digests(reference)}
+        self.reference = reference
+        self.rank = rank
+        self.offset = 0  # bytes of the followed file compared so far
+        self.diverged = False
+        self.by_key: dict[tuple[int, int, str], str] | None = None  # the slow path, once taken
         self.unmatched = 0
 
-    def poll(self) -> None:
-        for raw in self.lines.read().splitlines():
+    def poll(self, comparator: StreamingComparator) -> None:
+        block = self.lines.read()
+        if not block or self.diverged:
+            return
+        if self.by_key is None:
+            block = self._skip_equal(block)
+        for raw in block.splitlines():
+            if self.diverged:
+                return
             record = parse_digest_line(raw)
             if record is not None:
-                self._compare(record)
+                self._compare(record, comparator)
 
-    def _compare(self, record: DigestRecord) -> None:
-        expected = self.reference.get((record.step, record.rank, record.param))
+    def _skip_equal(self, block: bytes) -> bytes:
+        """Compare with the golden bytes at this offset; returns the lines from the first that
+        differs (empty when all agree), after which the slow path follows by key."""
+        start = self.offset
+        expected = _read_at(self.reference, start, len(block))
+        self.offset += len(block)
+        if expected == block:
+            return b""
+        same = common_prefix_length(block, expected)
+        cut = block.rfind(b"\n", 0, same) + 1
+        self.by_key = {}
+        with open(self.reference, "rb") as f:  # the golden rank's records from that line on
+            f.seek(start + cut)
+            for line in bounded_lines(f):
+                record = parse_digest_line(line) if line is not None else None
+                if record is not None:
+                    self.by_key[record[:3]] = record.digest
+        return block[cut:]
+
+    def _compare(self, record: DigestRecord, comparator: StreamingComparator) -> None:
+        assert self.by_key is not None
+        expected = self.by_key.pop(record[:3], None)
         if expected is None:
             self.unmatched += 1
         elif expected != record.digest:
-            self.comparator.note_digest_diff(record.step, record.rank, record.param)
+            comparator.note_digest_diff(record.step, record.rank, record.param)
+            self.diverged = True
+
+
+def _read_at(path: Path, offset: int, size: int) -> bytes:
+    try:
+        with open(path, "rb") as f:
+            f.seek(offset)
+            return f.read(size)
+    except OSError:
+        return b""
+
+
+class DigestFollower:
+    """A running job's digest files, each rank's against the golden run's file of that rank.
+
+    Ranks are found as their files appear (looked up again every FILES_REFRESH_S). A rank
+    the golden run has no file of is counted in ``unmatched_ranks``. Memory: one rank's
+    new lines at a time, plus the golden records of a rank that left the byte path.
+    """
+
+    def __init__(self, run_dir: Path, reference_dir: Path, comparator: StreamingComparator) -> None:
+        self.run_dir = run_dir
+        self.reference = digest_files(reference_dir)
+        self.comparator = comparator
+        self.ranks: dict[int, RankDigestFollower] = {}
+        self.unmatched_ranks: set[int] = set()
+        self._looked_at = -FILES_REFRESH_S
+
+    @property
+    def offset(self) -> int:
+        """Bytes of digest lines read so far: the job's progress."""
+        return sum(f.lines.offset for f in self.ranks.values())
+
+    @property
+    def unmatched(self) -> int:
+        return sum(f.unmatched for f in self.ranks.values())
+
+    def poll(self) -> None:
+        now = time.monotonic()
+        if not self.ranks or now - self._looked_at >= FILES_REFRESH_S:
+            self._looked_at = now
+            for rank, path in digest_files(self.run_dir).ranks.items():
+                golden = self.reference.ranks.get(rank)
+                if golden is None:
+                    self.unmatched_ranks.add(rank)
+                elif rank not in self.ranks:
+                    self.ranks[rank] = RankDigestFollower(path, golden, rank)
+        for follower in self.ranks.values():
+            follower.poll(self.comparator)
 
 
 class LiveMetrics:
@@ -167,7 +251,7 @@ class LiveMetrics:
     """
 
     def __init__(self, run_dir: Path, config: MetricsConfig, comparator: StreamingComparator | None,
-                 *, reference_digests: Path | None = None) -> None:
+                 *, reference_dir: Path | None = None) -> None:
         self.run_dir = Path(run_dir)
         self.config = config
         self.comparator = comparator
@@ -176,8 +260,8 @@ class LiveMetrics:
         self._files_at = -FILES_REFRESH_S
         self._paths: list[Path] = []
         self.digests: DigestFollower | None = None
-        if comparator is not None and reference_digests is not None and reference_digests.is_file():
-            self.digests = DigestFollower(self.run_dir / DIGEST_FILE, reference_digests, comparator)
+        if comparator is not None and reference_dir is not None and digest_files(reference_dir).ranks:
+            self.digests = DigestFollower(self.run_dir, Path(reference_dir), comparator)
 
     @property
     def diverged(self) -> bool:
@@ -204,14 +288,14 @@ class LiveMetrics:
         if self.digests is not None:
             self.digests.poll()
         done = sum(feed.values_read for feed in self.feeds.values())
-        return done + (self.digests.lines.offset if self.digests is not None else 0)
+        return done + (self.digests.offset if self.digests is not None else 0)
 
     def _files(self) -> list[Path]:
         """The files the run's metrics are read from afterwards (see Runner._load)."""
         if self.config.files:
             return metric_files(self.run_dir, self.config.format, self.config.files)
         if self.config.format == "jsonl":
-            return [self.run_dir / "metrics.jsonl"]  # the recorder's file, before it exists too
+            return jsonl_files(self.run_dir)  # each rank's, as they appear
         if self._per_rank:
             return [p for p in run_files(self.run_dir, self.config.format) if rank_from_path(p) is not None]
         try:

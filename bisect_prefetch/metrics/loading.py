@@ -15,7 +15,7 @@ from bisect_prefetch.errors import BisectPrefetchError
 from bisect_prefetch.metrics.console import ANSI_RE, CONSOLE_FORMATS, parse_console
 from bisect_prefetch.metrics.lines import jsonl_reader, parse_jsonl_line, parse_lines, regex_reader
 from bisect_prefetch.metrics.trajectory import ParseResult, Trajectory, bounded_lines
-from bisect_prefetch.vocab import METRIC_FORMATS
+from bisect_prefetch.vocab import METRIC_FORMATS, METRICS_FILE, METRICS_PREFIX, RANK_FILE_SUFFIX
 
 FORMATS = METRIC_FORMATS
 # Several files are parsed in worker processes only when there is this much to read.
@@ -179,7 +179,7 @@ def _load_groups(
 
 
 def run_files(path: str | Path, fmt: str | None = None) -> list[Path]:
-    """The metrics files of a run directory: metrics.jsonl, per-rank logs (worker_<rank>.log,
+    """The metrics files of a run directory: each rank's metrics.rank<R>.jsonl (else metrics.jsonl), per-rank logs (worker_<rank>.log,
     else rank_<rank>/info.log, else torchrun's attempt_<n>/<rank>/stdout.log), or stdout.log. Per-rank logs come before stdout.log, where
     a launcher may interleave the lines of several ranks with nothing to tell them apart."""
     path = Path(path)
@@ -187,9 +187,8 @@ def run_files(path: str | Path, fmt: str | None = None) -> list[Path]:
         return [path]
     if not path.is_dir():
         raise BisectPrefetchError(f"no such run directory or log file: {path}")
-    jsonl = path / "metrics.jsonl"
-    if fmt in (None, "jsonl") and jsonl.is_file():
-        return [jsonl]
+    if fmt in (None, "jsonl") and (jsonl := jsonl_files(path)):
+        return jsonl
     for pattern in ("worker_*.log", "rank_*/info.log", "attempt_*/*/stdout.log"):
         per_rank = _last_attempt([p for p in path.rglob(pattern) if rank_from_path(p) is not None])
         if per_rank:
@@ -198,9 +197,19 @@ def run_files(path: str | Path, fmt: str | None = None) -> list[Path]:
     if stdout.is_file():
         return [stdout]
     raise BisectPrefetchError(
-        f"no metrics in run directory {path}: expected metrics.jsonl, worker_<rank>.log files, "
+        f"no metrics in run directory {path}: expected metrics.rank<R>.jsonl or metrics.jsonl, worker_<rank>.log files, "
         "rank_<rank>/info.log files or stdout.log"
     )
+
+
+def jsonl_files(run_dir: Path) -> list[Path]:
+    """The jsonl metrics of a run dir: each rank's metrics.rank<R>.jsonl (report_step), else
+    the one metrics.jsonl a job wrote itself (or an older run dir's)."""
+    ranks = sorted(run_dir.glob(f"{METRICS_PREFIX}*{RANK_FILE_SUFFIX}"), key=lambda p: (len(p.name), p.name))
+    if ranks:
+        return ranks
+    shared = run_dir / METRICS_FILE
+    return [shared] if shared.is_file() else []
 
 
 def metric_files(run_dir: Path, fmt: str | None, files: str | None) -> list[Path]:

@@ -1,12 +1,14 @@
 """Where a run first drifted: its digests against the reference run's, read back to a unit.
 
-``compare_run_digests(ref_dir, run_dir, ...)`` compares the two runs' digests.jsonl and
-checks that the comparison can be trusted: a file cut mid-line, a rank that wrote no
-digests, runs that digest different parameters, records one run lacks up to a step both
-reached. Each is one sentence in ``DigestResult.problems``; a comparison with problems and
-no difference proves nothing (the caller must not call the runs consistent).
+``compare_run_digests(ref_dir, run_dir, ...)`` compares the two runs' digest files, rank
+by rank (each rank's digests.rank<R>.jsonl against its partner, metrics/digests.py's
+lockstep walk; an older run dir's one digests.jsonl is read whole), and checks that the
+comparison can be trusted: a file cut mid-line, a rank that wrote no digests, a rank two
+processes wrote, a rank whose digests stop early, runs that digest different records. Each
+is one sentence naming the rank in ``DigestResult.problems``; a comparison with problems
+and no difference proves nothing (the caller must not call the runs consistent).
 
-``localize(result, ref_path, run_path, units)`` names the first divergence: the step, the
+``localize(result, run_dir, units)`` names the first divergence: the step, the
 FSDP unit it is read back to, one (rank, parameter) of that unit, how many units differ at
 that step, and the rule that named the unit:
 
@@ -28,19 +30,27 @@ an arbitrary unit.
 from __future__ import annotations
 
 import json
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from bisect_prefetch.metrics.digest_files import (
+    DigestFiles,
+    digest_files,
+    ends_mid_line,
+    first_record,
+    last_record,
+    read_run_digests,
+)
 from bisect_prefetch.metrics.digests import (
+    SPREAD_STEPS,
     DigestResult,
     compare_digest_files,
-    read_digests,
+    compare_digests,
 )
 from bisect_prefetch.vocab import VALUE_SUFFIX
 
-DIGEST_FILE = "digests.jsonl"
 ROOT_UNIT = "root"  # the unit of parameters no named unit holds (FSDP2's root module)
 # Ranks run in lockstep within a step or two (collectives every step): reading this many
 # steps past the first divergence finds every rank's records of that step.
@@ -95,7 +105,7 @@ def judge_digests(ref_dir: Path, run_dir: Path, *, units: Iterable[str],
                                  metric_first_diff=metric_first_diff)
     if result is None:
         return None
-    where = localize(result, Path(ref_dir) / DIGEST_FILE, Path(run_dir) / DIGEST_FILE, units)
+    where = localize(result, Path(run_dir), units)
     return DigestVerdict(result.first_diff_step, where, list(result.problems))
 
 
@@ -116,33 +126,185 @@ def compare_run_digests(
     labels: tuple[str, str] = ("reference", "run"),
     ranks: int | None = None,
     metric_first_diff: int | None = None,
+    spread_steps: int = SPREAD_STEPS,
 ) -> DigestResult | None:
-    """Compare two run dirs' digests; None when neither recorded any.
+    """Compare two run dirs' digests, rank by rank; None when neither recorded any.
 
     ranks: the job's world size, when known: a rank missing from both runs is a problem too.
+    spread_steps: differing steps analysed past the first difference (the JSON says it).
     """
-    a, b = Path(ref_dir) / DIGEST_FILE, Path(run_dir) / DIGEST_FILE
-    if not a.is_file() and not b.is_file():
+    fa, fb = digest_files(ref_dir), digest_files(run_dir)
+    if not fa.found and not fb.found:
         return None
-    if not (a.is_file() and b.is_file()):
-        missing, present = (labels[0], labels[1]) if not a.is_file() else (labels[1], labels[0])
+    if not (fa.found and fb.found):
+        missing, present = (labels[0], labels[1]) if not fa.found else (labels[1], labels[0])
         return DigestResult(
             first_diff_step=None, at_first=[], spread={}, records_compared=0,
             records_differing=0, metric_first_diff_step=metric_first_diff,
             problems=[f"{missing} wrote no gradient digests ({present} did): "
                       "its gradients cannot be compared"],
         )  # fmt: skip
-    result = compare_digest_files(a, b, metric_first_diff=metric_first_diff)
-    result.problems = digest_problems(a, b, labels=labels, ranks=ranks, result=result)
+    if fa.shared is not None or fb.shared is not None:
+        return _compare_shared(Path(ref_dir), Path(run_dir), fa, fb, labels=labels, ranks=ranks,
+                               metric_first_diff=metric_first_diff)
+    return compare_rank_files(fa, fb, labels=labels, ranks=ranks,
+                              metric_first_diff=metric_first_diff, spread_steps=spread_steps)
+
+
+def compare_rank_files(
+    fa: DigestFiles,
+    fb: DigestFiles,
+    *,
+    labels: tuple[str, str],
+    ranks: int | None,
+    metric_first_diff: int | None,
+    spread_steps: int = SPREAD_STEPS,
+) -> DigestResult:
+    """Two runs' per-rank files compared pairwise, one rank after the other.
+
+    Memory holds one rank pair's blocks and what differs at the first differing step,
+    whatever the number of ranks. Ranks are not compared in parallel: the walk runs at
+    memcmp and page-cache speed, and threads would share one interpreter lock
+    (benchmarks/bench_scale.py measures the walk against reading the files).
+    """
+    problems = _claims(fa, labels[0]) + _claims(fb, labels[1])
+    total = _Total(spread_steps)
+    last: dict[int, tuple[int | None, int | None]] = {}  # rank -> its last step in a, in b
+    gaps: list[str] = []
+    for rank in sorted(set(range(ranks or 0)) | fa.ranks.keys() | fb.ranks.keys()):
+        pa, pb = fa.ranks.get(rank), fb.ranks.get(rank)
+        if pa is None or pb is None:
+            if pa is None and pb is None:
+                problems.append(f"rank {rank} wrote no gradient digests in either run")
+            else:
+                lacking, having = (labels[0], labels[1]) if pa is None else (labels[1], labels[0])
+                problems.append(f"rank {rank} wrote no gradient digests in {lacking} ({having} has them)")
+            continue
+        cut = [ends_mid_line(pa), ends_mid_line(pb)]
+        problems += [f"{label}'s {path.name} ends mid-line: its last record was cut off"
+                     for path, label, is_cut in zip((pa, pb), labels, cut, strict=True) if is_cut]
+        result = compare_digest_files(pa, pb, spread_steps=spread_steps)
+        total.add(result)
+        if result.first_diff_step is None:
+            ends = tuple(r.step if (r := last_record(p)) is not None else None for p in (pa, pb))
+            last[rank] = ends  # type: ignore[assignment]
+            gaps += _rank_gaps(rank, result, labels, cut)
+    out = total.result(metric_first_diff)
+    out.notes = [f"{label}'s digests are not in canonical form: the lines that differ were "
+                 "parsed the slow way (json)" for label, slow in zip(labels, total.slow, strict=True) if slow]
+    if out.first_diff_step is None and metric_first_diff is None:
+        # No divergence: every gap is a reason the comparison proves nothing.
+        problems += gaps + _stopping_early(last, labels)
+    out.problems = problems
+    return out
+
+
+class _Total:
+    """The per-rank results summed: the first step over all ranks, the (rank, param) pairs
+    at it (only those: a later first step is dropped), the first spread_steps of the spread."""
+
+    def __init__(self, spread_steps: int) -> None:
+        self.spread_steps = spread_steps
+        self.first: int | None = None
+        self.at_first: list[tuple[int, str]] = []
+        self.spread: Counter = Counter()
+        self.compared = self.differing = self.missing_a = self.missing_b = 0
+        self.unread = [0, 0]
+        self.slow = [False, False]
+
+    def add(self, r: DigestResult) -> None:
+        self.compared += r.records_compared
+        self.missing_a += r.missing_in_a
+        self.missing_b += r.missing_in_b
+        self.unread = [self.unread[0] + r.lines_unread[0], self.unread[1] + r.lines_unread[1]]
+        self.slow = [self.slow[0] or r.noncanonical[0], self.slow[1] or r.noncanonical[1]]
+        self.spread.update(r.spread)
+        for step in sorted(self.spread)[self.spread_steps:]:
+            del self.spread[step]  # past the bound over all ranks
+        if r.first_diff_step is None:
+            return
+        if self.first is None or r.first_diff_step < self.first:
+            self.first, self.at_first = r.first_diff_step, []
+        if r.first_diff_step == self.first:
+            self.at_first += r.at_first
+
+    def result(self, metric_first_diff: int | None) -> DigestResult:
+        return DigestResult(
+            first_diff_step=self.first, at_first=sorted(self.at_first),
+            spread=dict(sorted(self.spread.items())), records_compared=self.compared,
+            records_differing=sum(self.spread.values()), missing_in_a=self.missing_a,
+            missing_in_b=self.missing_b, lines_unread=(self.unread[0], self.unread[1]),
+            metric_first_diff_step=metric_first_diff, spread_steps=self.spread_steps,
+        )  # fmt: skip
+
+
+def _claims(files: DigestFiles, label: str) -> list[str]:
+    """Ranks two processes wrote as theirs, in one run: each named with both files."""
+    problems = []
+    for rank, extra in sorted(files.second_writers.items()):
+        names = [p.name for p in [files.ranks.get(rank), *sorted(extra)] if p is not None]
+        problems.append(f"rank {rank} has two writers in {label}: {' and '.join(names)}")
+    for rank, path in sorted(files.ranks.items()):
+        record = first_record(path)
+        if record is not None and record.rank != rank:
+            other = files.ranks.get(record.rank)
+            also = f" (rank {record.rank}'s own file is {other.name})" if other is not None else ""
+            problems.append(f"{label}'s {path.name} holds records of rank {record.rank}{also}: "
+                            f"two writers claim rank {record.rank}")
+    return problems
+
+
+def _rank_gaps(rank: int, result: DigestResult, labels: tuple[str, str],
+               cut: list[bool]) -> list[str]:
+    """Why one rank's files, showing no difference, do not prove the rank's runs the same."""
+    gaps = []
+    only_a, only_b = ([f"{p} at step {s}" for s, _, p in side] for side in result.unpaired)
+    if only_a or only_b:
+        sides = [f"only in {label}: {', '.join(names)}"
+                 for label, names in zip(labels, (only_a, only_b), strict=True) if names]
+        gaps.append(f"rank {rank}: the runs digest different records ({'; '.join(sides)})")
+    for label, unread, is_cut in zip(labels, result.lines_unread, cut, strict=True):
+        if unread - is_cut > 0:  # the cut line is said already
+            gaps.append(f"rank {rank}: {unread - is_cut} line(s) of {label}'s digests are no digest records")
+    return gaps
+
+
+def _stopping_early(last: dict[int, tuple[int | None, int | None]],
+                    labels: tuple[str, str]) -> list[str]:
+    """Ranks whose digests stop before the run's other ranks' (a run stopping as a whole is
+    the metrics' finding, not the digests')."""
+    problems = []
+    for side, label in enumerate(labels):
+        ends = {rank: pair[side] for rank, pair in last.items()}
+        reached = max((s for s in ends.values() if s is not None), default=None)
+        problems += [f"rank {rank}'s digests stop at step {step} in {label} (its other ranks "
+                     f"reach step {reached})"
+                     for rank, step in sorted(ends.items()) if step is not None and step < reached]
+    return problems
+
+
+# -- older run dirs: one digests.jsonl every rank appended to --------------------------------
+def _compare_shared(ref_dir: Path, run_dir: Path, fa: DigestFiles, fb: DigestFiles, *,
+                    labels: tuple[str, str], ranks: int | None,
+                    metric_first_diff: int | None) -> DigestResult:
+    """An older run dir against any other: the records in any order, read whole."""
+    if fa.shared is not None and fb.shared is not None:
+        result = compare_digest_files(fa.shared, fb.shared, metric_first_diff=metric_first_diff)
+    else:
+        result = compare_digests(read_run_digests(ref_dir), read_run_digests(run_dir),
+                                 metric_first_diff=metric_first_diff)
+    result.problems = digest_problems(ref_dir, run_dir, labels=labels, ranks=ranks, result=result)
     return result
 
 
 def digest_problems(
     a: Path, b: Path, *, labels: tuple[str, str], ranks: int | None, result: DigestResult
 ) -> list[str]:
-    """Why a comparison of these two digest files would not prove the runs the same."""
-    problems = [f"{label}'s digests.jsonl ends mid-line: its last record was cut off"
-                for path, label in ((a, labels[0]), (b, labels[1])) if _ends_mid_line(path)]
+    """Why a comparison of these two run dirs' digests, read whole, would not prove the runs
+    the same (the older run dirs' way)."""
+    problems = [f"{label}'s {path.name} ends mid-line: its last record was cut off"
+                for run, label in ((a, labels[0]), (b, labels[1]))
+                for path in digest_files(run).paths() if ends_mid_line(path)]
     if result.first_diff_step is not None or result.metric_first_diff_step is not None:
         return problems  # a divergence stands, and a run stopped at it lacks the steps after
     gaps = result.missing_in_a + result.missing_in_b + sum(result.lines_unread)
@@ -182,7 +344,7 @@ def _ranks_at_start(path: Path) -> set[int]:
     """The ranks with records in a digest file's first steps (ranks run in lockstep)."""
     ranks: set[int] = set()
     steps: set[int] = set()
-    for record in read_digests(path):
+    for record in read_run_digests(path):
         steps.add(record.step)
         if len(steps) > STEPS_READ_PAST:
             break
@@ -195,15 +357,6 @@ def _examples(names: Sequence[str]) -> str:
         return ""
     shown = ", ".join(names[:EXAMPLES_SHOWN])
     return f" ({shown}{', ...' if len(names) > EXAMPLES_SHOWN else ''})"
-
-
-def _ends_mid_line(path: Path) -> bool:
-    with open(path, "rb") as f:
-        f.seek(0, 2)
-        if f.tell() == 0:
-            return False
-        f.seek(-1, 2)
-        return f.read(1) != b"\n"
 
 
 @dataclass
@@ -219,7 +372,7 @@ class _Inventory:
 
 def _inventory(path: Path) -> _Inventory:
     inv = _Inventory({}, set(), set())
-    for record in read_digests(path):
+    for record in read_run_digests(path):
         inv.last_step[record.rank] = max(record.step, inv.last_step.get(record.rank, 0))
         inv.params.add((record.rank, record.param))
         inv.keys.add((record.step, record.rank, record.param))
@@ -240,11 +393,12 @@ RULE_VALUES = "values"
 RULE_BACKWARD_ORDER = "backward-order"
 
 
-def localize(result: DigestResult | None, ref_path: Path, run_path: Path,
+def localize(result: DigestResult | None, run_dir: Path,
              units: Iterable[str]) -> Localization | None:
     """The first divergence of two runs' digests, read back to a unit (None: no divergence).
 
-    units: the graph's units in forward order.
+    run_dir: the run whose order record gives the backward order; units: the graph's units
+    in forward order.
     """
     if result is None or result.first_diff_step is None or not result.at_first:
         return None
@@ -257,7 +411,7 @@ def localize(result: DigestResult | None, ref_path: Path, run_path: Path,
         order = units
     else:
         rule, candidates = RULE_BACKWARD_ORDER, result.at_first
-        order = backward_order(Path(run_path).parent) or units[::-1]
+        order = backward_order(Path(run_dir)) or units[::-1]
     position = {unit: k for k, unit in enumerate(order)}
 
     def rank_in_order(pair: tuple[int, str]) -> tuple[int, int, str]:
@@ -294,6 +448,7 @@ def unit_step_differences(
 ) -> tuple[list[str], list[int], dict[tuple[str, int], int]]:
     """Units, steps, and (unit, step) -> differing digest records, for the heat map.
 
+    ref_path, run_path: two run dirs (or two digest files).
     Units come in the given (graph) order, then any other unit the parameters fall in.
     Steps: STEPS_SHOWN from a few before `around` (the first divergence), else from the start.
     """
@@ -302,7 +457,7 @@ def unit_step_differences(
     high = low + STEPS_SHOWN - 1 if around is not None else None
 
     def window(path: Path) -> Iterable:
-        for record in read_digests(path):
+        for record in read_run_digests(path):
             if record.step >= low and (high is None or record.step <= high):
                 yield record
 

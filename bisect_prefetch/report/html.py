@@ -166,7 +166,7 @@ def _earliest_differing_ranks(a, b) -> tuple[dict[str, Any], dict[str, Any]]:
 def _plot_group(state_dir: Path, group: RunGroup, title: str, out_dir: Path,
                 index: int) -> list[tuple[str, Path]]:
     """The diverged group's first divergence against its reference, and its digests."""
-    from bisect_prefetch.metrics.digests import read_digests
+    from bisect_prefetch.metrics.digest_files import digest_files, read_run_digests
     from bisect_prefetch.metrics.loading import load_run
 
     run = group.first_divergence()
@@ -186,9 +186,8 @@ def _plot_group(state_dir: Path, group: RunGroup, title: str, out_dir: Path,
             title=title, labels=(run["reference"], run["run_id"]),
         )
         found.append((f"{title}: {run['reference']} vs {run['run_id']}", path))
-    digests_a, digests_b = dir_a / "digests.jsonl", dir_b / "digests.jsonl"
-    if digests_a.is_file() and digests_b.is_file():
-        heat = plots.plot_digest_heatmap(read_digests(digests_a), read_digests(digests_b),
+    if digest_files(dir_a).found and digest_files(dir_b).found:
+        heat = plots.plot_digest_heatmap(read_run_digests(dir_a), read_run_digests(dir_b),
                                          out_dir / f"digests-{index:02d}.png")
         found.append((f"{title}: gradient digests", heat))
         found.append(_unit_heatmap(dir_a, dir_b, run, out_dir / f"units-{index:02d}.png", title))
@@ -198,11 +197,11 @@ def _plot_group(state_dir: Path, group: RunGroup, title: str, out_dir: Path,
 def _unit_heatmap(dir_a: Path, dir_b: Path, run: dict, path: Path,
                   title: str) -> tuple[str, Path]:
     """Units x steps around the first divergence: differing digests, the first one boxed."""
-    from bisect_prefetch.metrics.localize import DIGEST_FILE, unit_step_differences, units_in_graph
+    from bisect_prefetch.metrics.localize import unit_step_differences, units_in_graph
     from bisect_prefetch.report.localization import describe
 
     units = units_in_graph(dir_b / GRAPH_FILE) or units_in_graph(dir_a / GRAPH_FILE)
-    rows, steps, counts = unit_step_differences(dir_a / DIGEST_FILE, dir_b / DIGEST_FILE, units,
+    rows, steps, counts = unit_step_differences(dir_a, dir_b, units,
                                                 around=run.get("first_diff_step"))
     where = run.get("localization")
     first = (where["unit"], where["step"]) if where else None

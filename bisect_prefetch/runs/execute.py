@@ -33,7 +33,7 @@ from bisect_prefetch.metrics.completeness import (
     short_series,
     unlike_ranks,
 )
-from bisect_prefetch.metrics.live import DIGEST_FILE, LiveMetrics
+from bisect_prefetch.metrics.live import LiveMetrics
 from bisect_prefetch.metrics.loading import load_files, load_run, metric_files
 from bisect_prefetch.metrics.localize import judge_digests, units_in_graph
 from bisect_prefetch.metrics.trajectory import Trajectory
@@ -385,8 +385,8 @@ class Runner:
 
         ref_trajectory = self.trajectory(reference) if reference is not None else None
         comparator = StreamingComparator(ref_trajectory, self.names) if ref_trajectory else None
-        ref_digests = self.state.run_dir(reference) / DIGEST_FILE if reference is not None else None
-        live = LiveMetrics(run_dir, exp.metrics, comparator, reference_digests=ref_digests)
+        ref_dir = self.state.run_dir(reference) if reference is not None else None
+        live = LiveMetrics(run_dir, exp.metrics, comparator, reference_dir=ref_dir)
         # A user's command starts where the user started the tool, as if typed there
         # (`python train.py` works); built-in workloads start in their run dir, so
         # whatever a framework drops in its working directory stays with the run.

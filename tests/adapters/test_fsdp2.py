@@ -18,6 +18,7 @@ from bisect_prefetch.adapters.gate import Gate
 from bisect_prefetch.adapters.import_hook import when_imported
 from bisect_prefetch.adapters.plan import PlanError, load_plan, parse_plan, plan_hash
 from bisect_prefetch.adapters.recorder import ProbeTally, Recorder
+from tests.conftest import rank_lines
 
 REPO = Path(__file__).resolve().parents[2]
 SITE = REPO / "bisect_prefetch" / "adapters" / "site"
@@ -94,7 +95,7 @@ def test_recorder_lines_from_concurrent_ranks_are_never_torn(tmp_path):
         worker.start()
     for worker in workers:
         worker.join(60)
-    lines = (tmp_path / "metrics.jsonl").read_text().splitlines()
+    lines = rank_lines(tmp_path, "metrics")  # each rank its own file
     records = [json.loads(line) for line in lines]  # raises on a torn line
     assert sorted((r["rank"], r["step"]) for r in records) == [
         (rank, step) for rank in range(4) for step in range(200)
@@ -105,7 +106,7 @@ def test_recorder_lines_from_concurrent_ranks_are_never_torn(tmp_path):
 def test_recorder_keeps_full_floats_and_nan(tmp_path):
     recorder = Recorder(str(tmp_path), 3)
     recorder.metrics(1, {"loss": 0.1 + 0.2, "grad_norm": float("nan")})
-    line = (tmp_path / "metrics.jsonl").read_text()
+    line = (tmp_path / "metrics.rank3.jsonl").read_text()
     assert '"loss": 0.30000000000000004' in line and "NaN" in line
     with pytest.raises(ValueError):
         recorder.metrics(2, {"rank": 1})
@@ -190,7 +191,7 @@ def test_adapter_imports_only_the_standard_library_and_never_torch(tmp_path):
     )
     assert result.returncode == 0, result.stderr
     assert json.loads(result.stdout) == {"foreign": [], "torch": False}
-    assert json.loads((tmp_path / "metrics.jsonl").read_text()) == {
+    assert json.loads((tmp_path / "metrics.rank0.jsonl").read_text()) == {
         "step": 1,
         "rank": 0,
         "loss": 2.5,
@@ -368,6 +369,7 @@ def test_discovered_graph_is_the_chain_plus_implicit_edges_and_all_off_masks_the
 @pytest.mark.slow
 def test_world_size_one_has_shard_size_one_and_the_guard_blocks_every_prefetch(tmp_path):
     _, read_jsonl, read_probe, run_fsdp2, write_plan = _fsdp2_helpers()
+    from tests.conftest import read_ranks  # noqa: I001
     plain, guarded = tmp_path / "plain", tmp_path / "guarded"
     run_fsdp2(plain, steps=3, nproc=1, plan=write_plan(plain))
     run_fsdp2(guarded, steps=3, nproc=1, plan=write_plan(guarded, guard="size-one"))
@@ -379,7 +381,7 @@ def test_world_size_one_has_shard_size_one_and_the_guard_blocks_every_prefetch(t
     assert set(guarded_edges) == set(plain_edges)
     for counts in guarded_edges.values():
         assert counts == {"fired": 3, "issued": 0, "noop": 0, "masked": 0, "guarded": 3}
-    assert read_jsonl(plain / "metrics.jsonl") == read_jsonl(guarded / "metrics.jsonl")
+    assert read_ranks(plain, "metrics") == read_ranks(guarded, "metrics")
 
 
 @pytest.mark.slow
@@ -415,7 +417,7 @@ def test_ranks_with_different_plans_stop_before_the_first_all_gather(tmp_path):
         probe = json.loads((tmp_path / f"rank{rank}" / f"probe.rank{rank}.json").read_text())
         assert len(set(probe["plan_hashes"])) == 2
         assert any("different plans" in error for error in probe["errors"])
-        assert not (tmp_path / f"rank{rank}" / "metrics.jsonl").exists()  # not a single step
+        assert not rank_lines(tmp_path / f"rank{rank}", "metrics")  # not a single step
 
 
 DEPTH_TWO_JOB = """

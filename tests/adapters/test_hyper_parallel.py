@@ -28,6 +28,8 @@ from bisect_prefetch.adapters.plan import parse_plan
 from bisect_prefetch.audit import audit_run_dir
 from bisect_prefetch.graph import from_policy
 from bisect_prefetch.metrics.digests import compare_digest_files
+from bisect_prefetch.metrics.localize import compare_run_digests
+from tests.conftest import rank_lines
 
 REPO = Path(__file__).resolve().parents[2]
 SITE = REPO / "bisect_prefetch" / "adapters" / "site"
@@ -376,7 +378,7 @@ def test_digests_of_mindspore_gradients_are_the_lines_the_orchestrator_reads(
     from bisect_prefetch.vocab import VALUE_SUFFIX
 
     grads = mindspore_digest_run(tmp_path, monkeypatch, lineage=lineage)
-    lines = (tmp_path / "digests.jsonl").read_text().splitlines()
+    lines = rank_lines(tmp_path, "digests")
     assert len(lines) == 3 * 2 * len(grads)  # each parameter's gradient and value
     assert all(set(json.loads(line)) == DIGEST_FIELDS for line in lines)
     records = [parse_digest_line(line) for line in lines]
@@ -399,15 +401,14 @@ def test_digests_of_mindspore_gradients_are_the_lines_the_orchestrator_reads(
 @pytest.mark.parametrize("lineage", LINEAGES)
 def test_mindspore_digests_are_reproducible_and_see_a_one_ulp_change(tmp_path, monkeypatch,
                                                                      lineage):
-    from bisect_prefetch.metrics.digests import compare_digest_files
 
     runs = {name: tmp_path / name for name in ("a", "b", "nudged")}
     mindspore_digest_run(runs["a"], monkeypatch, lineage=lineage)
     grads = mindspore_digest_run(runs["b"], monkeypatch, lineage=lineage)
     mindspore_digest_run(runs["nudged"], monkeypatch, nudge_step=2, lineage=lineage)
-    a, b = (runs[name] / "digests.jsonl" for name in ("a", "b"))
+    a, b = (runs[name] / "digests.rank0.jsonl" for name in ("a", "b"))
     assert a.read_text() == b.read_text()  # same inputs, same bytes, same lines
-    result = compare_digest_files(a, runs["nudged"] / "digests.jsonl")
+    result = compare_digest_files(a, runs["nudged"] / "digests.rank0.jsonl")
     assert result.first_diff_step == 2
     assert result.at_first == [(0, NUDGED_PARAM)]
     assert result.spread[2] == 1  # exactly that parameter's digest at that step
@@ -514,7 +515,7 @@ class WorkloadRun:
         self.ranks = ranks
 
     def metrics(self) -> dict[tuple[int, int], dict]:
-        lines = (self.dir / "metrics.jsonl").read_text().splitlines()
+        lines = rank_lines(self.dir, "metrics")
         rows = [json.loads(line) for line in lines]
         return {(row["step"], row["rank"]): row for row in rows}
 
@@ -653,11 +654,11 @@ def test_masking_the_faulty_backward_edge_removes_the_drift(runs):
     # The workload leaves each shard's gradient where hyper-parallel does, so the adapter
     # digests it: the drift shows in the digests no later than in the metrics, and the
     # masked run's digests equal the reference's.
-    digests = compare_digest_files(reference.dir / "digests.jsonl", drifting.dir / "digests.jsonl",
+    digests = compare_run_digests(reference.dir, drifting.dir,
                                    metric_first_diff=min(steps_differing)[0])
     assert digests.records_compared >= STEPS and not digests.problems
     assert digests.first_diff_step is not None and digests.lead_steps >= 0
-    same = compare_digest_files(reference.dir / "digests.jsonl", masked.dir / "digests.jsonl")
+    same = compare_run_digests(reference.dir, masked.dir)
     assert same.first_diff_step is None and same.records_differing == 0
     counts = masked.probe()["edges"][FAULT_EDGE]
     assert (counts["issued"], counts["masked"]) == (0, STEPS)
@@ -732,7 +733,7 @@ def test_msrun_jobs_get_every_signal_from_the_optimizer_call_alone(runs):
         assert [s for s, _ in probe["step_seconds"]] == list(range(1, STEPS + 1))
         assert probe["step_notes"] == []  # report_step agreed with the optimizer's count
         assert (run.dir / f"order.rank{rank}.jsonl").read_text().count("\n") == min(STEPS, 3)
-    ranks = {json.loads(line)["rank"] for line in (run.dir / "digests.jsonl").open()}
+    ranks = {json.loads(line)["rank"] for line in rank_lines(run.dir, "digests")}
     assert ranks == {0, 1}
 
 

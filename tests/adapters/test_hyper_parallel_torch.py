@@ -64,8 +64,10 @@ def test_graph_shard_sizes_and_digests_on_every_rank(runs):
         assert {u["lineage"] for u in probe["hyper_parallel"]["units"].values()} == {"fully_shard"}
         assert (probe["digests"]["parameters"], probe["digests"]["gradients"]) == (8, 8)
         assert probe["digests"]["fewest_tensors"] == 16
-    same = compare_digest_files(runs["a"] / "digests.jsonl", runs["b"] / "digests.jsonl")
-    assert same.first_diff_step is None and same.records_compared == 3 * 2 * 16
+    for rank in (0, 1):
+        name = f"digests.rank{rank}.jsonl"
+        same = compare_digest_files(runs["a"] / name, runs["b"] / name)
+        assert same.first_diff_step is None and same.records_compared == 3 * 16
 
 
 def test_audit_of_shard_size_two_without_reshard_after_forward_fails_nothing(runs):

@@ -25,6 +25,7 @@ from bisect_prefetch.adapters.gate import Gate
 from bisect_prefetch.adapters.plan import PlanError, parse_plan, plan_hash
 from bisect_prefetch.experiment import Experiment
 from bisect_prefetch.runs.plan import build_plan, write_plan
+from tests.conftest import rank_lines
 
 REPO = Path(__file__).resolve().parents[2]
 SITE = REPO / "bisect_prefetch" / "adapters" / "site"
@@ -272,7 +273,7 @@ def run_user_job(run_dir: Path, *, job_args: tuple[str, ...], steps: int, mask=N
 
 def digest_records(run_dir: Path) -> list[tuple]:
     """(step, rank, param, digest, norm, max_abs), sorted: ranks append in any order."""
-    records = [json.loads(line) for line in (run_dir / "digests.jsonl").read_text().splitlines()]
+    records = [json.loads(line) for line in rank_lines(run_dir, "digests")]
     return sorted((r["step"], r["rank"], r["param"], r["digest"], r["norm"], r["max_abs"])
                   for r in records)
 

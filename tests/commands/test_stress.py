@@ -25,7 +25,7 @@ from bisect_prefetch.runs.oracle import Earlier
 from bisect_prefetch.runs.signals import describe_stress
 from bisect_prefetch.search.oracle import AnswersAtOnce, RunResult
 from bisect_prefetch.search.stress import Hazard, choose_stress
-from tests.conftest import console, read_jsonl
+from tests.conftest import console, read_ranks
 
 
 # -- the adapter's delays ------------------------------------------------------------------
@@ -316,7 +316,7 @@ def _aa(tmp_path: Path, experiment: Path, *args: str) -> dict:
 
 
 def _digests(tmp_path: Path, name: str, run_id: str) -> dict:
-    rows = read_jsonl(tmp_path / "state" / name / "runs" / run_id / "digests.jsonl")
+    rows = read_ranks(tmp_path / "state" / name / "runs" / run_id, "digests")
     return {(r["step"], r["rank"], r["param"]): r["digest"] for r in rows}
 
 

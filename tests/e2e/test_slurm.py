@@ -158,7 +158,7 @@ def test_a_job_cancelled_from_outside_is_retried_and_never_counted(slurm_cluster
         while cancelled is None and time.monotonic() < deadline:
             pending = [r for r in in_flight(journal(tmp_path / "state"))
                        if r["variant"].startswith("search+") and r["attempt"] == 0]
-            if pending and (Path(state.run_dir(pending[0]["run_id"])) / "metrics.jsonl").exists():
+            if pending and (Path(state.run_dir(pending[0]["run_id"])) / "metrics.rank0.jsonl").exists():
                 cancelled = pending[0]
                 subprocess.run(["scancel", cancelled["job_id"]], check=True)
             time.sleep(0.1)
@@ -189,7 +189,7 @@ def test_an_aa_run_cancelled_from_outside_is_run_again(slurm_cluster, tmp_path):
         if (state / "e2e" / "journal.jsonl").exists():
             for r in in_flight(journal(state)):
                 if r["variant"].startswith("aa+") and (state / "e2e" / "runs" / r["run_id"] /
-                                                       "metrics.jsonl").exists():
+                                                       "metrics.rank0.jsonl").exists():
                     cancelled = r
                     subprocess.run(["scancel", r["job_id"]], check=True)
                     break

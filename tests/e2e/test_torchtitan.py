@@ -20,6 +20,7 @@ import pytest
 
 from bisect_prefetch.cli import main
 from bisect_prefetch.graph import from_policy
+from tests.conftest import read_ranks
 
 pytestmark = pytest.mark.slow
 TESTS = Path(__file__).resolve().parents[1]
@@ -142,7 +143,7 @@ def test_aa_all_on_is_consistent_with_digests_in_torchtitans_own_venv(clean, cap
                   if "aa" in p.name)
     assert len(runs) == 2
     for run_dir in runs:
-        digests = [json.loads(line) for line in (run_dir / "digests.jsonl").open()]
+        digests = read_ranks(run_dir, "digests")
         assert {d["rank"] for d in digests} == {0, 1}
         assert {d["step"] for d in digests} == {1, 2, 3}
         probe = json.loads((run_dir / "probe.rank1.json").read_text())

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import read_jsonl, read_probe, run_fsdp2, write_plan
+from tests.conftest import rank_lines, read_probe, read_ranks, run_fsdp2, write_plan
 
 pytest.importorskip("torch")
 
@@ -36,21 +36,21 @@ def baseline(tmp_path_factory) -> Path:
 def test_aa_without_fault_is_bitwise_identical(baseline, tmp_path):
     plan = write_plan(tmp_path, record={"graph": True, "probe": True, "digests": "layers.*"})
     run_fsdp2(tmp_path, steps=30, plan=plan)
-    a, b = read_jsonl(baseline / "metrics.jsonl"), read_jsonl(tmp_path / "metrics.jsonl")
+    a, b = read_ranks(baseline, "metrics"), read_ranks(tmp_path, "metrics")
     assert len(a) == 30 * 2
     assert {(r["step"], r["rank"]) for r in a} == {(s, r) for s in range(1, 31) for r in (0, 1)}
     assert a == b
     assert a[0]["loss"] > a[-1]["loss"]  # it trains
-    digests_a = read_jsonl(baseline / "digests.jsonl")
+    digests_a = read_ranks(baseline, "digests")
     assert digests_a and all(r["param"].startswith("layers.") for r in digests_a)
-    assert digests_a == read_jsonl(tmp_path / "digests.jsonl")
+    assert digests_a == read_ranks(tmp_path, "digests")
 
 
 def test_adapter_does_not_change_the_numbers(baseline, tmp_path):
     result = run_fsdp2(tmp_path, steps=30, plan=None)
-    assert not (tmp_path / "metrics.jsonl").exists()
+    assert not rank_lines(tmp_path, "metrics")
     printed = [line.split() for line in result.stdout.splitlines() if line.startswith("step ")]
-    rank0 = [r for r in read_jsonl(baseline / "metrics.jsonl") if r["rank"] == 0]
+    rank0 = [r for r in read_ranks(baseline, "metrics") if r["rank"] == 0]
     assert [(int(p[1]), float(p[3]), float(p[5])) for p in printed] == [
         (r["step"], r["loss"], r["grad_norm"]) for r in rank0
     ]
@@ -62,7 +62,7 @@ def test_fault_on_a_backward_edge_diverges(baseline, tmp_path):
         tmp_path, steps=30, plan=plan,
         extra_args=("--fault-edge", FAULT_EDGE, "--fault-hazard", "1.0"),
     )  # fmt: skip
-    a, b = read_jsonl(baseline / "metrics.jsonl"), read_jsonl(tmp_path / "metrics.jsonl")
+    a, b = read_ranks(baseline, "metrics"), read_ranks(tmp_path, "metrics")
     assert [(r["step"], r["rank"]) for r in a] == [(r["step"], r["rank"]) for r in b]
     assert a != b
     assert read_probe(tmp_path)["edges"][FAULT_EDGE]["issued"] == 30
@@ -73,7 +73,7 @@ def test_fault_edge_masked_off_is_identical_to_baseline(baseline, tmp_path):
     assert len(mask) == len(all_edges(baseline)) - 1
     plan = write_plan(tmp_path, mask=mask, fault={"edge": FAULT_EDGE, "hazard": 1.0})
     run_fsdp2(tmp_path, steps=30, plan=plan)  # the fault comes from the plan this time
-    assert read_jsonl(baseline / "metrics.jsonl") == read_jsonl(tmp_path / "metrics.jsonl")
+    assert read_ranks(baseline, "metrics") == read_ranks(tmp_path, "metrics")
     for rank in (0, 1):
         counts = read_probe(tmp_path, rank)["edges"][FAULT_EDGE]
         assert counts == {"fired": 30, "issued": 0, "noop": 0, "masked": 30, "guarded": 0}

@@ -1,6 +1,7 @@
 """Every signal on a user's own job: step boundaries found zero-touch, and every run says
-what it measured. The job (examples/fsdp2_train.py) imports nothing of ours and calls
-nothing of ours; it runs under torchrun with 2 ranks and gradient accumulation 2.
+what it measured; every file of a run dir has one writer (the orchestrator or one rank).
+The job (examples/fsdp2_train.py) imports nothing of ours and calls nothing of ours; it runs
+under torchrun with 2 ranks and gradient accumulation 2.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from bisect_prefetch.cli import main
+from tests.conftest import rank_lines, run_dir_writers
 
 pytest.importorskip("torch")
 JOB = Path(__file__).resolve().parents[2] / "examples" / "fsdp2_train.py"
@@ -51,8 +53,11 @@ def test_a_users_job_gets_digests_order_and_step_times_and_says_so(tmp_path, cap
     out = capsys.readouterr().out
     assert code == 0, out
     for run_dir in _runs(tmp_path):
-        ranks = {json.loads(line)["rank"] for line in (run_dir / "digests.jsonl").open()}
+        ranks = {json.loads(line)["rank"] for line in rank_lines(run_dir, "digests")}
         assert ranks == {0, 1}
+        # Every file of the run dir has one writer: the orchestrator, or one rank.
+        writers = run_dir_writers(run_dir, 2)
+        assert {writers[f"digests.rank{r}.jsonl"] for r in (0, 1)} == {"rank 0", "rank 1"}
         assert (run_dir / "order.rank0.jsonl").is_file() and (run_dir / "order.rank1.jsonl").is_file()
         for rank in (0, 1):
             probe = json.loads((run_dir / f"probe.rank{rank}.json").read_text())

@@ -4,7 +4,7 @@ The first run of a group (run id ending in k0) always writes clean digests; late
 follow the mode (argv[1]):
 - clean: the same digests;
 - late-diff: layers.1's digests differ from step 3 on (the printed metrics never do);
-- cut: the digest file ends mid-line;
+- cut: rank 1's digest file ends mid-line;
 - silent-rank: rank 1 writes no digests;
 - other-params: rank 0 digests one parameter under another name.
 """
@@ -31,7 +31,7 @@ def main() -> None:
             json.dump(graph, f)
         with open(os.path.join(out, f"probe.rank{rank}.json"), "w") as f:
             json.dump({"rank": rank, "plan_hash": plan_hash(plan), "edges": {}}, f)
-    lines = []
+    lines: dict[int, list[str]] = {0: [], 1: []}
     for step in range(1, steps + 1):
         for rank in (0, 1):
             if later and mode == "silent-rank" and rank == 1:
@@ -42,13 +42,15 @@ def main() -> None:
                     digest, norm = digest + "x", norm * (1.5 if param.endswith("w") else 1.01)
                 if later and mode == "other-params" and rank == 0 and param == "output.weight":
                     param = "output.bias"
-                lines.append(json.dumps({"step": step, "rank": rank, "param": param,
-                                         "digest": digest, "norm": norm, "max_abs": 0.5}) + "\n")
-    text = "".join(lines)
-    if later and mode == "cut":
-        text = text[:-20]
-    with open(os.path.join(out, "digests.jsonl"), "w") as f:
-        f.write(text)
+                lines[rank].append(json.dumps({"step": step, "rank": rank, "param": param,
+                                               "digest": digest, "norm": norm, "max_abs": 0.5}) + "\n")
+    for rank, rank_lines in lines.items():  # each rank's own file, as the adapter writes them
+        text = "".join(rank_lines)
+        if later and mode == "cut" and rank == 1:
+            text = text[:-20]
+        if text:
+            with open(os.path.join(out, f"digests.rank{rank}.jsonl"), "w") as f:
+                f.write(text)
     with open(os.path.join(out, "metrics.jsonl"), "w") as f:
         for step in range(1, steps + 1):
             for rank in (0, 1):

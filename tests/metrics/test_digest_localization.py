@@ -22,6 +22,7 @@ from bisect_prefetch.commands.matrix import CellResult, cell_verdict_line
 from bisect_prefetch.experiment import Experiment
 from bisect_prefetch.metrics.compare import compare_paths
 from bisect_prefetch.metrics.digests import read_digests
+from bisect_prefetch.metrics.digest_files import read_run_digests
 from bisect_prefetch.metrics.localize import (
     compare_run_digests,
     judge_digests,
@@ -36,12 +37,18 @@ DIGEST_JOB = Path(__file__).resolve().parents[1] / "jobs" / "digest_job.py"
 UNITS = ["embedding", "layers.0", "layers.1", "output"]
 
 
-def _write(run_dir: Path, records: list[tuple], *, cut: int = 0) -> Path:
-    """digests.jsonl from (step, rank, param, digest, norm) records; cut: bytes dropped."""
+def _write(run_dir: Path, records: list[tuple], *, cut: int = 0, shared: bool = False) -> Path:
+    """Each rank's digests.rank<R>.jsonl from (step, rank, param, digest, norm) records (shared:
+    one digests.jsonl, as older run dirs hold); cut: bytes dropped from the last file."""
     run_dir.mkdir(parents=True, exist_ok=True)
-    text = "".join(json.dumps({"step": s, "rank": r, "param": p, "digest": d, "norm": n,
-                               "max_abs": n / 2}) + "\n" for s, r, p, d, n in records)
-    (run_dir / "digests.jsonl").write_text(text[: len(text) - cut])
+    files: dict[str, list[str]] = {}
+    for s, r, p, d, n in records:
+        name = "digests.jsonl" if shared else f"digests.rank{r}.jsonl"
+        files.setdefault(name, []).append(json.dumps(
+            {"step": s, "rank": r, "param": p, "digest": d, "norm": n, "max_abs": n / 2}) + "\n")
+    for k, (name, lines) in enumerate(sorted(files.items())):
+        text = "".join(lines)
+        (run_dir / name).write_text(text[: len(text) - cut] if k == len(files) - 1 else text)
     return run_dir
 
 
@@ -76,7 +83,7 @@ def test_recorder_lines_round_trip_with_norm_and_max_abs(tmp_path):
     recorder = Recorder(str(tmp_path), 1)
     recorder.digests(4, [("layers.0.w", "ab", 0.1 + 0.2, float("nan")), ('q"x', "cd", 1e-300, 2.0)])
     recorder.close()
-    first, second = read_digests(tmp_path / "digests.jsonl")
+    first, second = read_digests(tmp_path / "digests.rank1.jsonl")
     assert first[:4] == (4, 1, "layers.0.w", "ab") and first.norm == 0.1 + 0.2
     assert first.max_abs != first.max_abs  # NaN survives
     assert second.param == 'q"x' and second.norm == 1e-300 and second.max_abs == 2.0
@@ -104,8 +111,7 @@ def test_gradients_alone_name_the_first_differing_unit_in_backward_order(tmp_pat
     assert verdict.localization.to_json() == {
         "step": 3, "rank": 1, "unit": "layers.1", "param": "layers.1.w", "units_differing": 2,
         "rule": "backward-order"}
-    units, steps, counts = unit_step_differences(ref / "digests.jsonl", run / "digests.jsonl",
-                                                 UNITS, around=3)
+    units, steps, counts = unit_step_differences(ref, run, UNITS, around=3)
     assert units == ["layers.0", "layers.1", "output"] and steps == [1, 2, 3, 4, 5]
     assert counts[("layers.1", 3)] == 1 and counts[("layers.0", 3)] == 2 and ("output", 3) not in counts
 
@@ -148,7 +154,7 @@ def test_a_digest_file_cut_mid_line(tmp_path):
     result = compare_run_digests(_write(tmp_path / "a", _records()),
                                  _write(tmp_path / "b", _records(), cut=7), ranks=2)
     assert result.first_diff_step is None
-    assert result.problems == ["run's digests.jsonl ends mid-line: its last record was cut off"]
+    assert result.problems == ["run's digests.rank1.jsonl ends mid-line: its last record was cut off"]
 
 
 def test_a_rank_that_wrote_no_digests(tmp_path):
@@ -169,9 +175,9 @@ def test_digests_over_different_parameter_sets(tmp_path):
     result = compare_run_digests(ref, other, ranks=2)
     assert result.first_diff_step is None
     assert result.problems == [
-        "the runs digest different parameters: 2 only in reference "
-        "(output.w on rank 0, output.w on rank 1), 2 only in run "
-        "(output.bias on rank 0, output.bias on rank 1)"]
+        f"rank {r}: the runs digest different records (only in reference: output.w at step 1, "
+        "output.w at step 2; only in run: output.bias at step 1, output.bias at step 2)"
+        for r in (0, 1)]
 
 
 def test_a_run_without_a_digest_file_next_to_one_with(tmp_path):
@@ -210,11 +216,12 @@ def _aa(tmp_path: Path, mode: str) -> tuple[int, dict]:
 
 
 @pytest.mark.parametrize(("mode", "line"), [
-    ("cut", "digests.jsonl ends mid-line: its last record was cut off"),
+    ("cut", "digests.rank1.jsonl ends mid-line: its last record was cut off"),
     ("silent-rank", "rank 1 wrote no gradient digests in run 0002-aa-k1 (reference 0001-aa-k0 "
                     "has them)"),
-    ("other-params", "the runs digest different parameters: 1 only in reference 0001-aa-k0 "
-                     "(output.weight on rank 0), 1 only in run 0002-aa-k1 (output.bias on rank 0)"),
+    ("other-params", "rank 0: the runs digest different records (only in reference 0001-aa-k0: "
+                     "output.weight at step 1, output.weight at step 2; only in run 0002-aa-k1: "
+                     "output.bias at step 1, output.bias at step 2)"),
 ])
 def test_aa_never_calls_runs_with_bad_digests_consistent(tmp_path, capsys, mode, line):
     code, result = _aa(tmp_path, mode)
@@ -278,7 +285,7 @@ def test_compare_says_digests_that_cannot_vouch_for_the_runs(tmp_path):
     result = compare_paths(tmp_path / "a", tmp_path / "b")
     assert not result.differs and result.finding  # compare exits 1, never "identical"
     assert result.to_json()["digests"]["problems"] == [
-        "b's digests.jsonl ends mid-line: its last record was cut off"]
+        "b's digests.rank1.jsonl ends mid-line: its last record was cut off"]
 
 
 WHERE = {"step": 9, "rank": 1, "unit": "layers.4", "param": "layers.4.qkv.weight",
@@ -321,7 +328,7 @@ def test_real_fsdp2_aa_records_digests_by_default_and_identical_runs_stay_consis
     assert code == 0 and result["verdict"] == "consistent" and result["localization"] is None
     run_dirs = [tmp_path / "state" / "fsdp2-clean" / "runs" / r["run_id"]
                 for r in result["run_details"]]
-    records = [list(read_digests(d / "digests.jsonl")) for d in run_dirs]
+    records = [list(read_run_digests(d)) for d in run_dirs]
     # The same records (ranks interleave their lines in any order).
     assert sorted(r[:4] for r in records[0]) == sorted(r[:4] for r in records[1])
     params = {r.param for r in records[0]}

@@ -95,14 +95,19 @@ def test_per_rank_logs_are_followed_instead_of_stdout(tmp_path):
 
 def test_a_differing_digest_stops_before_the_metrics_differ(tmp_path):
     records = [DigestRecord(s, r, "layers.0.w", f"{s:016x}") for s in (1, 2, 3) for r in (0, 1)]
-    ref_digests = tmp_path / "golden.digests.jsonl"
-    ref_digests.write_text("".join(format_digest_line(r) + "\n" for r in records))
+    golden_dir = tmp_path / "golden-digests"
+    golden_dir.mkdir()
+    for rank in (0, 1):  # each rank's own file
+        (golden_dir / f"digests.rank{rank}.jsonl").write_text(
+            "".join(format_digest_line(r) + "\n" for r in records if r.rank == rank))
     comparator = StreamingComparator(golden(tmp_path, "jsonl"))
     run = tmp_path / "run"
     run.mkdir()
-    live = LiveMetrics(run, config("jsonl"), comparator, reference_digests=ref_digests)
+    live = LiveMetrics(run, config("jsonl"), comparator, reference_dir=golden_dir)
     changed = [r._replace(digest="ff") if (r.step, r.rank) == (2, 1) else r for r in records]
-    (run / "digests.jsonl").write_text("".join(format_digest_line(r) + "\n" for r in changed))
+    for rank in (0, 1):
+        (run / f"digests.rank{rank}.jsonl").write_text(
+            "".join(format_digest_line(r) + "\n" for r in changed if r.rank == rank))
     (run / "metrics.jsonl").write_text("".join(line("jsonl", s) + "\n" for s in (1, 2, 3)))
     live.progress()
     assert live.first_diff_step == 2 and comparator.first_diff == (1, "digest of layers.0.w")
