@@ -77,7 +77,7 @@ from typing import Any
 
 from bisect_prefetch.vocab import GUARD_SIZE_ONE, GUARDED, ISSUED, MASKED, NOOP, parse_edge_id
 
-from . import environment
+from . import environment, manifest
 from .import_hook import when_imported
 from .order import OrderLog
 from .plan import Plan, load_plan
@@ -380,6 +380,7 @@ def install(plan_path: str | None = None) -> Session:
         if _session is not None:
             return _session
         _session = Session(load_plan(plan_path), rank_from_env())
+        manifest.attach(_session)  # what the job reads, for reuse (adapters/manifest.py)
         atexit.register(_session.close)
     for framework, adapter_name in FRAMEWORK_ADAPTERS.items():
         when_imported(framework, _activate(adapter_name))

@@ -54,7 +54,7 @@ from bisect_prefetch.report.html import BISECT_FILE, build_report
 from bisect_prefetch.report.localization import in_unit
 from bisect_prefetch.report.stress import stress_line
 from bisect_prefetch.runs.discover import DISCOVERY_STEPS
-from bisect_prefetch.runs.execute import RunOutcome
+from bisect_prefetch.runs.execute import Runner, RunOutcome
 from bisect_prefetch.runs.oracle import Earlier, OnRun, RealOracle
 from bisect_prefetch.runs.slots import RunRequest, keep_slots_busy
 from bisect_prefetch.runs.state import OpenState, open_state
@@ -152,6 +152,7 @@ def bisect(
     slots: int | None = None,
     stress: str | None = None,
     segments: str | None = None,
+    no_reuse: bool = False,
 ) -> int:
     """Run (or resume) the bisection, print its story and verdict; returns the exit code.
 
@@ -161,6 +162,9 @@ def bisect(
     """
     experiment = with_segments(with_stress(load_experiment(experiment_path), stress), segments)
     require_prefetch_graph(experiment)
+    if no_reuse and resume:
+        raise BisectPrefetchError("--no-reuse runs every run afresh and --resume reuses the "
+                                  "bisection's finished runs: give one of them")
     check_outputs(json_out, state_dir=state_dir, name=experiment.name)
     hint = resume_command(experiment_path, state_dir, confidence, max_runs, executor, slots,
                           stress, segments)
@@ -170,6 +174,7 @@ def bisect(
             confidence=confidence if confidence is not None else experiment.search.confidence,
             max_runs=max_runs if max_runs is not None else experiment.search.max_runs,
             console=console, oracle_for=oracle_for, executor=executor, slots=slots,
+            no_reuse_before=time.time() if no_reuse else None,
         )
     if json_out is not None:
         write_json(json_out, data, console)
@@ -185,12 +190,12 @@ def _budget_words(max_runs: int | None) -> str:
 def _bisect(experiment: Experiment, experiment_path: Path, *, hint: str, resume: bool,
             state_dir: Path, confidence: float, max_runs: int | None, console: Console,
             oracle_for: OracleFor, executor: str | None = None,
-            slots: int | None = None) -> dict:
+            slots: int | None = None, no_reuse_before: float | None = None) -> dict:
     began = time.monotonic()
     with open_state(experiment, state_dir, console=console, executor=executor,
-                    slots=slots) as opened:
+                    slots=slots, no_reuse_before=no_reuse_before) as opened:
         earlier = _earlier_search_runs(opened.state, experiment)
-        if earlier and not resume:
+        if earlier and not resume and no_reuse_before is None:
             raise BisectPrefetchError(
                 f"{opened.path} already holds {earlier} run(s) of a bisection of this experiment; "
                 f"continue it with: {hint}  (or give another --state-dir to start over)"
@@ -198,9 +203,12 @@ def _bisect(experiment: Experiment, experiment_path: Path, *, hint: str, resume:
         console.print(f"bisecting {experiment.name}: {experiment.steps} steps a run, seed "
                       f"{experiment.seed}, guard {experiment.guard}, confidence "
                       f"{confidence:g}, {_budget_words(max_runs)}", markup=False)
-        if earlier:
-            console.print(f"resuming: {earlier} finished run(s) in the journal are reused",
-                          markup=False)
+        if earlier:  # only what may still be reused (runs/reuse.py) is said to be
+            kept = _earlier_search_runs(opened.state, experiment, runner=opened.runner)
+            again = "" if kept == earlier else (
+                f"; {earlier - kept} run again, first because: {opened.runner.refused[0][1]}")
+            console.print(f"resuming: {kept} finished run(s) in the journal are reused{again}",
+                          markup=False, soft_wrap=True)
         graph = opened.graph()
         suspects = audit_suspects(opened, console)
 
@@ -512,11 +520,14 @@ def audit_suspects(opened: OpenState, console: Console) -> list[str]:
     return suspects
 
 
-def _earlier_search_runs(state: StateDir, experiment: Experiment) -> int:
-    """Journaled runs of a bisection of this very experiment (golden and retries too)."""
+def _earlier_search_runs(state: StateDir, experiment: Experiment,
+                         runner: Runner | None = None) -> int:
+    """Journaled runs of a bisection of this very experiment (golden and retries too);
+    with a runner, only those it may reuse now."""
     suffix = "@" + experiment.fingerprint()
     return sum(1 for r in state.records()
-               if r["variant"].startswith(PURPOSE) and r["variant"].endswith(suffix))
+               if r["variant"].startswith(PURPOSE) and r["variant"].endswith(suffix)
+               and (runner is None or runner.reusable(r) is not None))
 
 
 def resume_command(experiment_path: Path, state_dir: Path, confidence: float | None,

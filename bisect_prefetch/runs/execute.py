@@ -56,6 +56,7 @@ from bisect_prefetch.runs.launcher import (
 from bisect_prefetch.runs.merge import GRAPH_FILE, merge_graphs, merge_probes, schedule_problems
 from bisect_prefetch.runs.plan import PLAN_ENV, PLAN_FILE, build_plan, plan_hash, write_plan
 from bisect_prefetch.runs.procs import kill_leftovers
+from bisect_prefetch.runs.reuse import ReuseCheck, collect
 from bisect_prefetch.runs.signals import run_signals, signal_problems
 from bisect_prefetch.runs.step_time import run_step_time_ms, run_step_times_ms
 from bisect_prefetch.runs.store import RunKey, StateDir
@@ -113,6 +114,8 @@ class RunOutcome:
     signals: dict[str, Any] | None = None
     # The job's own environment, as its ranks saw it (runs/envprint.summary; None: no print).
     environment: dict[str, Any] | None = None
+    # What the job read (runs/reuse.collect): the run is reused only while it is the same.
+    manifest: dict[str, Any] | None = None
     reused: bool = False
 
     @property
@@ -213,6 +216,14 @@ class Runner:
             argv_template(experiment, steps=experiment.steps), cwd=Path.cwd(),
             env_path={**os.environ, **experiment.env}.get("PATH"))
         self.reused_finished_at: list[float | None] = []  # runs taken from the journal
+        # A journaled run is reused only while what its job read is the same (runs/reuse.py);
+        # no_reuse_before (--no-reuse: the command's start): runs journaled before it are
+        # never reused. refused: (run id, first reason).
+        self.no_reuse_before: float | None = None
+        self.reuse_check = ReuseCheck(
+            job_env(plan_path=Path(PLAN_FILE), experiment_env=experiment.env,
+                    workload_env=workload_env(experiment)), records=state.records())
+        self.refused: list[tuple[str, str]] = []
         # Whether runs keyed from now on run under stress (adapters/stress.py); a key can
         # also say it itself (the stress calibration of `bisect --stress auto`).
         self.stress = False
@@ -297,7 +308,7 @@ class Runner:
         previous orchestrator submitted for this key and that Slurm still knows
         is re-attached, never submitted twice.
         """
-        found = self.state.find(key)
+        found = self.reusable(self.state.find(key))
         if found is not None:
             self.reused_finished_at.append(found.get("finished_at"))
             return self._said(RunOutcome.from_record(found))
@@ -320,6 +331,30 @@ class Runner:
             self.state.append_submitted(key, run_id=run_id, job_id=started.job_id,
                                         executor=self.executor.kind)
         return started
+
+    def reusable(self, record: dict[str, Any] | None) -> dict[str, Any] | None:
+        """The journal record if its run may be reused now; a refusal is kept with its reason."""
+        if record is None:
+            return None
+        why = self._why_not(record)
+        if why is None:
+            return record
+        if all(run_id != record.get("run_id") for run_id, _ in self.refused):
+            self.refused.append((str(record.get("run_id")), why))
+        return None
+
+    def reusable_records(self) -> list[dict[str, Any]]:
+        """The journal's finished runs that may be reused now; the refusals of this
+        experiment's runs (same code and fingerprint) are kept with their reasons."""
+        tail = f"+{self.code}@{self.experiment.fingerprint()}"
+        return [r for r in self.state.records()
+                if (self.reusable(r) if r["variant"].endswith(tail)
+                    else self._why_not(r) is None)]
+
+    def _why_not(self, record: dict[str, Any]) -> str | None:
+        if self.no_reuse_before is not None and (record.get("finished_at") or 0) < self.no_reuse_before:
+            return "--no-reuse"
+        return self.reuse_check.why_not(record)
 
     def poll(self, started: StartedRun) -> RunOutcome | None:
         """None while the run's job goes; once it ended, the run collected and journaled."""
@@ -414,6 +449,7 @@ class Runner:
         merged, probe_problems = merge_probes(run_dir, expected_hash)
         out.signals = self._signals(run_dir)
         out.environment = envprint.summary(envprint.add_job_print(run_dir))
+        out.manifest = collect(run_dir)
         # A job we stopped at its first difference was killed mid-step: its ranks may
         # have counted different numbers of steps without anything being wrong.
         stopped = out.outcome == STOPPED_EARLY
