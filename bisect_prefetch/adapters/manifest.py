@@ -69,7 +69,10 @@ def _installed_roots() -> tuple[str, ...]:
     for entry in sys.path:
         if os.path.basename(entry) in ("site-packages", "dist-packages"):
             roots.add(entry)
-    return tuple(os.path.join(os.path.realpath(r), "") for r in roots if r)
+    # As written and resolved: a module's path is tested as found first (realpath is a
+    # syscall per path component, and a big job imports thousands of installed modules).
+    return tuple({os.path.join(f(r), "") for r in roots if r for f in (os.path.abspath,
+                                                                          os.path.realpath)})
 
 
 def _under(path: str, roots: tuple[str, ...]) -> bool:
@@ -122,7 +125,8 @@ class Manifest:
                 continue  # built-in, frozen, namespace
             if os.path.basename(origin) == "sitecustomize.py" and "bisect_prefetch" in origin:
                 continue
-            out.append(os.path.realpath(origin))
+            if not _under(origin, self.installed):
+                out.append(os.path.realpath(origin))
         return out
 
     def _argument_dirs(self) -> list[str]:

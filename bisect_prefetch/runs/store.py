@@ -25,14 +25,14 @@ from pathlib import Path
 from typing import Any
 
 from bisect_prefetch.errors import BisectPrefetchError
-from bisect_prefetch.files import protect
+from bisect_prefetch.files import LOCK_MARKER, STATE_JOURNAL, STATE_LOCK, protect
 from bisect_prefetch.vocab import Mask
 
 JOURNAL_VERSION = 1
-JOURNAL = "journal.jsonl"
+JOURNAL = STATE_JOURNAL
 # A line holding this key records a job at submission, not a finished run.
 SUBMITTED = "submitted"
-LOCK = "lock"
+LOCK = STATE_LOCK
 
 
 @dataclass(frozen=True)
@@ -196,14 +196,14 @@ class StateDir:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            holder = os.read(fd, 64).decode(errors="replace").strip() or "?"
+            holder = os.read(fd, 64).decode(errors="replace").split("\n")[0].strip() or "?"
             os.close(fd)
             raise BisectPrefetchError(
                 f"state dir {self.path} is in use by another bisect-prefetch (pid {holder}); "
                 "wait for it to finish or give a different --state-dir"
             ) from None
         os.ftruncate(fd, 0)
-        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        os.pwrite(fd, f"{os.getpid()}\n{LOCK_MARKER}\n".encode(), 0)
         self._lock_fd = fd
         try:
             self._load()
