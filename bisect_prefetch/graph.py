@@ -302,6 +302,7 @@ def render_png(graph: PrefetchGraph, path: str | Path, *, highlight: Iterable[st
     import matplotlib
 
     matplotlib.use("Agg")
+    matplotlib.rcParams["text.parse_math"] = False  # unit names are plain text, never mathtext
     import matplotlib.pyplot as plt
     from matplotlib.patches import FancyArrowPatch
 
