@@ -13,11 +13,11 @@ does before reusing it:
   the run still reused);
 - ``check edited``: one file edited (found, reason said).
 
-With ``--torchtitan`` (needs .venv-torchtitan), the same for a process of that venv that
+Where .venv-torchtitan is built (``--skip-torchtitan`` leaves it out), the same for a process of that venv that
 imports torchtitan's trainer: how many source files it imported, how many of them its
 manifest holds (installed distributions are not in it), and the write and check times.
 Each figure is the median of ``--repeats``. Run: ``python -m benchmarks.bench_reuse
-[--modules N] [--repeats R] [--torchtitan] [--json FILE]``.
+[--modules N] [--repeats R] [--skip-torchtitan] [--json FILE]``.
 """
 
 from __future__ import annotations
@@ -91,7 +91,7 @@ def _check_s(manifest: dict, repeats: int) -> tuple[float, str | None]:
     return statistics.median(times), why
 
 
-def measure(python: str, job: str, repeats: int, project: Path | None) -> dict:
+def measure(python: str, job: str, repeats: int, modules: int | None) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         script = root / "job.py"
@@ -100,8 +100,8 @@ def measure(python: str, job: str, repeats: int, project: Path | None) -> dict:
         for k in range(repeats):
             run_dir = root / f"run{k}"
             run_dir.mkdir()
-            if project is not None and k == 0:
-                _project(root, project)  # type: ignore[arg-type]
+            if modules is not None and k == 0:
+                _project(root, modules)
             done = _job(python, script, run_dir)
             writes.append(done["write_s"])
             imported = done["imported"]
@@ -131,13 +131,13 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--modules", type=int, default=2000)
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--torchtitan", action="store_true")
+    parser.add_argument("--skip-torchtitan", action="store_true")
     parser.add_argument("--json", type=Path)
-    args = parser.parse_args(argv)
+    args = parser.parse_args([] if argv is None and __name__ != "__main__" else argv)
     result = {"synthetic": measure(sys.executable, JOB, args.repeats, args.modules)}
     print("synthetic job:", json.dumps(result["synthetic"]))
     titan = REPO / ".venv-torchtitan" / "bin" / "python"
-    if args.torchtitan and titan.exists():
+    if not args.skip_torchtitan and titan.exists():
         result["torchtitan"] = measure(str(titan), TITAN_JOB, args.repeats, None)
         print("torchtitan trainer imports:", json.dumps(result["torchtitan"]))
     if args.json:

@@ -166,6 +166,16 @@ def _has_run_key(record: dict[str, Any]) -> bool:
 
 
 _SLUG = re.compile(r"[^A-Za-z0-9._-]+")
+# A run dir's number: its leading digits, at least RUN_NUMBER_WIDTH of them (zero-padded),
+# more past 9999; compared as numbers, never as text.
+RUN_NUMBER_WIDTH = 4
+_RUN_NUMBER = re.compile(r"(\d+)(?:-|$)")
+
+
+def run_number(run_id: str) -> int | None:
+    """The number a run id starts with (`0042-aa-k0` -> 42, `10000-aa-k1` -> 10000)."""
+    match = _RUN_NUMBER.match(run_id)
+    return int(match.group(1)) if match else None
 
 
 class StateDir:
@@ -324,9 +334,9 @@ class StateDir:
         path = self.runs_path
         try:
             self.runs_path.mkdir(parents=True, exist_ok=True)
-            taken = [int(p.name[:4]) for p in self.runs_path.iterdir() if p.name[:4].isdigit()]
+            taken = [n for p in self.runs_path.iterdir() if (n := run_number(p.name)) is not None]
             number = max(taken, default=0) + 1
-            run_id = f"{number:04d}-{_SLUG.sub('_', label).strip('_') or 'run'}"
+            run_id = f"{number:0{RUN_NUMBER_WIDTH}d}-{_SLUG.sub('_', label).strip('_') or 'run'}"
             path = self.runs_path / run_id
             path.mkdir()
         except OSError as exc:
