@@ -43,6 +43,7 @@ from bisect_prefetch.vocab import (
     RECORD_FORMAT,
     STRESS_MODES,
     STRESS_OFF,
+    placeholders_in,
 )
 from bisect_prefetch.workloads import mindformers as mindformers_workload
 
@@ -367,7 +368,7 @@ class Experiment(_Strict):
             if len(word.encode()) > MAX_ARG_BYTES:
                 raise ValueError(f"a command argument of {len(word.encode()):,} bytes is longer than "
                                  f"exec takes ({MAX_ARG_BYTES:,})")
-        uses_config = any("{config}" in word for word in self.command or [])
+        uses_config = any("config" in placeholders_in(word) for word in self.command or [])
         if uses_config and not self.config:
             raise ValueError("the command uses {config} but the experiment gives no config: file")
         if self.stress.mode != STRESS_OFF:
