@@ -36,6 +36,7 @@ from bisect_prefetch.metrics.completeness import (
 from bisect_prefetch.metrics.live import DIGEST_FILE, LiveMetrics
 from bisect_prefetch.metrics.loading import load_files, load_run, metric_files
 from bisect_prefetch.metrics.localize import judge_digests, units_in_graph
+from bisect_prefetch.metrics.precision import at_decimals, coarser_decimals
 from bisect_prefetch.metrics.trajectory import Trajectory
 from bisect_prefetch.runs import envprint
 from bisect_prefetch.runs.code_print import code_fingerprint
@@ -496,7 +497,15 @@ class Runner:
         if ref is not None:
             # The metrics decide from the files as they are now, the same numbers the live
             # comparison read; a live difference only stopped the run. Digests: both.
-            found = earliest(compare_trajectories(ref, trajectory, self.names))
+            # Runs that printed a metric at different precisions are compared at the coarser
+            # one (the signals line says the precision the comparison holds at).
+            coarse = coarser_decimals(self._precision(out.reference), (out.signals or {}).get(
+                "precision") or {})
+            if coarse:
+                out.signals = {**(out.signals or {}), "compared_at_decimals": coarse}
+            found = earliest(compare_trajectories(
+                at_decimals(ref, coarse) if coarse else ref,
+                at_decimals(trajectory, coarse) if coarse else trajectory, self.names))
             live_step = comparator.first_digest_diff_step if comparator is not None else None
             candidates = [s for s in (found[0] if found else None, live_step) if s is not None]
             out.first_diff_step = min(candidates, default=None)
@@ -506,6 +515,13 @@ class Runner:
         out.trajectory_hash = trajectory_hash(trajectory, upto=out.first_diff_step)
         if out.problems:
             out.outcome, out.reason = ERROR, "; ".join(out.problems)
+
+    def _precision(self, run_id: str | None) -> dict[str, Any]:
+        """The precision a finished run printed its metrics at (its journaled signals)."""
+        for record in self.state.records():
+            if record.get("run_id") == run_id:
+                return (record.get("signals") or {}).get("precision") or {}
+        return {}
 
     def _check_complete(self, out: RunOutcome, trajectory: Trajectory, steps: int,
                         ref: Trajectory | None) -> None:
