@@ -158,6 +158,11 @@ class Metrics(_Strict):
 
     @model_validator(mode="after")
     def _regex_needs_pattern(self) -> Metrics:
+        # `step` and `rank` say where a value belongs in every format: never a metric, and
+        # refused here, before a run is launched, not when its first log is read.
+        if reserved := [n for n in self.names if n in ("step", "rank")]:
+            raise ValueError(f"metrics.names may not hold {', '.join(reserved)}: a line's step "
+                             "and rank are no metrics")
         if self.format == "regex" and not self.pattern:
             raise ValueError("metrics format regex needs metrics.pattern")
         if self.pattern is not None:

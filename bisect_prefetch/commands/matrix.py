@@ -100,6 +100,7 @@ class CellResult:
             "name": self.name,
             "expect": self.expect,
             "verdict": self.verdict,
+            "reason": self.group.get("reason"),  # why there is no verdict, for an error
             "expectation_met": self.expectation_met,
             "first_diff_step": self.group.get("first_diff_step"),
             "localization": self.group.get("localization"),

@@ -223,7 +223,8 @@ class Runner:
         self.no_reuse_before: float | None = None
         self.reuse_check = ReuseCheck(
             job_env(plan_path=Path(PLAN_FILE), experiment_env=experiment.env,
-                    workload_env=workload_env(experiment)), records=state.records())
+                    workload_env=workload_env(experiment)), records=state.records(),
+            runs_path=state.runs_path)
         self.refused: list[tuple[str, str]] = []
         # Whether runs keyed from now on run under stress (adapters/stress.py); a key can
         # also say it itself (the stress calibration of `bisect --stress auto`).

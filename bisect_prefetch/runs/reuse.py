@@ -11,7 +11,8 @@ for a journaled run, the first thing that changed since it finished, or None:
 - a distribution in the directories the job loaded them from has another version, is
   new or is gone;
 - a numerics variable the job would start with (vocab.ENV_VARIABLES) has another value;
-- it has no manifest (journaled before manifests, or its job never ran the adapter);
+- it has no manifest (journaled before manifests, or its job never ran the adapter), or
+  its run dir was deleted;
 - the run it was compared with is not reused.
 
 The experiment's fingerprint and the command's own files are part of the run key
@@ -105,8 +106,10 @@ def _when(record: Mapping[str, Any]) -> str:
 class ReuseCheck:
     """Decides reuse for one command: file checks and directory listings are cached."""
 
-    def __init__(self, env: Mapping[str, str], *, records: list[dict[str, Any]]) -> None:
+    def __init__(self, env: Mapping[str, str], *, records: list[dict[str, Any]],
+                 runs_path: Path | None = None) -> None:
         self.env = {name: env.get(name) for name in ENV_VARIABLES}
+        self.runs_path = runs_path  # where run dirs are: a deleted one is never reused
         self._by_run = {r.get("run_id"): r for r in records}
         self._files: dict[tuple[str, int, int], str | None] = {}  # -> reason or None
         self._dists: dict[tuple[str, ...], dict[str, str]] = {}
@@ -121,6 +124,8 @@ class ReuseCheck:
         return self._decided[run_id]
 
     def _why_not(self, record: Mapping[str, Any]) -> str | None:
+        if self.runs_path is not None and not (self.runs_path / str(record.get("run_id"))).is_dir():
+            return f"the run dir of {_when(record)} was deleted"  # its metrics went with it
         manifest = record.get(MANIFEST_FIELD)
         if not isinstance(manifest, dict):
             return (f"{_when(record)} without a manifest of what it read (an older "

@@ -149,3 +149,13 @@ def test_a_run_journaled_without_a_manifest_is_not_reused(project, capsys):
     assert code == 0
     assert "run again: run 0001-aa-k0 finished at" in out
     assert "without a manifest of what it read" in out
+
+
+def test_a_deleted_run_dir_is_run_again_and_said(project, capsys):
+    assert _aa(capsys)[0] == 0
+    shutil.rmtree(project.parent / "state/reading/runs/0001-aa-k0")
+    code, out = _aa(capsys)
+    assert code == 0
+    # the first run's dir is gone; the second was compared with it: both run again
+    assert re.search(r"2 run\(s\) of the journal run again: the run dir of run 0001-aa-k0 "
+                     r"finished at \d\d:\d\d was deleted", out), out
