@@ -159,3 +159,18 @@ def test_a_deleted_run_dir_is_run_again_and_said(project, capsys):
     # the first run's dir is gone; the second was compared with it: both run again
     assert re.search(r"2 run\(s\) of the journal run again: the run dir of run 0001-aa-k0 "
                      r"finished at \d\d:\d\d was deleted", out), out
+
+
+def test_a_resumed_bisect_says_which_runs_it_runs_again_and_why(project, capsys):
+    def bisect(*extra: str) -> str:
+        main(["bisect", "exp.yaml", "--max-runs", "2", "--state-dir", "state", *extra])
+        return capsys.readouterr().out
+
+    first = bisect()
+    assert "resuming" not in first
+    again = bisect("--resume")
+    assert re.search(r"resuming: (\d+) finished run\(s\) in the journal are reused\n", again)
+    _edit(project / "model.py", "1.0", "1.5")
+    edited = bisect("--resume")
+    assert re.search(r"resuming: 0 finished run\(s\) in the journal are reused; \d+ run again, "
+                     r"first because: project/model\.py changed since run 0", edited), edited
