@@ -226,6 +226,7 @@ class Runner:
                     workload_env=workload_env(experiment)), records=state.records(),
             runs_path=state.runs_path)
         self.refused: list[tuple[str, str]] = []
+        self.reused_bounded = ""  # said once: a reused run whose manifest hit its bound
         # Whether runs keyed from now on run under stress (adapters/stress.py); a key can
         # also say it itself (the stress calibration of `bisect --stress auto`).
         self.stress = False
@@ -340,6 +341,12 @@ class Runner:
             return None
         why = self._why_not(record)
         if why is None:
+            manifest = record.get("manifest") or {}
+            if manifest.get("opened_truncated") and not self.reused_bounded:
+                # Reused on the files it recorded: say that its job opened more.
+                self.reused_bounded = (f"run {record.get('run_id')}'s job opened more files than "
+                                       f"its manifest keeps ({manifest.get('opened_limit')}): "
+                                       "reused on the first ones")
             return record
         if all(run_id != record.get("run_id") for run_id, _ in self.refused):
             self.refused.append((str(record.get("run_id")), why))

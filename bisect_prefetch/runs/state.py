@@ -78,6 +78,8 @@ def open_state(experiment: Experiment, state_dir: str | Path, *,
             runner.close()
             if console is not None and (line := reused_line(runner.reused_finished_at)):
                 console.print(line, markup=False, soft_wrap=True)
+            if console is not None and runner.reused_bounded:
+                console.print(f"note: {runner.reused_bounded}", markup=False, soft_wrap=True)
             if console is not None and runner.refused:
                 console.print(f"note: {len(runner.refused)} run(s) of the journal run again, "
                               f"first because: {runner.refused[0][1]}", markup=False,

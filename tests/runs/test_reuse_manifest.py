@@ -174,3 +174,18 @@ def test_a_resumed_bisect_says_which_runs_it_runs_again_and_why(project, capsys)
     edited = bisect("--resume")
     assert re.search(r"resuming: 0 finished run\(s\) in the journal are reused; \d+ run again, "
                      r"first because: project/model\.py changed since run 0", edited), edited
+
+
+def test_a_run_whose_manifest_hit_its_bound_is_reused_on_what_it_recorded_and_said(project, capsys):
+    assert _aa(capsys)[0] == 0
+    journal = project.parent / "state/reading/journal.jsonl"
+    records = [json.loads(line) for line in journal.read_text().splitlines()]
+    for record in records:
+        record["manifest"]["opened_truncated"] = True
+    journal.write_text("".join(json.dumps(r) + "\n" for r in records))
+    code, out = _aa(capsys)
+    assert code == 0 and "  2 run(s) reused from the journal\n" in out
+    assert ("note: run 0001-aa-k0's job opened more files than its manifest keeps (10000): "
+            "reused on the first ones") in out
+    _edit(project / "model.py", "1.0", "1.5")  # a recorded file changed: refused as any other
+    assert "run again: project/model.py changed" in _aa(capsys)[1]
