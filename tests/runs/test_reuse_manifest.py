@@ -189,3 +189,14 @@ def test_a_run_whose_manifest_hit_its_bound_is_reused_on_what_it_recorded_and_sa
             "reused on the first ones") in out
     _edit(project / "model.py", "1.0", "1.5")  # a recorded file changed: refused as any other
     assert "run again: project/model.py changed" in _aa(capsys)[1]
+
+
+def test_no_reuse_on_a_matrix_and_not_beside_resume_on_bisect(project, capsys):
+    (project.parent / "m.yaml").write_text(
+        "experiment: exp.yaml\ncells: [{name: quiet, mask: all-off, runs: 2, expect: consistent}]\n")
+    assert main(["matrix", "m.yaml", "--state-dir", "state"]) == 0
+    capsys.readouterr()
+    assert main(["matrix", "m.yaml", "--state-dir", "state", "--no-reuse"]) == 0
+    assert "2 run(s) of the journal run again: --no-reuse" in capsys.readouterr().out
+    assert main(["bisect", "exp.yaml", "--state-dir", "state", "--resume", "--no-reuse"]) == 2
+    assert "give one of them" in capsys.readouterr().err
