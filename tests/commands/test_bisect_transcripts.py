@@ -96,7 +96,8 @@ class _Oracle:
         run_id, _ = state.new_run_dir("sim")
         out = RunOutcome(run_id=run_id, outcome="stopped-early" if result.diverged else "ok",
                          reason="", first_diff_step=result.first_diff_step,
-                         steps_done=result.steps, wall_s=0.25)
+                         steps_done=result.steps, wall_s=0.25,
+                         manifest={"files": {}, "env": self.runner.reuse_check.env})  # read nothing
         if result.diverged and self.sim.localized:
             out.localization = {"step": result.first_diff_step, "rank": 1, "unit": self.sim.localized,
                                 "param": f"{self.sim.localized}.weight", "units_differing": 1}
