@@ -58,16 +58,16 @@ def test_a_large_file_is_judged_by_size_and_mtime(tmp_path, monkeypatch):
     assert record["files"][str(data.resolve())][2] is None
     assert str(data.resolve()) in record["by_stat"]
     assert "large file(s) by size and mtime" in summary(record)
-    check = ReuseCheck({}, records=[])
+    check = ReuseCheck(os.environ, records=[])
     run = {"run_id": "0001-aa-k0", "finished_at": 0, "manifest": record}
     assert check.why_not(run) is None
     os.utime(data, ns=(1, 1))  # same bytes, another mtime: a large file is not hashed
-    assert "data.bin changed since run 0001-aa-k0" in ReuseCheck({}, records=[]).why_not(run)
+    assert "data.bin changed since run 0001-aa-k0" in ReuseCheck(os.environ, records=[]).why_not(run)
 
 
 def test_processes_that_read_different_bytes_are_never_reused(tmp_path):
     for name, digest in (("manifest.rank0.json", "a"), ("manifest.rank1.json", "b")):
         (tmp_path / name).write_text(json.dumps({"files": {"/x/model.py": [1, 1, digest]}}))
     record = collect(tmp_path)
-    why = ReuseCheck({}, records=[]).why_not({"run_id": "0002", "manifest": record})
+    why = ReuseCheck(os.environ, records=[]).why_not({"run_id": "0002", "manifest": record})
     assert "was read with different contents by different ranks" in why
