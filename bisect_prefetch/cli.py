@@ -53,6 +53,7 @@ StateDirOpt = Annotated[
     Path, typer.Option("--state-dir", help="Where run state lives (default .bisect-prefetch).")
 ]
 JsonOpt = Annotated[Path | None, typer.Option("--json", help="Also write the result as JSON here.")]
+NoReuseOpt = Annotated[bool, typer.Option("--no-reuse", help="Run afresh: reuse no run the journal held before this command (by default a run is reused while every file its job read, its packages and numerics variables are unchanged).")]
 
 
 class ExecutorKind(StrEnum):
@@ -120,6 +121,7 @@ def aa(
     executor: ExecutorOpt = None,
     slots: SlotsOpt = None,
     stress: StressOpt = None,
+    no_reuse: NoReuseOpt = False,
 ) -> None:
     """Run an A/A group under a mask: exit 0 consistent, 1 diverged."""
     from bisect_prefetch.commands.aa import aa as command
@@ -128,7 +130,7 @@ def aa(
                              guard=guard.value if guard else None, state_dir=state_dir,
                              console=console, json_out=json_out,
                              executor=executor.value if executor else None, slots=slots,
-                             stress=stress.value if stress else None))
+                             stress=stress.value if stress else None, no_reuse=no_reuse))
 
 
 @app.command()
@@ -143,6 +145,7 @@ def bisect(
     slots: SlotsOpt = None,
     stress: StressOpt = None,
     segments: Annotated[str | None, typer.Option("--segments", help="auto: several masks a run, so that a start-up is paid about once per divergence (docs/segments.md); off: one mask a run (default: the experiment's search.segments).")] = None,
+    no_reuse: NoReuseOpt = False,
 ) -> None:
     """Find the smallest edge set whose presence makes A/A runs diverge."""
     from bisect_prefetch.commands.bisect import bisect as command
@@ -150,7 +153,8 @@ def bisect(
     raise typer.Exit(command(experiment, confidence=confidence, max_runs=max_runs, resume=resume,
                              state_dir=state_dir, console=console, json_out=json_out,
                              executor=executor.value if executor else None, slots=slots,
-                             stress=stress.value if stress else None, segments=segments))
+                             stress=stress.value if stress else None, segments=segments,
+                             no_reuse=no_reuse))
 
 
 @app.command()
@@ -163,6 +167,7 @@ def matrix(
     executor: ExecutorOpt = None,
     slots: SlotsOpt = None,
     stress: StressOpt = None,
+    no_reuse: NoReuseOpt = False,
 ) -> None:
     """Run an experiment matrix: exit 0 when every cell meets its expectation, 1 otherwise."""
     from bisect_prefetch.commands.matrix import matrix as command
@@ -170,7 +175,7 @@ def matrix(
     raise typer.Exit(command(matrix_file, state_dir=state_dir, console=console, junit=junit,
                              markdown=markdown, json_out=json_out,
                              executor=executor.value if executor else None, slots=slots,
-                             stress=stress.value if stress else None))
+                             stress=stress.value if stress else None, no_reuse=no_reuse))
 
 
 @app.command()

@@ -34,6 +34,7 @@ from bisect_prefetch.vocab import (
     RECORD_FORMAT,
     STRESS_MODES,
     STRESS_OFF,
+    placeholders_in,
 )
 from bisect_prefetch.workloads import mindformers as mindformers_workload
 
@@ -147,6 +148,11 @@ class Metrics(_Strict):
 
     @model_validator(mode="after")
     def _regex_needs_pattern(self) -> Metrics:
+        # `step` and `rank` say where a value belongs in every format: never a metric, and
+        # refused here, before a run is launched, not when its first log is read.
+        if reserved := [n for n in self.names if n in ("step", "rank")]:
+            raise ValueError(f"metrics.names may not hold {', '.join(reserved)}: a line's step "
+                             "and rank are no metrics")
         if self.format == "regex" and not self.pattern:
             raise ValueError("metrics format regex needs metrics.pattern")
         if self.pattern is not None:
@@ -357,7 +363,7 @@ class Experiment(_Strict):
             if len(word.encode()) > MAX_ARG_BYTES:
                 raise ValueError(f"a command argument of {len(word.encode()):,} bytes is longer than "
                                  f"exec takes ({MAX_ARG_BYTES:,})")
-        uses_config = any("{config}" in word for word in self.command or [])
+        uses_config = any("config" in placeholders_in(word) for word in self.command or [])
         if uses_config and not self.config:
             raise ValueError("the command uses {config} but the experiment gives no config: file")
         if self.stress.mode != STRESS_OFF:

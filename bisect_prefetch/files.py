@@ -9,6 +9,7 @@ another user can read the state dir and the reports.
 from __future__ import annotations
 
 import io
+import json
 import os
 import tempfile
 import threading
@@ -50,12 +51,49 @@ def protect(path: str | Path, what: str) -> None:
     _protected[Path(path).resolve()] = what
 
 
+# The second line of every state dir's lock (the first: the holder's pid): any command
+# knows a lock by it, held or not, whoever's it is.
+LOCK_MARKER = "bisect-prefetch state dir lock"
+STATE_JOURNAL, STATE_LOCK, STATE_RUNS = "journal.jsonl", "lock", "runs"
+
+
+def state_file(path: Path) -> str | None:
+    """What path is when it is any state dir's journal or lock (known by content, or by
+    name beside the other and a runs dir), else None: no output may replace one."""
+    path = path.resolve()
+    try:
+        if not path.is_file():
+            return None
+        with open(path, "rb") as f:
+            head = f.read(1 << 16)
+    except OSError:
+        return None
+    lines = head.split(b"\n", 2)
+    if len(lines) > 1 and lines[1].decode(errors="replace").strip() == LOCK_MARKER:
+        return f"the lock of state dir {path.parent}"
+    try:
+        first = json.loads(lines[0].decode())
+    except ValueError:
+        first = None
+    if isinstance(first, dict) and "v" in first and "variant" in first:
+        return f"the journal of state dir {path.parent}"
+    siblings = {STATE_JOURNAL, STATE_LOCK} - {path.name}
+    if path.name in (STATE_JOURNAL, STATE_LOCK) and all(
+            (path.parent / s).exists() for s in (*siblings, STATE_RUNS)):
+        return f"the {'journal' if path.name == STATE_JOURNAL else 'lock'} of state dir {path.parent}"
+    return None
+
+
+def _refuse_state_files(path: Path) -> None:
+    if (what := _protected.get(path.resolve()) or state_file(path)) is not None:
+        raise BisectPrefetchError(f"refusing to write {path}: it is {what}")
+
+
 def check_writable(path: str | Path) -> None:
     """Refuse now an output file that could not be written later: on a protected file, a
     directory, or in a directory this process cannot write (checked before any run starts)."""
     path = Path(path)
-    if (what := _protected.get(path.resolve())) is not None:
-        raise BisectPrefetchError(f"refusing to write {path}: it is {what}")
+    _refuse_state_files(path)
     if path.is_dir():
         raise BisectPrefetchError(f"cannot write {path}: it is a directory")
     ancestor = path.parent
@@ -69,8 +107,7 @@ def check_writable(path: str | Path) -> None:
 
 def write_bytes_atomic(path: str | Path, data: bytes) -> None:
     path = Path(path)
-    if (what := _protected.get(path.resolve())) is not None:
-        raise BisectPrefetchError(f"refusing to write {path}: it is {what}")
+    _refuse_state_files(path)
     try:
         _write_then_rename(path, data)
     except OSError as exc:
@@ -101,8 +138,14 @@ def write_text_atomic(path: str | Path, text: str) -> None:
 def save_figure_atomic(figure: Any, path: str | Path, **savefig_options: Any) -> Path:
     """Save a matplotlib figure like any other file here: the old image or the new one."""
     path = Path(path)
+    _refuse_state_files(path)  # before the drawing, not after it
+    # The name's suffix chooses the format where matplotlib knows it; else PNG
+    # (`--out graph.out` is a PNG, not a crash).
+    kind = path.suffix.lstrip(".").lower()
+    if kind not in figure.canvas.get_supported_filetypes():
+        kind = "png"
     buffer = io.BytesIO()
-    figure.savefig(buffer, format=path.suffix.lstrip(".") or "png", **savefig_options)
+    figure.savefig(buffer, format=kind, **savefig_options)
     write_bytes_atomic(path, buffer.getvalue())
     return path
 

@@ -270,7 +270,17 @@ def render_json(graph: PrefetchGraph) -> str:
 
 
 def _quote(name: str) -> str:
-    return json.dumps(name)
+    """A DOT quoted string: backslash and quote escaped, line breaks as DOT's \\n, every
+    other character as itself (DOT files are UTF-8: `é` stays `é`)."""
+    text = name.replace("\\", "\\\\").replace('"', '\\"')
+    return '"' + text.replace("\r\n", "\\n").replace("\n", "\\n").replace("\r", "\\n") + '"'
+
+
+def _mermaid_label(name: str) -> str:
+    """Text for a mermaid node's quoted label: `#` and `"` as its entity codes (a quote
+    would end the label), line breaks as spaces."""
+    text = " ".join(name.splitlines()) if name else name
+    return text.replace("#", "#35;").replace('"', "#quot;")
 
 
 def render_dot(graph: PrefetchGraph) -> str:
@@ -290,7 +300,7 @@ def render_mermaid(graph: PrefetchGraph) -> str:
     ids = {n: f"n{i}" for i, n in enumerate(graph.nodes())}
     lines = ["flowchart LR"]
     for n, i in ids.items():
-        lines.append(f'  {i}["{n}"]')
+        lines.append(f'  {i}["{_mermaid_label(n)}"]')
     for e in graph.edges():
         arrow = "-->" if e.phase == FWD else "-.->"
         lines.append(f"  {ids[e.src]} {arrow}|{e.phase}| {ids[e.dst]}")
@@ -302,6 +312,7 @@ def render_png(graph: PrefetchGraph, path: str | Path, *, highlight: Iterable[st
     import matplotlib
 
     matplotlib.use("Agg")
+    matplotlib.rcParams["text.parse_math"] = False  # unit names are plain text, never mathtext
     import matplotlib.pyplot as plt
     from matplotlib.patches import FancyArrowPatch
 

@@ -19,6 +19,8 @@ from dataclasses import dataclass, field
 
 import yaml
 
+from bisect_prefetch.vocab import placeholders_in
+
 STEPS, SEED, PORT = "steps", "seed", "port"
 # The last dotted part of an argument's name, dashes read as underscores.
 STEPS_KEYS = frozenset({"steps", "max_steps", "num_steps", "train_steps", "total_steps",
@@ -124,7 +126,7 @@ def find_placeholders(argv: Sequence[str]) -> Placeholders:
     for kind in (STEPS, SEED, PORT):  # marked by the user after an argument of another name
         if out.found(kind) is None:
             for j, word in enumerate(out.argv):
-                if f"{{{kind}}}" in word:
+                if kind in placeholders_in(word):
                     flag = word.split("=", 1)[0] if "=" in word else (out.argv[j - 1] if j else word)
                     out.marked.append(Marked(kind, flag, "", j))
                     break
@@ -139,7 +141,7 @@ def _mark(out: Placeholders, index: int, name: str, value: str, *, prefix: str) 
     if kind is None:
         return
     placeholder = f"{{{kind}}}"
-    if placeholder in value:  # marked already
+    if kind in placeholders_in(value):  # marked already
         out.marked.append(Marked(kind, name, "", index))
         return
     if "{" in value:
@@ -166,7 +168,10 @@ COMMENT_COLUMN = 33  # where a key's comment starts, as in the README's example
 
 def _scalar(value: object) -> str:
     """A YAML scalar, quoted where YAML needs it ({steps} would be a mapping unquoted)."""
-    text = yaml.safe_dump([value], default_flow_style=True, allow_unicode=True,
+    # Line breaks YAML folds (U+0085, U+2028, U+2029) and control characters are written
+    # escaped (\\u2028): raw, a quoted scalar would read back as a space.
+    plain = not isinstance(value, str) or value.isprintable()
+    text = yaml.safe_dump([value], default_flow_style=True, allow_unicode=plain,
                           width=1 << 30).strip()
     return text[1:-1]  # [x] -> x
 
@@ -178,12 +183,16 @@ def _flow_list(values: Sequence[str]) -> str:
 def _line(text: str, comment: str = "") -> str:
     if not comment:
         return text
+    comment = _one_line(comment)
     return f"{text.ljust(COMMENT_COLUMN - 1)} # {comment}" if len(text) < COMMENT_COLUMN - 1 \
         else f"{text}  # {comment}"
 
 
 def _one_line(text: str) -> str:
-    return " ".join(text.split())
+    """Text for a comment: one line (YAML also breaks lines at U+0085, U+2028, U+2029, all
+    whitespace to str.split), no control or format character (a right-to-left override),
+    escaped as Python writes them."""
+    return "".join(c if c.isprintable() else ascii(c)[1:-1] for c in " ".join(text.split()))
 
 
 @dataclass
@@ -224,6 +233,7 @@ def render_experiment(
         "# Your command, an argument list (no shell). In every run the tool replaces:",
     ]
     lines += [f"#   {{{kind}}}".ljust(13) + meaning for kind, meaning in PLACEHOLDER_MEANING.items()]
+    lines.append("#   ({{steps}} is a literal {steps}, and so on)")
     for todo in _todos(p):
         lines += _todo_lines(todo)
     lines.append("command:")
@@ -257,11 +267,32 @@ def render_experiment(
     lines.append(_line("guard: none", "or size-one: skip prefetches into shard-size-1 units"))
     lines.append(_line("executor: {kind: local, slots: 1}",
                        "slots: 2 runs two at once" + (" (needs {port})" if p.needs_port() else "")))
-    return "\n".join(lines) + "\n"
+    text = "\n".join(lines) + "\n"
+    metrics_back = {"format": metrics.format, "names": list(metrics.names),
+                    **({"files": metrics.files} if metrics.files else {})}
+    _check_read_back(text, {"name": name, "command": list(p.argv), "metrics": metrics_back,
+                            "graph": {"source": "runtime"}, "steps": steps, "seed": seed,
+                            "timeout_s": timeout_s, "guard": "none",
+                            "executor": {"kind": "local", "slots": 1}})
+    return text
+
+
+def _check_read_back(text: str, expected: dict) -> None:
+    """ValueError unless YAML reads text back as exactly these values: text from the
+    command or the job (a line break in a comment, a crafted key) must not change the file."""
+    try:
+        loaded = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ValueError(f"not YAML ({_one_line(str(exc))[:200]})") from None
+    if not isinstance(loaded, dict):
+        raise ValueError("not a mapping")
+    for key in sorted(set(loaded) | set(expected), key=str):
+        if loaded.get(key) != expected.get(key):
+            raise ValueError(f"{key!s} reads back as {loaded.get(key)!r}, not {expected.get(key)!r}")
 
 
 def _todo_lines(text: str) -> list[str]:
-    return textwrap.wrap(text, width=96, initial_indent="# TODO: ", subsequent_indent="#   ",
+    return textwrap.wrap(_one_line(text), width=96, initial_indent="# TODO: ", subsequent_indent="#   ",
                          break_on_hyphens=False, break_long_words=False)
 
 
@@ -279,10 +310,11 @@ def _todos(p: Placeholders) -> list[str]:
 
 
 def _metrics_lines(m: MetricsChoice) -> list[str]:
-    lines = [f"# Metric lines found in {m.found_in}, format {m.format}"
-             + (f", e.g.: {_one_line(m.sample)[:120]}" if m.sample else "")]
+    lines = [_one_line(f"# Metric lines found in {m.found_in}, format {m.format}"
+                       + (f", e.g.: {_one_line(m.sample)[:120]}" if m.sample else ""))]
     if m.left_out:
-        lines.append(f"# Not compared (they differ run to run by nature): {', '.join(m.left_out)}")
+        lines.append(_one_line("# Not compared (they differ run to run by nature): "
+                               + ", ".join(m.left_out)))
     if m.todo:
         lines += _todo_lines(m.todo)
     lines.append("metrics:")

@@ -7,6 +7,9 @@ A value spelled in several files drifts in one of them: spell it here.
 
 from __future__ import annotations
 
+import re
+from collections.abc import Callable
+
 # -- how one run ended (launcher, runner, journal, search, reports) ----------------
 OK = "ok"  # ran every step asked for
 STOPPED_EARLY = "stopped-early"  # stopped on purpose at its first difference
@@ -117,6 +120,25 @@ ENV_VARIABLES = (
     "MS_ALLOC_CONF",
     "TE_PARALLEL_COMPILER",
 )
+
+
+# -- a command's placeholders (experiment files; runs/workloads.py fills them in) ------
+PLACEHOLDERS = ("run_dir", "config", "port", "rank_log_dir", "steps", "seed")
+# `{steps}` is replaced in every run; `{{steps}}` is the escape: a literal `{steps}`.
+# Other braces are no placeholders and stay as written (JSON in an argument survives).
+_PLACEHOLDER = re.compile(r"\{\{(" + "|".join(PLACEHOLDERS) + r")\}\}|\{(" + "|".join(PLACEHOLDERS)
+                          + r")\}")
+
+
+def placeholders_in(word: str) -> set[str]:
+    """The placeholders a command argument uses (escaped ones are not used)."""
+    return {m.group(2) for m in _PLACEHOLDER.finditer(word) if m.group(2)}
+
+
+def fill_placeholders(word: str, value: Callable[[str], str]) -> str:
+    """The argument with each placeholder replaced by value(name), each escape undone."""
+    return _PLACEHOLDER.sub(lambda m: f"{{{m.group(1)}}}" if m.group(1) else value(m.group(2)),
+                            word)
 
 
 def env_rank_file(rank: int) -> str:

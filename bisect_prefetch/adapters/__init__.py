@@ -78,7 +78,7 @@ from typing import Any
 
 from bisect_prefetch.vocab import ISSUED, NOOP, parse_edge_id
 
-from . import environment
+from . import environment, manifest
 from .gate import Gate
 from .import_hook import when_imported
 from .order import OrderLog
@@ -345,6 +345,7 @@ def install(plan_path: str | None = None) -> Session:
         if _session is not None:
             return _session
         _session = Session(load_plan(plan_path), rank_from_env())
+        manifest.attach(_session)  # what the job reads, for reuse (adapters/manifest.py)
         atexit.register(_session.close)
     for framework, adapter_name in FRAMEWORK_ADAPTERS.items():
         when_imported(framework, _activate(adapter_name))

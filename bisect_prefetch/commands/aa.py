@@ -8,6 +8,7 @@ Finished runs are in the journal: the same command again reuses them.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -47,15 +48,20 @@ def aa(
     executor: str | None = None,
     slots: int | None = None,
     stress: str | None = None,
+    no_reuse: bool = False,
 ) -> int:
-    """Run (or resume) the A/A group; exit code 0 consistent, 1 diverged."""
+    """Run (or resume) the A/A group; exit code 0 consistent, 1 diverged.
+
+    no_reuse: runs the journal held before now are run afresh (the resume hint leaves it
+    out: a resumed command reuses what this one ran)."""
     resume = command_line("aa", str(experiment_path), *options(
         mask=list(masks), runs=runs, steps=steps, guard=guard, state_dir=state_dir,
         executor=executor, slots=slots, stress=stress))
     with resume_hint_on_interrupt(console, resume):
         result = run_aa(experiment_path, masks=masks, runs=runs, steps=steps, guard=guard,
                         state_dir=state_dir, console=console, executor=executor, slots=slots,
-                        stress=stress, outputs=(json_out,))
+                        stress=stress, outputs=(json_out,),
+                        no_reuse_before=time.time() if no_reuse else None)
     if json_out is not None:
         write_json(json_out, result.to_json() | {"stress_groups": [
             {"stress": "on" if g.stress else "off", "verdict": g.verdict, "runs": len(g.runs)}
@@ -78,6 +84,7 @@ def run_aa(
     slots: int | None = None,
     stress: str | None = None,
     outputs: Sequence[Path | None] = (),
+    no_reuse_before: float | None = None,
 ) -> AAResult:
     """The group with its narration, table and verdict line.
 
@@ -99,7 +106,7 @@ def run_aa(
     guard = guard or experiment.guard
     console.print(_describe_experiment(experiment), markup=False)
     with open_state(experiment, state_dir, console=console, executor=executor,
-                    slots=slots) as opened:
+                    slots=slots, no_reuse_before=no_reuse_before) as opened:
         edge_ids = opened.graph().edge_ids()
         mask = resolve_mask(list(masks), edge_ids)
         name = describe(mask, edge_ids)

@@ -110,6 +110,7 @@ def bisect(
     slots: int | None = None,
     stress: str | None = None,
     segments: str | None = None,
+    no_reuse: bool = False,
 ) -> int:
     """Run (or resume) the bisection, print its story and verdict; returns the exit code.
 
@@ -119,6 +120,9 @@ def bisect(
     """
     experiment = with_segments(with_stress(load_experiment(experiment_path), stress), segments)
     require_prefetch_graph(experiment)
+    if no_reuse and resume:
+        raise BisectPrefetchError("--no-reuse runs every run afresh and --resume reuses the "
+                                  "bisection's finished runs: give one of them")
     check_outputs(json_out, state_dir=state_dir, name=experiment.name)
     hint = resume_command(experiment_path, state_dir, confidence, max_runs, executor, slots,
                           stress, segments)
@@ -128,6 +132,7 @@ def bisect(
             confidence=confidence if confidence is not None else experiment.search.confidence,
             max_runs=max_runs if max_runs is not None else experiment.search.max_runs,
             console=console, oracle_for=oracle_for, executor=executor, slots=slots,
+            no_reuse_before=time.time() if no_reuse else None,
         )
     if json_out is not None:
         write_json(json_out, record.to_json(), console)
@@ -137,10 +142,10 @@ def bisect(
 def _bisect(experiment: Experiment, experiment_path: Path, *, hint: str, resume: bool,
             state_dir: Path, confidence: float, max_runs: int | None, console: Console,
             oracle_for: OracleFor, executor: str | None = None,
-            slots: int | None = None) -> BisectRecord:
+            slots: int | None = None, no_reuse_before: float | None = None) -> BisectRecord:
     began = time.monotonic()
     with open_state(experiment, state_dir, console=console, executor=executor,
-                    slots=slots) as opened:
+                    slots=slots, no_reuse_before=no_reuse_before) as opened:
         b = Bisecting(experiment, opened, console, oracle_for, confidence, max_runs)
         _say_what_runs(b, hint=hint, resume=resume)
         # stage 1: the graph and the audit's suspects
@@ -181,7 +186,7 @@ def _say_what_runs(b: Bisecting, *, hint: str, resume: bool) -> None:
     """The command's first lines; a second bisection of the same experiment needs --resume."""
     experiment, opened = b.experiment, b.opened
     earlier = _earlier_search_runs(opened, experiment)
-    if earlier and not resume:
+    if earlier and not resume and opened.runner.no_reuse_before is None:
         raise BisectPrefetchError(
             f"{opened.path} already holds {earlier} run(s) of a bisection of this experiment; "
             f"continue it with: {hint}  (or give another --state-dir to start over)"
@@ -189,9 +194,12 @@ def _say_what_runs(b: Bisecting, *, hint: str, resume: bool) -> None:
     b.console.print(f"bisecting {experiment.name}: {experiment.steps} steps a run, seed "
                     f"{experiment.seed}, guard {experiment.guard}, confidence "
                     f"{b.confidence:g}, {budget_words(b.max_runs)}", markup=False)
-    if earlier:
-        b.console.print(f"resuming: {earlier} finished run(s) in the journal are reused",
-                        markup=False)
+    if earlier:  # only what may still be reused (runs/reuse.py) is said to be
+        kept = _earlier_search_runs(opened, experiment, reusable_only=True)
+        again = "" if kept == earlier else (
+            f"; {earlier - kept} run again, first because: {opened.runner.refused[0][1]}")
+        b.console.print(f"resuming: {kept} finished run(s) in the journal are reused{again}",
+                        markup=False, soft_wrap=True)
 
 
 def _golden_run(b: Bisecting) -> None:
@@ -303,11 +311,14 @@ def audit_suspects(opened: OpenState, console: Console) -> list[str]:
     return suspects
 
 
-def _earlier_search_runs(opened: OpenState, experiment: Experiment) -> int:
-    """Journaled runs of a bisection of this very experiment (golden and retries too)."""
+def _earlier_search_runs(opened: OpenState, experiment: Experiment, *,
+                         reusable_only: bool = False) -> int:
+    """Journaled runs of a bisection of this very experiment (golden and retries too);
+    reusable_only: only those the runner may reuse now (runs/reuse.py)."""
     suffix = "@" + experiment.fingerprint()
     return sum(1 for r in opened.state.records()
-               if r["variant"].startswith(PURPOSE) and r["variant"].endswith(suffix))
+               if r["variant"].startswith(PURPOSE) and r["variant"].endswith(suffix)
+               and (not reusable_only or opened.runner.reusable(r) is not None))
 
 
 def resume_command(experiment_path: Path, state_dir: Path, confidence: float | None,

@@ -111,10 +111,14 @@ def init(
     choice = _choose(found, console, log=log)
 
     # step 3: the file, read back as aa reads it
-    text = render_experiment(
-        name=name, placeholders=placeholders, metrics=choice, graph_note=graph_note,
-        steps=placeholders.value(STEPS) or job_steps or DEFAULT_STEPS, seed=base["seed"],
-        job_steps=job_steps)
+    try:  # checked as YAML reads it back before anything is written (init_file)
+        text = render_experiment(
+            name=name, placeholders=placeholders, metrics=choice, graph_note=graph_note,
+            steps=placeholders.value(STEPS) or job_steps or DEFAULT_STEPS, seed=base["seed"],
+            job_steps=job_steps)
+    except ValueError as exc:
+        raise BisectPrefetchError(f"init would write a file that does not read back as "
+                                  f"written, so it writes none: {exc}") from None
     write_text(path, text, console)
     experiment = load_experiment(path)
 

@@ -100,6 +100,7 @@ class CellResult:
             "name": self.name,
             "expect": self.expect,
             "verdict": self.verdict,
+            "reason": self.group.get("reason"),  # why there is no verdict, for an error
             "expectation_met": self.expectation_met,
             "first_diff_step": self.group.get("first_diff_step"),
             "localization": self.group.get("localization"),
@@ -228,6 +229,7 @@ def run_matrix(
 def engine_group_runner(
     *, state_dir: str | Path, console: Console | None = None,
     progress: RunProgress | None = None, executor: str | None = None, slots: int | None = None,
+    no_reuse_before: float | None = None,
 ) -> GroupRunner:
     """The real group runner: the run store under state_dir, graph discovery, the A/A group.
 
@@ -239,7 +241,7 @@ def engine_group_runner(
     def run(request: CellRequest) -> dict[str, Any]:
         experiment = request.experiment
         with open_state(experiment, state_dir, console=console, executor=executor,
-                        slots=slots) as opened:
+                        slots=slots, no_reuse_before=no_reuse_before) as opened:
             known = (experiment.name, experiment.fingerprint(), experiment.graph.model_dump_json())
             if known not in edge_ids_of:
                 edge_ids_of[known] = opened.graph().edge_ids()
@@ -277,6 +279,7 @@ def matrix(
     executor: str | None = None,
     slots: int | None = None,
     stress: str | None = None,
+    no_reuse: bool = False,
 ) -> int:
     """`bisect-prefetch matrix`: run the cells, print the table, write every output asked for.
 
@@ -289,7 +292,8 @@ def matrix(
     with resume_hint_on_interrupt(console, resume):
         result = run_matrix_file(path, state_dir=state_dir, console=console, run_group=run_group,
                                  executor=executor, slots=slots, stress=stress,
-                                 outputs=(junit, markdown, json_out))
+                                 outputs=(junit, markdown, json_out),
+                                 no_reuse_before=time.time() if no_reuse else None)
     data = result.to_json()
     print_matrix(data, console)
     for cell_name, cost in data["step_time"].items():  # only cells whose runs timed their steps
@@ -313,7 +317,8 @@ def matrix(
 def run_matrix_file(path: Path, *, state_dir: Path, console: Console,
                     run_group: GroupRunner | None = None, executor: str | None = None,
                     slots: int | None = None, stress: str | None = None,
-                    outputs: tuple[Path | None, ...] = ()) -> MatrixResult:
+                    outputs: tuple[Path | None, ...] = (),
+                    no_reuse_before: float | None = None) -> MatrixResult:
     """Load the matrix and run its cells with live progress (the real runner unless given one)."""
     loaded = load_matrix(path)
     check_outputs(*outputs, state_dir=state_dir, name=loaded.experiment.name)
@@ -323,5 +328,5 @@ def run_matrix_file(path: Path, *, state_dir: Path, console: Console,
     with RunProgress(console, total_runs=total) as progress:
         runner = run_group or engine_group_runner(state_dir=state_dir, console=console,
                                                   progress=progress, executor=executor,
-                                                  slots=slots)
+                                                  slots=slots, no_reuse_before=no_reuse_before)
         return run_matrix(loaded, runner, name=matrix_name(path), console=console, stress=stress)

@@ -39,8 +39,12 @@ def parse_jsonl_line(line: str | bytes, *, rank: int | None = None) -> Record | 
     return line_rank, step, {k: v for k, v in metrics.items() if v is not None}
 
 
-def jsonl_fields(line: str | bytes, rank: int | None) -> tuple[int, int, dict[str, float | None]] | None:
-    """Like parse_jsonl_line, but non-numeric fields are kept as None (to count them)."""
+def jsonl_fields(line: str | bytes, rank: int | None,
+                 rankless: int | None = 0) -> tuple[int | None, int, dict[str, float | None]] | None:
+    """Like parse_jsonl_line, but non-numeric fields are kept as None (to count them).
+
+    A line without a rank field is the file's rank's (rank), else rankless's (None: left
+    for the caller to decide, once it knows whether other lines name their rank)."""
     try:
         obj = json.loads(line)
     except ValueError:
@@ -50,8 +54,8 @@ def jsonl_fields(line: str | bytes, rank: int | None) -> tuple[int, int, dict[st
     step = obj.get("step")
     if not fits_int64(step):
         return None
-    line_rank = obj.get("rank", rank if rank is not None else 0)
-    if not fits_int64(line_rank):
+    line_rank = obj.get("rank", rank if rank is not None else rankless)
+    if line_rank is not None and not fits_int64(line_rank):
         return None
     metrics = {
         k: float(v) if isinstance(v, int | float) and not isinstance(v, bool) else None
@@ -71,6 +75,9 @@ def parse_lines(path: Path, fmt: str, read_line, names: Sequence[str] | None) ->
     steps: dict[tuple[int, str], list[int]] = {}
     values: dict[tuple[int, str], list[float]] = {}
     wanted = set(names) if names else None
+    # Lines without a rank (read_line gave None): rank 0's only when no line names one.
+    rankless: list[tuple[int, bytes, int, dict[str, float]]] = []
+    named_rank = False
     with open(path, "rb") as f:
         for number, raw in enumerate(bounded_lines(f), start=1):
             if raw is None:
@@ -96,6 +103,10 @@ def parse_lines(path: Path, fmt: str, read_line, names: Sequence[str] | None) ->
             if not metrics:
                 counts.unread_line(number, raw)
                 continue
+            if rank is None:
+                rankless.append((number, raw, step, metrics))
+                continue
+            named_rank = True
             counts.read += 1
             for name, value in metrics.items():
                 key = (rank, name)
@@ -103,15 +114,24 @@ def parse_lines(path: Path, fmt: str, read_line, names: Sequence[str] | None) ->
                     steps[key], values[key] = [], []
                 steps[key].append(step)
                 values[key].append(value)
+    for number, raw, step, metrics in rankless:
+        if named_rank:  # never taken as rank 0's: said as an unread line
+            counts.unread_line(number, b"no rank field where other lines name theirs: " + raw)
+            counts.rankless += 1
+            continue
+        counts.read += 1
+        for name, value in metrics.items():
+            steps.setdefault((0, name), []).append(step)
+            values.setdefault((0, name), []).append(value)
     columns = Columns()
     for key in steps:
         columns.add_lists(key[0], key[1], steps[key], values[key])
     return build_result(path, fmt, columns, counts, names)
 
 
-def jsonl_reader(rank: int | None):
+def jsonl_reader(rank: int | None, rankless: int | None = 0):
     def read_line(raw: bytes):
-        record = jsonl_fields(raw, rank)
+        record = jsonl_fields(raw, rank, rankless)
         return "unread" if record is None else record
 
     return read_line

@@ -75,7 +75,7 @@ def parse_file(
     if rank is None:
         rank = rank_from_path(path)
     if fmt == "jsonl":
-        return parse_lines(path, fmt, jsonl_reader(rank), names)
+        return parse_lines(path, fmt, jsonl_reader(rank, rankless=None), names)
     if fmt == "regex":
         if not pattern:
             raise BisectPrefetchError("format regex needs a pattern with named groups")

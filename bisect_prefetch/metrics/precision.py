@@ -13,8 +13,10 @@ import re
 from collections.abc import Sequence
 from pathlib import Path
 
+import numpy as np
+
 from bisect_prefetch.metrics.console import ANSI_RE, CONSOLE_FORMATS
-from bisect_prefetch.metrics.trajectory import bounded_lines
+from bisect_prefetch.metrics.trajectory import Series, Trajectory, bounded_lines
 
 FULL = "full"
 LINES_READ = 200  # metric lines read per file: the first steps show how a job prints
@@ -89,6 +91,33 @@ def printed_precision(files: Sequence[Path], fmt: str, names: Sequence[str],
         except (OSError, re.error, KeyError):
             continue
     return {n: FULL if n in full else decimals.get(n) for n in names}
+
+
+def coarser_decimals(a: dict[str, str | int | None],
+                     b: dict[str, str | int | None]) -> dict[str, int]:
+    """Per metric two runs printed at different precisions: the coarser one's decimals
+    (FULL is the finest). Metrics printed alike, or never, are left out."""
+    out = {}
+    for name in a.keys() & b.keys():
+        pa, pb = a[name], b[name]
+        if pa is None or pb is None or pa == pb:
+            continue
+        places = [p for p in (pa, pb) if p != FULL]
+        out[name] = min(places)  # type: ignore[type-var]
+    return out
+
+
+def at_decimals(trajectory: Trajectory, decimals: dict[str, int]) -> Trajectory:
+    """The trajectory with these metrics rounded to these decimals (as printed coarser)."""
+    per_rank = {
+        rank: {name: Series(s.steps, np.round(s.values, decimals[name])) if name in decimals else s
+               for name, s in metrics.items()}
+        for rank, metrics in trajectory.per_rank.items()}
+    return Trajectory(per_rank, sources=trajectory.sources, lines_read=trajectory.lines_read,
+                      lines_unread=trajectory.lines_unread,
+                      steps_repeated=trajectory.steps_repeated,
+                      unread_samples=trajectory.unread_samples,
+                      cut_mid_line=trajectory.cut_mid_line)
 
 
 def describe_precision(precision: dict[str, str | int | None]) -> str:

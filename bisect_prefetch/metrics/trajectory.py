@@ -147,20 +147,44 @@ class Columns:
         self.add(rank, name, np.array(steps, dtype=np.int64), np.array(values, dtype=np.float64))
 
     def build(self) -> dict[int, dict[str, Series]]:
-        """Series per rank and metric; `repeated` counts values for a step seen before."""
+        """Series per rank and metric; `repeated` counts values for a step seen before.
+
+        `conflict` says the first step printed more than once with different values, where
+        not every step was (several ranks interleaved in one log print every step as often):
+        a step printed twice is never settled by taking the last value."""
         out: dict[int, dict[str, Series]] = {}
         self.repeated = 0
+        self.conflict: str | None = None
         for rank, name in self.order:
             steps, values = self.parts[(rank, name)]
-            series = Series(np.concatenate(steps), np.concatenate(values))
-            self.repeated += sum(len(s) for s in steps) - len(series)
+            all_steps, all_values = np.concatenate(steps), np.concatenate(values)
+            series = Series(all_steps, all_values)
+            repeated = len(all_steps) - len(series)
+            self.repeated += repeated
+            if repeated and self.conflict is None:
+                self.conflict = _conflict(all_steps, all_values, rank, name)
             out.setdefault(rank, {})[name] = series
         return out
 
 
+def _conflict(steps: np.ndarray, values: np.ndarray, rank: int, name: str) -> str | None:
+    """The first step printed more than once with different values (bitwise; NaN equal to
+    NaN), unless every step was printed equally often; else None."""
+    unique, counts = np.unique(steps, return_counts=True)
+    if counts.min() == counts.max():
+        return None  # every step as often: ranks interleaved without their rank, said apart
+    for step in unique[counts > 1].tolist():
+        seen = values[steps == step]
+        if len(np.unique(seen.view(np.int64))) > 1:
+            shown = ", ".join(f"{v!r}" for v in seen.tolist()[:3])
+            return (f"step {step} of {name} (rank {rank}) is printed {len(seen)} times with "
+                    f"different values ({shown}): which one the run had is unknown")
+    return None
+
+
 class Counts:
     def __init__(self) -> None:
-        self.read = self.unread = self.skipped = self.not_numeric = 0
+        self.read = self.unread = self.skipped = self.not_numeric = self.rankless = 0
         self.samples: list[tuple[int, str]] = []
         self.last_unread: tuple[int, str] | None = None
 
@@ -200,6 +224,8 @@ def build_result(
         unread_samples=counts.samples,
         cut_mid_line=_cut_mid_line(path, counts),
     )
+    if columns.conflict is not None:
+        raise BisectPrefetchError(f"{path}: {columns.conflict}")
     if not any(result.series.values()):
         wanted = f", metrics {', '.join(names)}" if names else ""
         detail = f"; {counts.unread} unreadable line(s), first: {counts.samples[0][1]!r}" if counts.samples else ""

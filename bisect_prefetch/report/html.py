@@ -15,6 +15,9 @@ from __future__ import annotations
 import base64
 import html
 import json
+import os
+import shutil
+import tempfile
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,6 +31,8 @@ from bisect_prefetch.report.stress import stress_line
 from bisect_prefetch.report.table import fmt_step, matrix_rows, matrix_summary
 from bisect_prefetch.runs.faults import fault_lines
 from bisect_prefetch.runs.merge import GRAPH_FILE
+from bisect_prefetch.runs.reuse import MANIFEST_FIELD
+from bisect_prefetch.runs.reuse import summary as manifest_summary
 from bisect_prefetch.runs.signals import describe_signals
 from bisect_prefetch.runs.step_time import compare_runs
 from bisect_prefetch.runs.store import JOURNAL, SUBMITTED, read_journal
@@ -255,6 +260,7 @@ def render_html(
     matrix: dict[str, Any] | None,
     figures: list[tuple[str, Path]],
     reproduce: list[str],
+    runs: list[list[Any]] | None = None,
 ) -> str:
     """The report page; every argument is plain data, images are PNG files to embed."""
     parts = [
@@ -293,6 +299,9 @@ def render_html(
     if reproduce:
         parts.append("<h2>Reproduce</h2>")
         parts.append("<pre>" + "\n".join(_esc(c) for c in reproduce) + "</pre>")
+    if runs:
+        parts.append("<h2>Runs</h2>")
+        parts.append(_table(RUN_HEADERS, runs))
     parts.append("</body></html>")
     return "\n".join(parts) + "\n"
 
@@ -425,9 +434,45 @@ def _figures(state_dir: Path, groups: list[RunGroup], edge_ids: list[str] | None
     return figures
 
 
+RUN_HEADERS = ["run", "outcome", "what its job read (reused while unchanged)"]
+
+
+def run_rows(records: list[dict[str, Any]]) -> list[list[Any]]:
+    """One row a run: its id, outcome and manifest summary (runs/reuse.py)."""
+    return [[r.get("run_id"), r.get("outcome"), manifest_summary(r.get(MANIFEST_FIELD))]
+            for r in records]
+
+
+def _writable(path: Path) -> bool:
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError:
+        return False
+    return os.access(path, os.W_OK | os.X_OK)
+
+
 def build_report(state_dir: str | Path, out: str | Path | None = None) -> Path:
-    """Write the HTML report of a state dir (default `<state_dir>/report.html`); return its path."""
+    """Write the HTML report of a state dir (default `<state_dir>/report.html`); return its path.
+
+    A state dir this user cannot write (a colleague's, a CI artifact) is only read: the
+    figures are drawn in a temporary dir (the page embeds them), the page goes to `out`.
+    """
     state_dir = Path(state_dir)
+    target = Path(out) if out is not None else state_dir / REPORT_FILE
+    if out is None and not os.access(state_dir, os.W_OK | os.X_OK):
+        raise BisectPrefetchError(f"cannot write {target}: the state dir is not writable by "
+                                  "this user; give --html FILE elsewhere")
+    scratch = None if _writable(state_dir / PLOTS_DIR) else tempfile.mkdtemp(
+        prefix="bisect-prefetch-plots-")
+    try:
+        return _build_report(state_dir, target,
+                             state_dir / PLOTS_DIR if scratch is None else Path(scratch))
+    finally:
+        if scratch is not None:
+            shutil.rmtree(scratch, ignore_errors=True)
+
+
+def _build_report(state_dir: Path, target: Path, out_dir: Path) -> Path:
     journal = read_journal(state_dir / JOURNAL)
     journal.records = [r for r in journal.records if SUBMITTED not in r]  # jobs, not runs
     if not journal.records:
@@ -441,8 +486,6 @@ def build_report(state_dir: str | Path, out: str | Path | None = None) -> Path:
     bisect = _read_json(state_dir / BISECT_FILE)
     saved_matrix = _read_json(state_dir / MATRIX_FILE)
     matrix = _matrix_from_journal(groups, saved_matrix, edge_ids)
-    out_dir = state_dir / PLOTS_DIR
-    out_dir.mkdir(parents=True, exist_ok=True)
 
     culprits = list(bisect.get("minimal_set", [])) if bisect else []
     graph_png = None
@@ -460,9 +503,8 @@ def build_report(state_dir: str | Path, out: str | Path | None = None) -> Path:
     page = render_html(
         title=f"bisect-prefetch report: {state_dir.name}", verdict=verdict, facts=facts,
         graph_png=graph_png, culprits=culprits, evidence=evidence, matrix=matrix,
-        figures=figures, reproduce=reproduce,
+        figures=figures, reproduce=reproduce, runs=run_rows(records),
     )
-    target = Path(out) if out is not None else state_dir / REPORT_FILE
     write_text_atomic(target, page)
     return target
 

@@ -25,6 +25,9 @@ def _xml(value: object) -> str:
 
 
 def _failure_message(cell: dict) -> str:
+    if cell["verdict"] == "error":  # no verdict: why, as the group said it
+        why = cell.get("reason") or (cell.get("group") or {}).get("reason") or "no reason given"
+        return f"expected {cell['expect']}, got no verdict: {why}"
     got = cell["verdict"]
     if cell.get("first_diff_step") is not None:
         got += f" at step {cell['first_diff_step']}"

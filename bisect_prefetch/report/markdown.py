@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import re
+import unicodedata
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -29,13 +30,18 @@ def _escape(text: str) -> str:
     """Text as Markdown shows it, never as markup: job logs reach these cells.
 
     A pipe would split the cell and a newline end the row; `<`, `>` and `&` would be raw
-    HTML (GitHub renders some of it); ANSI sequences are dropped and other control
-    characters written as escapes.
+    HTML (GitHub renders some of it); brackets and parentheses would make a link or an
+    image (`![x](url)`); ANSI sequences are dropped, other control characters and format
+    characters (a right-to-left override turns the rest of a line around) written as
+    escapes.
     """
     text = _ANSI.sub("", str(text))
     text = _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", text)
+    text = "".join(f"\\u{ord(c):04x}" if unicodedata.category(c) == "Cf" else c for c in text)
     text = text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
     return (text.replace("\\", "\\\\").replace("|", "\\|").replace("`", "\\`")
+            .replace("[", "\\[").replace("]", "\\]").replace("(", "\\(").replace(")", "\\)")
+            .replace("!", "\\!")
             .replace("\r\n", " ").replace("\n", " ").replace("\r", " ").replace("\t", " "))
 
 

@@ -22,6 +22,9 @@ def _pyplot():
     import matplotlib
 
     matplotlib.use("Agg")
+    # Names come from jobs and files (a metric `$loss$`, a unit `a_$b`): plain text,
+    # never mathtext, which would fail on them after a whole bisection's runs.
+    matplotlib.rcParams["text.parse_math"] = False
     import matplotlib.pyplot as plt
 
     return plt

@@ -109,6 +109,19 @@ class RunProgress:
             how = "reused from the journal" if reused else f"in {seconds:.1f}s"
             self._line(f"  run {k}/{self.group_runs} {outcome} {how} ({self.status_text()})")
 
+    def reuse(self, reused: int, refused: list[tuple[str, str]]) -> None:
+        """The group's runs taken from the journal, and the first reason others were not."""
+        if reused:
+            self._say(f"  {reused} run(s) reused from the journal")
+        if refused:
+            self._say(f"  {len(refused)} run(s) of the journal run again: {refused[0][1]}")
+
+    def _say(self, text: str) -> None:
+        if self.live and self._bar is not None:
+            self._bar.console.print(text, markup=False, highlight=False, soft_wrap=True)
+        else:
+            self._line(text)
+
     def end_group(self, verdict: str) -> None:
         text = f"{self.group_name}: -> {verdict} ({self.group_done} runs)"
         if self.live:

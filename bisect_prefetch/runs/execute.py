@@ -36,6 +36,7 @@ from bisect_prefetch.metrics.completeness import (
 from bisect_prefetch.metrics.live import LiveMetrics
 from bisect_prefetch.metrics.loading import load_files, load_run, metric_files
 from bisect_prefetch.metrics.localize import judge_digests, units_in_graph
+from bisect_prefetch.metrics.precision import at_decimals, coarser_decimals
 from bisect_prefetch.metrics.trajectory import Trajectory
 from bisect_prefetch.runs import envprint
 from bisect_prefetch.runs.code_print import code_fingerprint
@@ -56,6 +57,7 @@ from bisect_prefetch.runs.launcher import (
 from bisect_prefetch.runs.merge import GRAPH_FILE, merge_graphs, merge_probes, schedule_problems
 from bisect_prefetch.runs.plan import PLAN_ENV, PLAN_FILE, build_plan, plan_hash, write_plan
 from bisect_prefetch.runs.procs import kill_leftovers
+from bisect_prefetch.runs.reuse import ReuseCheck, collect
 from bisect_prefetch.runs.signals import run_signals, signal_problems
 from bisect_prefetch.runs.step_time import run_step_time_ms, run_step_times_ms
 from bisect_prefetch.runs.store import RunKey, StateDir
@@ -113,6 +115,8 @@ class RunOutcome:
     signals: dict[str, Any] | None = None
     # The job's own environment, as its ranks saw it (runs/envprint.summary; None: no print).
     environment: dict[str, Any] | None = None
+    # What the job read (runs/reuse.collect): the run is reused only while it is the same.
+    manifest: dict[str, Any] | None = None
     reused: bool = False
 
     @property
@@ -213,6 +217,16 @@ class Runner:
             argv_template(experiment, steps=experiment.steps), cwd=Path.cwd(),
             env_path={**os.environ, **experiment.env}.get("PATH"))
         self.reused_finished_at: list[float | None] = []  # runs taken from the journal
+        # A journaled run is reused only while what its job read is the same (runs/reuse.py);
+        # no_reuse_before (--no-reuse: the command's start): runs journaled before it are
+        # never reused. refused: (run id, first reason).
+        self.no_reuse_before: float | None = None
+        self.reuse_check = ReuseCheck(
+            job_env(plan_path=Path(PLAN_FILE), experiment_env=experiment.env,
+                    workload_env=workload_env(experiment)), records=state.records(),
+            runs_path=state.runs_path)
+        self.refused: list[tuple[str, str]] = []
+        self.reused_bounded = ""  # said once: a reused run whose manifest hit its bound
         # Whether runs keyed from now on run under stress (adapters/stress.py); a key can
         # also say it itself (the stress calibration of `bisect --stress auto`).
         self.stress = False
@@ -297,7 +311,7 @@ class Runner:
         previous orchestrator submitted for this key and that Slurm still knows
         is re-attached, never submitted twice.
         """
-        found = self.state.find(key)
+        found = self.reusable(self.state.find(key))
         if found is not None:
             self.reused_finished_at.append(found.get("finished_at"))
             return self._said(RunOutcome.from_record(found))
@@ -320,6 +334,36 @@ class Runner:
             self.state.append_submitted(key, run_id=run_id, job_id=started.job_id,
                                         executor=self.executor.kind)
         return started
+
+    def reusable(self, record: dict[str, Any] | None) -> dict[str, Any] | None:
+        """The journal record if its run may be reused now; a refusal is kept with its reason."""
+        if record is None:
+            return None
+        why = self._why_not(record)
+        if why is None:
+            manifest = record.get("manifest") or {}
+            if manifest.get("opened_truncated") and not self.reused_bounded:
+                # Reused on the files it recorded: say that its job opened more.
+                self.reused_bounded = (f"run {record.get('run_id')}'s job opened more files than "
+                                       f"its manifest keeps ({manifest.get('opened_limit')}): "
+                                       "reused on the first ones")
+            return record
+        if all(run_id != record.get("run_id") for run_id, _ in self.refused):
+            self.refused.append((str(record.get("run_id")), why))
+        return None
+
+    def reusable_records(self) -> list[dict[str, Any]]:
+        """The journal's finished runs that may be reused now; the refusals of this
+        experiment's runs (same code and fingerprint) are kept with their reasons."""
+        tail = f"+{self.code}@{self.experiment.fingerprint()}"
+        return [r for r in self.state.records()
+                if (self.reusable(r) if r["variant"].endswith(tail)
+                    else self._why_not(r) is None)]
+
+    def _why_not(self, record: dict[str, Any]) -> str | None:
+        if self.no_reuse_before is not None and (record.get("finished_at") or 0) < self.no_reuse_before:
+            return "--no-reuse"
+        return self.reuse_check.why_not(record)
 
     def poll(self, started: StartedRun) -> RunOutcome | None:
         """None while the run's job goes; once it ended, the run collected and journaled."""
@@ -414,6 +458,7 @@ class Runner:
         merged, probe_problems = merge_probes(run_dir, expected_hash)
         out.signals = self._signals(run_dir)
         out.environment = envprint.summary(envprint.add_job_print(run_dir))
+        out.manifest = collect(run_dir)
         # A job we stopped at its first difference was killed mid-step: its ranks may
         # have counted different numbers of steps without anything being wrong.
         stopped = out.outcome == STOPPED_EARLY
@@ -460,7 +505,15 @@ class Runner:
         if ref is not None:
             # The metrics decide from the files as they are now, the same numbers the live
             # comparison read; a live difference only stopped the run. Digests: both.
-            found = earliest(compare_trajectories(ref, trajectory, self.names))
+            # Runs that printed a metric at different precisions are compared at the coarser
+            # one (the signals line says the precision the comparison holds at).
+            coarse = coarser_decimals(self._precision(out.reference), (out.signals or {}).get(
+                "precision") or {})
+            if coarse:
+                out.signals = {**(out.signals or {}), "compared_at_decimals": coarse}
+            found = earliest(compare_trajectories(
+                at_decimals(ref, coarse) if coarse else ref,
+                at_decimals(trajectory, coarse) if coarse else trajectory, self.names))
             live_step = comparator.first_digest_diff_step if comparator is not None else None
             candidates = [s for s in (found[0] if found else None, live_step) if s is not None]
             out.first_diff_step = min(candidates, default=None)
@@ -470,6 +523,13 @@ class Runner:
         out.trajectory_hash = trajectory_hash(trajectory, upto=out.first_diff_step)
         if out.problems:
             out.outcome, out.reason = ERROR, "; ".join(out.problems)
+
+    def _precision(self, run_id: str | None) -> dict[str, Any]:
+        """The precision a finished run printed its metrics at (its journaled signals)."""
+        for record in self.state.records():
+            if record.get("run_id") == run_id:
+                return (record.get("signals") or {}).get("precision") or {}
+        return {}
 
     def _check_complete(self, out: RunOutcome, trajectory: Trajectory, steps: int,
                         ref: Trajectory | None) -> None:

@@ -184,8 +184,11 @@ def run_group(
         elif stop_at_divergence and outcome.usable and outcome.diverged:
             stopped = True
 
+    refused_before = len(runner.refused)
     keep_slots_busy(runner, propose, arrived, on_start=started)
     done = [finished[at] for at in sorted(finished)]
+    if progress is not None:  # what came from the journal, and why the rest did not
+        progress.reuse(sum(run.reused for run in done), runner.refused[refused_before:])
     result = judge(runner, done, mask=mask, guard=guard, steps=steps, runs_requested=runs)
     result.mask_name = name
     if progress is not None:

@@ -129,7 +129,7 @@ class RealOracle:
             raise BisectPrefetchError("earlier runs are reused before the search's first run")
         variant = self.runner.key(self.purpose, mask=Mask(), guard=self.guard, steps=self.steps,
                                   index=0, stress=self.stress).variant
-        earlier = earlier_all_off(self.runner.state.records(), own=self.purpose,
+        earlier = earlier_all_off(self.runner.reusable_records(), own=self.purpose,
                                   fingerprint=variant.rpartition("+")[2], steps=self.steps,
                                   guard=self.guard, stress=self.stress)
         self._golden = earlier.golden

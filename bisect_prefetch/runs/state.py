@@ -46,10 +46,11 @@ class OpenState:
 @contextmanager
 def open_state(experiment: Experiment, state_dir: str | Path, *,
                console: Console | None = None, executor: str | None = None,
-               slots: int | None = None) -> Iterator[OpenState]:
+               slots: int | None = None, no_reuse_before: float | None = None) -> Iterator[OpenState]:
     """Hold `<state_dir>/<experiment name>/` locked while the command uses it.
 
-    executor and slots (--executor, --slots) replace the experiment's own.
+    executor and slots (--executor, --slots) replace the experiment's own; no_reuse_before
+    (--no-reuse: when the command started): runs journaled before it are run afresh.
     """
     experiment = with_executor(experiment, kind=executor, slots=slots)
     with StateDir(state_dir, experiment.name) as state:
@@ -57,6 +58,7 @@ def open_state(experiment: Experiment, state_dir: str | Path, *,
             console.print("note: the journal's last line was torn by a kill and was dropped",
                           markup=False)
         runner = Runner(experiment, state)
+        runner.no_reuse_before = no_reuse_before
         if console is not None:
             runner.on_first_usable = lambda out, run_dir: _say_first_run(console, experiment,
                                                                          out.signals, run_dir)
@@ -76,6 +78,12 @@ def open_state(experiment: Experiment, state_dir: str | Path, *,
             runner.close()
             if console is not None and (line := reused_line(runner.reused_finished_at)):
                 console.print(line, markup=False, soft_wrap=True)
+            if console is not None and runner.reused_bounded:
+                console.print(f"note: {runner.reused_bounded}", markup=False, soft_wrap=True)
+            if console is not None and runner.refused:
+                console.print(f"note: {len(runner.refused)} run(s) of the journal run again, "
+                              f"first because: {runner.refused[0][1]}", markup=False,
+                              soft_wrap=True)
 
 
 def _say_first_run(console: Console, experiment: Experiment, signals: dict | None,
@@ -97,4 +105,5 @@ def reused_line(finished_at: list[float | None]) -> str | None:
         first, last = (time.strftime("%Y-%m-%d %H:%M", time.localtime(t)) for t in (min(known), max(known)))
         when = f", finished {first}" + (f" to {last}" if last != first else "")
     return (f"note: {len(finished_at)} run(s) reused from the journal{when} "
-            "(same experiment, same code files, interpreter and packages)")
+            "(same experiment; every file its job read, its packages and numerics "
+            "variables unchanged)")

@@ -25,14 +25,14 @@ from pathlib import Path
 from typing import Any
 
 from bisect_prefetch.errors import BisectPrefetchError
-from bisect_prefetch.files import protect
+from bisect_prefetch.files import LOCK_MARKER, STATE_JOURNAL, STATE_LOCK, protect
 from bisect_prefetch.vocab import Mask
 
 JOURNAL_VERSION = 1
-JOURNAL = "journal.jsonl"
+JOURNAL = STATE_JOURNAL
 # A line holding this key records a job at submission, not a finished run.
 SUBMITTED = "submitted"
-LOCK = "lock"
+LOCK = STATE_LOCK
 
 
 @dataclass(frozen=True)
@@ -166,6 +166,16 @@ def _has_run_key(record: dict[str, Any]) -> bool:
 
 
 _SLUG = re.compile(r"[^A-Za-z0-9._-]+")
+# A run dir's number: its leading digits, at least RUN_NUMBER_WIDTH of them (zero-padded),
+# more past 9999; compared as numbers, never as text.
+RUN_NUMBER_WIDTH = 4
+_RUN_NUMBER = re.compile(r"(\d+)(?:-|$)")
+
+
+def run_number(run_id: str) -> int | None:
+    """The number a run id starts with (`0042-aa-k0` -> 42, `10000-aa-k1` -> 10000)."""
+    match = _RUN_NUMBER.match(run_id)
+    return int(match.group(1)) if match else None
 
 
 class StateDir:
@@ -196,14 +206,14 @@ class StateDir:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            holder = os.read(fd, 64).decode(errors="replace").strip() or "?"
+            holder = os.read(fd, 64).decode(errors="replace").split("\n")[0].strip() or "?"
             os.close(fd)
             raise BisectPrefetchError(
                 f"state dir {self.path} is in use by another bisect-prefetch (pid {holder}); "
                 "wait for it to finish or give a different --state-dir"
             ) from None
         os.ftruncate(fd, 0)
-        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        os.pwrite(fd, f"{os.getpid()}\n{LOCK_MARKER}\n".encode(), 0)
         self._lock_fd = fd
         try:
             self._load()
@@ -324,9 +334,9 @@ class StateDir:
         path = self.runs_path
         try:
             self.runs_path.mkdir(parents=True, exist_ok=True)
-            taken = [int(p.name[:4]) for p in self.runs_path.iterdir() if p.name[:4].isdigit()]
+            taken = [n for p in self.runs_path.iterdir() if (n := run_number(p.name)) is not None]
             number = max(taken, default=0) + 1
-            run_id = f"{number:04d}-{_SLUG.sub('_', label).strip('_') or 'run'}"
+            run_id = f"{number:0{RUN_NUMBER_WIDTH}d}-{_SLUG.sub('_', label).strip('_') or 'run'}"
             path = self.runs_path / run_id
             path.mkdir()
         except OSError as exc:

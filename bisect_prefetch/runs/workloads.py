@@ -2,15 +2,14 @@
 
 Templates are argument lists; `{run_dir}`, `{config}`, `{port}`,
 `{rank_log_dir}`, `{steps}` and `{seed}` are replaced inside an argument, and a value never becomes
-more than that one argument (no shell, no splitting). Other braces are left
-alone, so JSON in an argument survives.
+more than that one argument (no shell, no splitting); `{{steps}}` is a literal `{steps}`
+(vocab.fill_placeholders). Other braces are left alone, so JSON in an argument survives.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import re
 import sys
 from collections.abc import Mapping
 from pathlib import Path
@@ -20,10 +19,8 @@ import yaml
 
 from bisect_prefetch.errors import BisectPrefetchError
 from bisect_prefetch.experiment import Experiment, apply_overrides
+from bisect_prefetch.vocab import fill_placeholders
 from bisect_prefetch.workloads import mindformers
-
-PLACEHOLDERS = ("run_dir", "config", "port", "rank_log_dir", "steps", "seed")
-_PLACEHOLDER = re.compile(r"\{(" + "|".join(PLACEHOLDERS) + r")\}")
 
 # Workers that do not find each other within this many seconds give up (msrun).
 MSRUN_CLUSTER_TIMEOUT_S = 60
@@ -169,10 +166,9 @@ def render_config(experiment: Experiment, *, steps: int, index: int = 0) -> tupl
 
 def render_argv(template: list[str], values: Mapping[str, str | int | Path]) -> list[str]:
     """Replace the known placeholders; each stays inside the argument it was in."""
-    def replace(match: re.Match) -> str:
-        name = match.group(1)
+    def replace(name: str) -> str:
         if name not in values:
             raise BisectPrefetchError(f"the command uses {{{name}}} but this run has no {name}")
         return str(values[name])
 
-    return [_PLACEHOLDER.sub(replace, arg) for arg in template]
+    return [fill_placeholders(arg, replace) for arg in template]

@@ -131,7 +131,8 @@ class _Oracle(AnswersAtOnce):
         run_id, _ = state.new_run_dir("sim")
         out = RunOutcome(run_id=run_id, outcome="stopped-early" if result.diverged else "ok",
                          reason="", first_diff_step=result.first_diff_step,
-                         steps_done=result.steps, wall_s=0.25)
+                         steps_done=result.steps, wall_s=0.25,
+                         manifest={"files": {}, "env": self.runner.reuse_check.env})  # read nothing
         if timed and self.sim.startup_steps is not None:  # what segments: auto measures
             out.step_time_ms, out.first_progress_s = 10.0, self.sim.startup_steps * 0.01
         if result.diverged and self.sim.localized:

@@ -9,16 +9,16 @@ from bisect_prefetch.cli import app
 
 SURFACE = {
     "aa": {"experiment", "--mask", "--runs", "--steps", "--guard", "--json", "--state-dir",
-           "--executor", "--slots", "--stress"},
+           "--executor", "--slots", "--stress", "--no-reuse"},
     "audit": {"experiment", "--guard", "--kinds", "--json", "--state-dir"},
     "bisect": {"experiment", "--confidence", "--max-runs", "--resume", "--json", "--state-dir",
-               "--executor", "--slots", "--stress", "--segments"},
+               "--executor", "--slots", "--stress", "--segments", "--no-reuse"},
     "compare": {"a", "b", "--format", "--json", "--allow-truncated"},
     "graph": {"experiment", "--policy", "--layers", "--format", "--out", "--state-dir"},
     "init": {"command", "--out", "--log", "--steps", "--force", "--state-dir"},
     "masks": {"experiment", "--policy", "--layers", "--preset", "--state-dir"},
     "matrix": {"matrix_file", "--junit", "--markdown", "--json", "--state-dir", "--executor",
-               "--slots", "--stress"},
+               "--slots", "--stress", "--no-reuse"},
     "report": {"state", "--html"},
     "simulate": {
         "--policy", "--layers", "--culprit", "--together", "--hazard", "--steps", "--trials",

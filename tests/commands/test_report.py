@@ -329,6 +329,50 @@ def test_report_cli_writes_html_where_asked(tmp_path):
     assert "culprit-found" in out.read_text()
 
 
+def _read_only(monkeypatch, state: Path) -> None:
+    """The state dir as a colleague's or a CI artifact's: this user cannot write in it
+    (as root here, permissions would not stop a write, so refusal is simulated)."""
+    import os as os_module
+
+    inside = str(state.resolve())
+    access, mkdir = os_module.access, Path.mkdir
+
+    def no_access(path, mode, *a, **kw):
+        if str(Path(path).resolve()).startswith(inside) and mode & os_module.W_OK:
+            return False
+        return access(path, mode, *a, **kw)
+
+    def no_mkdir(self, *a, **kw):
+        if str(self.resolve()).startswith(inside):
+            raise PermissionError(13, "Permission denied", str(self))
+        return mkdir(self, *a, **kw)
+
+    monkeypatch.setattr(os_module, "access", no_access)
+    monkeypatch.setattr(Path, "mkdir", no_mkdir)
+
+
+def test_report_reads_a_state_dir_it_cannot_write(tmp_path, monkeypatch, capsys):
+    state = _state_dir_with_a_bisection(tmp_path)
+    before = sorted(p.name for p in state.rglob("*"))
+    _read_only(monkeypatch, state)
+    out = tmp_path / "elsewhere.html"
+    assert main(["report", str(state), "--html", str(out)]) == 0
+    page = _TextOf()
+    page.feed(out.read_text())
+    assert "verdict: culprit-found" in " ".join(page.text) and len(page.images) == 4
+    assert sorted(p.name for p in state.rglob("*")) == before  # nothing written there
+    # Without --html the page has nowhere to go: one line saying so.
+    capsys.readouterr()
+    assert main(["report", str(state)]) == 2
+    assert "give --html FILE elsewhere" in capsys.readouterr().err
+
+
+def test_report_lists_what_each_run_read(tmp_path):
+    state = _state_dir_with_a_bisection(tmp_path)
+    page = build_report(state).read_text().split("<h2>Runs</h2>")[1]
+    assert page.count("no manifest (not reusable)") == 3
+
+
 def test_journal_groups_and_their_verdicts(tmp_path):
     state = _state_dir_with_a_bisection(tmp_path)
     groups = journal_groups(read_journal(state / "journal.jsonl").records)

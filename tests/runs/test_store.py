@@ -10,7 +10,7 @@ import textwrap
 import pytest
 
 from bisect_prefetch.errors import BisectPrefetchError
-from bisect_prefetch.runs.store import JOURNAL_VERSION, RunKey, StateDir, read_journal
+from bisect_prefetch.runs.store import JOURNAL_VERSION, RunKey, StateDir, read_journal, run_number
 
 
 def _key(index: int = 0, mask=("fwd:a->b",), **kw) -> RunKey:
@@ -118,3 +118,13 @@ def test_nan_metrics_survive_the_journal(tmp_path):
     with StateDir(tmp_path, "exp") as state:
         value = state.find(_key())["last_loss"]
     assert value != value
+
+
+def test_run_numbers_keep_growing_past_9999_compared_as_numbers(tmp_path):
+    with StateDir(tmp_path, "many") as state:
+        (state.runs_path / "9999-aa-k0").mkdir(parents=True)
+        (state.runs_path / "0100-aa-k1").mkdir()
+        first, _ = state.new_run_dir("aa-k1")
+        second, _ = state.new_run_dir("aa-k2")
+    assert (first, second) == ("10000-aa-k1", "10001-aa-k2")
+    assert run_number("10001-aa-k2") == 10001 and run_number("0042-x") == 42
