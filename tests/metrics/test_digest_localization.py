@@ -21,8 +21,8 @@ from bisect_prefetch.commands.bisect_loop import run_lines
 from bisect_prefetch.commands.matrix import CellResult, cell_verdict_line
 from bisect_prefetch.experiment import Experiment
 from bisect_prefetch.metrics.compare import compare_paths
-from bisect_prefetch.metrics.digests import read_digests
 from bisect_prefetch.metrics.digest_files import read_run_digests
+from bisect_prefetch.metrics.digests import read_digests
 from bisect_prefetch.metrics.localize import (
     compare_run_digests,
     judge_digests,
