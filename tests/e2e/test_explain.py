@@ -1,0 +1,52 @@
+"""`explain` on a user's own FSDP2 job whose drift is not prefetch: one layer's forward adds
+noise from a clock-seeded generator from step 3 on (tests/jobs/noisy_layer_job.py, which
+imports nothing of ours). With every edge off, the traced A/A pair names that random op in
+that layer's forward at step 3, kind origin, on every rank."""
+
+from __future__ import annotations
+
+import json
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from bisect_prefetch.cli import main
+
+pytest.importorskip("torch")
+JOB = Path(__file__).resolve().parents[1] / "jobs" / "noisy_layer_job.py"
+pytestmark = pytest.mark.slow
+
+
+def test_explain_names_the_random_op_in_the_noisy_layer_at_step_3(tmp_path, capsys):
+    argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+            str(JOB), "--steps", "{steps}"]
+    experiment = tmp_path / "noisy.yaml"
+    experiment.write_text(textwrap.dedent(f"""
+        name: noisy
+        command: {json.dumps(argv)}
+        metrics: {{format: torchtitan, names: [loss, grad_norm]}}
+        graph: {{source: runtime}}
+        steps: 3
+        timeout_s: 180
+    """))
+    out = tmp_path / "explain.json"
+    code = main(["explain", str(experiment), "--mask", "all-off", "--steps", "2-3",
+                 "--state-dir", str(tmp_path / "state"), "--json", str(out)])
+    text = capsys.readouterr().out
+    assert code == 1, text
+    result = json.loads(out.read_text())
+    assert result["verdict"] == "explained" and result["mask"] == []
+    first = result["first"]
+    assert (first["step"], first["phase"], first["module"], first["op"], first["kind"]) == (
+        3, "forward", "layers.1", "aten.randn", "origin"), first
+    noise_line = next(k for k, line in enumerate(JOB.read_text().splitlines(), 1)
+                      if "torch.randn" in line)
+    assert first["stack"].endswith(f"noisy_layer_job.py:{noise_line}")
+    assert [(r["rank"], r["kind"], r["op"], r["step"]) for r in result["ranks"]] == [
+        (0, "origin", "aten.randn", 3), (1, "origin", "aten.randn", 3)]
+    assert result["overhead"]["ops_per_step"] > 100 and result["overhead"]["bytes_per_step"] > 0
+    assert ("first divergence: rank 0, step 3, forward of layers.1: aten.randn (origin: inputs "
+            "matched, output differed)") in text
+    assert "rank 1: the same op" in text
