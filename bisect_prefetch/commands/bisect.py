@@ -40,6 +40,7 @@ from bisect_prefetch.commands.common import (
     resume_hint_on_interrupt,
     write_json,
 )
+from bisect_prefetch.commands.explain import explain_command
 from bisect_prefetch.errors import BisectPrefetchError
 from bisect_prefetch.experiment import (
     Experiment,
@@ -315,6 +316,8 @@ def _bisect(experiment: Experiment, experiment_path: Path, *, hint: str, resume:
             build_report(opened.path)
     console.print()
     render_result(result, console, reproduce=data["reproduce"], run=numbers.of)
+    if explain := explain_command(experiment_path, result.verdict, result.minimal_set):
+        console.print(f"explain: {explain}", markup=False, soft_wrap=True)  # the mechanism
     if data["stress"]["mode"] != STRESS_OFF:
         console.print(stress_line(data["stress"]), markup=False, soft_wrap=True)
     elif result.verdict == "no-drift-reproduced" and stress_fits(experiment):
