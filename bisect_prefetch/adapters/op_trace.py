@@ -40,13 +40,14 @@ fp: 32 hex digits as a digest's, null where a tensor could not be read (sparse, 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
+from collections.abc import Iterator
 from typing import Any
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
-from torch.utils._pytree import tree_flatten
 
 from bisect_prefetch.adapters import digest
 from bisect_prefetch.adapters.torch_digest import Weights, lanes, local
@@ -95,6 +96,7 @@ class OpTracer:
         self.weights = Weights()
         self.mode = _Mode(self)
         self.active = False
+        self.paused = False  # paused(): the mode is out for a while (the benchmark's)
         self.done = False
         self.hooks: list[Any] = []
         self.module_names: dict[Any, str] = {}
@@ -102,7 +104,9 @@ class OpTracer:
         self.seq_module: dict[int, str] = {}  # autograd sequence number -> forward's module
         self.in_optimizer = False
         self.ops: list[list[Any]] = []  # a step's records, fingerprints as indices
-        self.fps: list[torch.Tensor] = []  # (2,) int64 per fingerprint, on the device
+        # Per fingerprint: the xor (uint64) and the weighted sum (int64), 0-d, on the device
+        self.xors: list[torch.Tensor] = []
+        self.sums: list[torch.Tensor] = []
         # key -> (step, seq, fingerprint: an index this step, its text once flushed)
         self.written: dict[tuple[Any, ...], tuple[int, int, Any]] = {}
         self.pending: dict[int, list[Any]] = {}  # storage -> [record, out index, tensor]
@@ -125,7 +129,7 @@ class OpTracer:
             self._start()
 
     def _start(self) -> None:
-        if not self.active and not self.done:
+        if not self.active and not self.done and not self.paused:
             self.active = True
             self.mode.__enter__()
 
@@ -260,26 +264,32 @@ class OpTracer:
                 self.written[_key(output)] = (record[0], record[1], fp)
 
     def _fingerprint(self, t: torch.Tensor) -> int | None:
-        """Index of the tensor's (xor, weighted sum) on its device; None if it has none."""
+        """Index of the tensor's two sums, computed on its device; None if it has none.
+
+        Called inside the dispatch mode's handler (below autograd: nothing is recorded for
+        backward) or with the modes off. A few tensor ops a tensor: the cost is per op."""
         try:
             if t.layout != torch.strided or t.device.type == "meta" or t.is_quantized:
                 return None
-            with torch.no_grad():
-                flat = t.reshape(-1)
-                if flat.numel() == 0:
-                    pair = torch.zeros(2, dtype=torch.int64, device=t.device)
-                else:
-                    if flat.dtype == torch.bool:
-                        flat = flat.view(torch.int8)
-                    xor = torch.hash_tensor(flat).view(torch.int64).reshape(1)
-                    lane = lanes(flat)
-                    w = self.weights.first(flat.numel(), lane.dtype, lane.device)
-                    weighted = (lane * w).sum(dtype=lane.dtype).to(torch.int64).reshape(1)
-                    pair = torch.cat([xor, weighted])
+            flat = t.view(-1) if t.is_contiguous() else t.reshape(-1)
+            if flat.dtype == torch.bool:
+                flat = flat.view(torch.int8)
+            n = flat.numel()
+            if n == 0:
+                xor = torch.zeros((), dtype=torch.uint64, device=t.device)
+                weighted = torch.zeros((), dtype=torch.int64, device=t.device)
+            else:
+                xor = torch.hash_tensor(flat)
+                lane = lanes(flat)
+                weighted = torch.mul(lane, self.weights.first(n, lane.dtype, lane.device)).sum(
+                    dtype=lane.dtype)
+                if weighted.dtype != torch.int64:
+                    weighted = weighted.to(torch.int64)
         except (RuntimeError, TypeError, NotImplementedError):
             return None
-        self.fps.append(pair)
-        return len(self.fps) - 1
+        self.xors.append(xor)
+        self.sums.append(weighted)
+        return len(self.xors) - 1
 
     def _phase(self) -> str:
         if torch._C._current_autograd_node() is not None:
@@ -334,20 +344,20 @@ class OpTracer:
         import time
 
         start = time.perf_counter()
-        ops, fps = self.ops, self.fps
-        self.ops, self.fps = [], []
         if self.pending:  # never read in this step: fingerprint them as they are now
             for record, index, output in self.pending.values():
-                fp = self._fingerprint(output)
-                record[7][index] = fp
-            fps, self.fps = fps + self.fps, []
+                record[7][index] = self._fingerprint(output)
             self.pending = {}
+        ops, xors, sums = self.ops, self.xors, self.sums
+        self.ops, self.xors, self.sums = [], [], []
         text = []
-        if fps:
-            host = torch.stack(fps).cpu().tolist()
-            spelled = [digest.spell(x, w) for x, w in host]
-        else:
-            spelled = []
+        spelled: list[str] = []
+        if xors:
+            n = len(xors)
+            packed = torch.cat([torch.stack(xors).view(torch.int64), torch.stack(sums)])
+            host = packed.cpu().tolist()  # the one transfer (and sync) of the step
+            mask = digest.MASK64
+            spelled = [f"{x & mask:016x}{w & mask:016x}" for x, w in zip(host[:n], host[n:])]
         for step, seq, name, n, phase, module, ins, outs, sources, changed, where in ops:
             ins_text = [None if i is None else spelled[i] for i in ins]
             chg = [k for k, written, used in changed
@@ -372,7 +382,19 @@ class OpTracer:
 
 
 def _tensors(tree: Any) -> list[torch.Tensor]:
-    return [t for t in tree_flatten(tree)[0] if isinstance(t, torch.Tensor)]
+    """The tensors in an op's arguments or results (tuples, lists, dicts), in order."""
+    if isinstance(tree, torch.Tensor):
+        return [tree]
+    found: list[torch.Tensor] = []
+    if isinstance(tree, (tuple, list)):
+        for item in tree:
+            if isinstance(item, torch.Tensor):
+                found.append(item)
+            elif isinstance(item, (tuple, list, dict)):
+                found += _tensors(item)
+    elif isinstance(tree, dict):
+        found += _tensors(list(tree.values()))
+    return found
 
 
 def _argument(schema: Any, args: tuple, kwargs: dict, name: str) -> Any:
@@ -442,3 +464,22 @@ def activate(session: Any) -> None:
 def tracer() -> OpTracer | None:
     """The active tracer, or None."""
     return _tracer
+
+
+@contextlib.contextmanager
+def paused() -> Iterator[None]:
+    """Inside, no op is traced (to measure the tracer's cost side by side in one job)."""
+    t = _tracer
+    if t is None:
+        yield
+        return
+    was_active, t.paused = t.active, True
+    if was_active:
+        t.active = False
+        t.mode.__exit__(None, None, None)
+    try:
+        yield
+    finally:
+        t.paused = False
+        if was_active:
+            t._start()
