@@ -33,7 +33,8 @@ goes through torch's dispatcher, in the order this rank ran them):
 File: ``optrace.rank{R}.jsonl`` in the run dir, one line per op::
 
     {"step", "seq", "op", "n", "phase", "module", "in": [fp|null], "out": [fp|null],
-     "src": [[step, seq]|null per input], "chg": [input indices], "at": "file:line"|null}
+     "src": [[step, seq]|null per input], "chg": [input indices], "at": "file:line"|null,
+     "par": [[input index, parameter name], ...]}   # par: only where an input is one
 
 fp: 32 hex digits as a digest's, null where a tensor could not be read (sparse, meta).
 """
@@ -54,7 +55,9 @@ from bisect_prefetch.adapters.torch_digest import Weights, lanes, local
 
 TRACE_FILE = "optrace.rank{rank}.jsonl"
 _COLLECTIVE_NAMESPACES = ("c10d", "_c10d_functional", "c10d_functional", "_dtensor")
-_OWN_DIRS = (os.path.dirname(torch.__file__), os.path.dirname(os.path.dirname(__file__)))
+# Frames that are not the job's own code: torch's, and the in-job adapter's (a built-in
+# reference workload's training code is the job's).
+_OWN_DIRS = (os.path.dirname(torch.__file__), os.path.dirname(__file__))
 # Ops the tool runs itself (its digests at the step boundary) are not the job's: not traced.
 _TOOL_FILES = (os.path.join(os.path.dirname(__file__), "torch_digest.py"),)
 _SKIP = object()
@@ -100,6 +103,7 @@ class OpTracer:
         self.done = False
         self.hooks: list[Any] = []
         self.module_names: dict[Any, str] = {}
+        self.param_names: dict[tuple[Any, ...], str] = {}  # a local shard's key -> its name
         self.module_stack: list[str] = []
         self.seq_module: dict[int, str] = {}  # autograd sequence number -> forward's module
         self.in_optimizer = False
@@ -145,6 +149,7 @@ class OpTracer:
     def _pre_forward(self, module: Any, args: Any) -> None:
         if not self.module_names:
             self.module_names = _module_names(module)
+            self.param_names = _param_names(self.module_names)
         if not self.module_stack:
             self._start()
         name = self.module_names.get(module)
@@ -194,17 +199,28 @@ class OpTracer:
         inputs = _tensors((args, kwargs))
         skipped = write_only and _tensors([_argument(schema, args, kwargs, k) for k in write_only])
         skipped_ids = {id(t) for t in skipped or ()}
-        in_fps, sources, changed = [], [], []
+        in_fps, sources, changed, params = [], [], [], []
         for k, t in enumerate(inputs):
             t = local(t)
             self._settle(t)
             # A view computes nothing; a buffer the op only writes holds whatever was there.
             fp = None if view or id(t) in skipped_ids else self._fingerprint(t)
             in_fps.append(fp)
-            source = self.written.get(_key(t))
+            key = _key(t)
+            source = self.written.get(key)
             sources.append(None if source is None else [source[0], source[1]])
-            if source is not None and source[2] is not None and fp is not None:
-                changed.append((k, source[2], fp))
+            param = self.param_names.get(key)
+            if param is not None:
+                params.append([k, param])
+            if source is not None and fp is not None:
+                if source[2] is not None:
+                    changed.append((k, source[2], fp))
+                elif t._base is not None:  # a view (views are not fingerprinted): its base
+                    base = self.written.get(_key(t._base))
+                    if base is not None and base[2] is not None:
+                        base_fp = self._fingerprint(t._base)
+                        if base_fp is not None:
+                            changed.append((k, base[2], base_fp))
         out = func(*args, **kwargs)
         outputs = _tensors(out)
         if schema is not None:  # arguments the op writes (out=, in-place)
@@ -217,7 +233,7 @@ class OpTracer:
                     outputs += _tensors(value)
         seen, out_fps = set(), []
         record = [step, self.seq, name, self.counts.get(name, 0), self._phase(),
-                  self._module(), in_fps, out_fps, sources, changed, where]
+                  self._module(), in_fps, out_fps, sources, changed, where, params]
         collective = namespace in _COLLECTIVE_NAMESPACES and "wait" not in name
         if view and inputs:  # a view's elements were written by its base's writer
             base = self.written.get(_key(local(inputs[0])))
@@ -358,7 +374,7 @@ class OpTracer:
             host = packed.cpu().tolist()  # the one transfer (and sync) of the step
             mask = digest.MASK64
             spelled = [f"{x & mask:016x}{w & mask:016x}" for x, w in zip(host[:n], host[n:])]
-        for step, seq, name, n, phase, module, ins, outs, sources, changed, where in ops:
+        for step, seq, name, n, phase, module, ins, outs, sources, changed, where, params in ops:
             ins_text = [None if i is None else spelled[i] for i in ins]
             chg = [k for k, written, used in changed
                    if (written if isinstance(written, str) else spelled[written]) != spelled[used]]
@@ -366,7 +382,8 @@ class OpTracer:
                 "step": step, "seq": seq, "op": name, "n": n, "phase": phase,
                 "module": module, "in": ins_text,
                 "out": [None if i is None else spelled[i] for i in outs],
-                "src": sources, "chg": chg, "at": where}, separators=(",", ":")))
+                "src": sources, "chg": chg, "at": where, **({"par": params} if params else {})},
+                separators=(",", ":")))
         # Fingerprint indices restart with the next step: what was written is kept as text.
         self.written = {key: (st, sq, fp if fp is None or isinstance(fp, str) else spelled[fp])
                         for key, (st, sq, fp) in self.written.items()}
@@ -441,6 +458,18 @@ def _module_names(outermost: Any) -> dict[Any, str]:
     for root in roots:
         for name, module in root.named_modules():
             names.setdefault(module, name)
+    return names
+
+
+def _param_names(module_names: dict[Any, str]) -> dict[tuple[Any, ...], str]:
+    """Each parameter's local tensor (a DTensor's shard) -> its name, from the roots."""
+    names: dict[tuple[Any, ...], str] = {}
+    for module, prefix in module_names.items():
+        for name, param in module.named_parameters(recurse=False):
+            try:
+                names.setdefault(_key(local(param.data)), f"{prefix}.{name}" if prefix else name)
+            except RuntimeError:
+                continue
     return names
 
 

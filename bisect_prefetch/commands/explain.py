@@ -42,6 +42,7 @@ from bisect_prefetch.metrics.op_compare import (
     RankFinding,
     compare_traces,
 )
+from bisect_prefetch.report.localization import describe as describe_localization
 from bisect_prefetch.report.progress import RunProgress
 from bisect_prefetch.runs.group import GroupResult, stressed_groups
 from bisect_prefetch.runs.state import open_state
@@ -144,8 +145,14 @@ def run_explain(
                       f"{other}): comparing their op traces", markup=False)
         explanation = compare_traces(run_dir(reference), run_dir(other))
     data.update(explanation.to_json())
-    for line in explanation_lines(explanation, first_diff_step=group.first_diff_step,
-                                  experiment_path=experiment_path):
+    # Where the digests saw it first (metrics/localize.py): the first differing tensor when
+    # no traced op read it before the run was stopped.
+    data["localization"] = group.localization
+    step = group.first_diff_step
+    again = None if step is None else command_line("explain", str(experiment_path), *options(
+        mask=list(masks), stress=stress, runs=runs, steps=f"{step}-{step}"))
+    for line in explanation_lines(explanation, first_diff_step=step, again=again,
+                                  localization=group.localization):
         console.print(line, markup=False, soft_wrap=True)
     return data
 
@@ -194,17 +201,21 @@ def where(finding: RankFinding) -> str:
 
 
 def explanation_lines(explanation: Explanation, *, first_diff_step: int | None,
-                      experiment_path: Path) -> list[str]:
+                      again: str | None = None,
+                      localization: dict[str, Any] | None = None) -> list[str]:
     """The terminal lines of a comparison (the finding, each rank, what to do next)."""
     first = explanation.first
     traced = explanation.steps_traced
     if first is None:
         window = f"{traced[0]}-{traced[-1]}" if traced else "none"
-        again = (f"; trace that step: {command_line('explain', str(experiment_path), *options(steps=f'{first_diff_step}-{first_diff_step}'))}"
-                 if first_diff_step is not None else "")
-        return [f"no traced op differs (steps traced: {window}; the runs first differ at step "
-                f"{first_diff_step}): the difference arose outside the dispatcher's ops or "
-                f"outside the traced steps{again}"]
+        lines = [f"no traced op differs (steps traced: {window}; the runs first differ at step "
+                 f"{first_diff_step}): no op the dispatcher ran read the difference before the "
+                 "run was stopped, or it arose outside the traced steps"]
+        if where_digests := describe_localization(localization):
+            lines.append(f"first differing tensor, from the digests: {where_digests}")
+        if again and first_diff_step is not None and first_diff_step not in traced:
+            lines.append(f"trace that step: {again}")
+        return lines
     lines = []
     if explanation.verdict == ALIGNMENT_BROKEN:
         lines.append(f"alignment broke: {where(first)}, {first.seq} ops after the step began: "

@@ -66,6 +66,7 @@ class RankFinding:
     outputs_differing: list[int] = field(default_factory=list)
     detail: str = ""
     other_op: str | None = None  # alignment: the other run's op at this place
+    tensor: str | None = None  # the first differing input's parameter name, where it is one
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -87,7 +88,7 @@ class Explanation:
             f = self.first
             first = {"rank": f.rank, "step": f.step, "phase": f.phase, "module": f.module,
                      "op": f.op, "kind": f.kind, "seq": f.seq, "stack": f.stack,
-                     "occurrence": f.occurrence, "detail": f.detail}
+                     "occurrence": f.occurrence, "detail": f.detail, "tensor": f.tensor}
         return {"verdict": self.verdict, "first": first,
                 "ranks": [r.to_json() for r in self.ranks], "steps_traced": self.steps_traced}
 
@@ -141,8 +142,13 @@ def compare_rank(rank: int, a: list[dict[str, Any]], b: list[dict[str, Any]]) ->
         if not ins and not outs:
             continue
         kind, detail = _classify(x, y, ins, by_place)
+        params = dict(x.get("par") or [])
+        named = next((k for k in ins if k in params), None)
+        tensor = None if named is None else params[named]
+        if tensor is not None:
+            detail = f"{detail}; input {named} is the parameter {tensor}"
         return _finding(rank, kind, i, x, stack=x.get("at") or y.get("at"), detail=detail,
-                        inputs_differing=ins, outputs_differing=outs)
+                        inputs_differing=ins, outputs_differing=outs, tensor=tensor)
     return RankFinding(rank=rank, kind=None, ops_compared=n)
 
 
