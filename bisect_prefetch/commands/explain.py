@@ -50,6 +50,7 @@ from bisect_prefetch.select import describe, resolve_mask
 from bisect_prefetch.vocab import CONSISTENT, DIVERGED, STRESS_AUTO
 
 PURPOSE = "explain"
+TIMEOUT_FACTOR = 4  # traced runs get the experiment's timeouts times this
 KIND_WORDS = {
     "origin": "origin: inputs matched, output differed",
     "receiver": "receiver: the difference came from another rank",
@@ -106,8 +107,13 @@ def run_explain(
         except ValueError as e:
             raise BisectPrefetchError(f"--steps: {e}") from None
     check_outputs(*outputs, state_dir=state_dir, name=experiment.name)
-    # The runs end with the traced window: a step after it cannot explain a step in it.
-    traced = with_overrides(experiment, {"record.trace": f"{first}-{last}", "steps": last})
+    # The runs end with the traced window: a step after it cannot explain a step in it. A
+    # traced step costs several untraced ones (docs/explain.md): the timeouts grow alike.
+    overrides: dict[str, Any] = {"record.trace": f"{first}-{last}", "steps": last,
+                                 "timeout_s": experiment.timeout_s * TIMEOUT_FACTOR}
+    if experiment.no_progress_timeout_s is not None:
+        overrides["no_progress_timeout_s"] = experiment.no_progress_timeout_s * TIMEOUT_FACTOR
+    traced = with_overrides(experiment, overrides)
     console.print(f"experiment {experiment.name}: every op of steps {first}-{last} traced on "
                   f"every rank, runs of {last} steps", markup=False)
     with open_state(experiment, state_dir, console=console) as opened:
@@ -138,7 +144,10 @@ def run_explain(
                           f"{group.identical} over {last} steps)", markup=False)
             return data
         if group.verdict != DIVERGED:
-            raise BisectPrefetchError(f"no verdict: {group.reason}")
+            raise BisectPrefetchError(
+                f"no verdict: {group.reason} (finished runs are in the journal; a traced run "
+                "that ran out of memory or time can be retried with a smaller window: "
+                f"--steps A-B within 1-{last})")
         reference, other = diverged_pair(group)
         data["pair"] = [reference, other]
         console.print(f"-> runs differ from step {group.first_diff_step} ({reference} vs "
