@@ -34,7 +34,8 @@ File: ``optrace.rank{R}.jsonl`` in the run dir, one line per op::
 
     {"step", "seq", "op", "n", "phase", "module", "in": [fp|null], "out": [fp|null],
      "src": [[step, seq]|null per input], "chg": [input indices], "at": "file:line"|null,
-     "par": [[input index, parameter name], ...]}   # par: only where an input is one
+     "par": [[input index, parameter name], ...],   # only where an input is a parameter
+     "rd": [step, seq]}   # a collective's: the op that first read its output (or its wait)
 
 fp: 32 hex digits as a digest's, null where a tensor could not be read (sparse, meta).
 """
@@ -114,6 +115,8 @@ class OpTracer:
         # key -> (step, seq, fingerprint: an index this step, its text once flushed)
         self.written: dict[tuple[Any, ...], tuple[int, int, Any]] = {}
         self.pending: dict[int, list[Any]] = {}  # storage -> [record, out index, tensor]
+        # storage -> (step, seq) of the collective that filled it: the writer of its views
+        self.collective_storage: dict[int, tuple[int, int]] = {}
         self.counts: dict[str, int] = {}
         self.step = 0
         self.seq = 0
@@ -202,12 +205,15 @@ class OpTracer:
         in_fps, sources, changed, params = [], [], [], []
         for k, t in enumerate(inputs):
             t = local(t)
-            self._settle(t)
+            self._settle(t, step)
             # A view computes nothing; a buffer the op only writes holds whatever was there.
             fp = None if view or id(t) in skipped_ids else self._fingerprint(t)
             in_fps.append(fp)
             key = _key(t)
             source = self.written.get(key)
+            if source is None and self.collective_storage:
+                filled = self.collective_storage.get(t.untyped_storage().data_ptr())
+                source = None if filled is None else (filled[0], filled[1], None)
             sources.append(None if source is None else [source[0], source[1]])
             param = self.param_names.get(key)
             if param is not None:
@@ -252,6 +258,8 @@ class OpTracer:
                 self.pending[t.untyped_storage().data_ptr()] = [record, len(out_fps), t]
                 out_fps.append(None)
                 continue
+            if self.collective_storage and not view:  # the memory is another tensor's now
+                self.collective_storage.pop(t.untyped_storage().data_ptr(), None)
             fp = None if view or func in _UNINITIALIZED else self._fingerprint(t)
             out_fps.append(fp)
             if fp is not None:
@@ -260,22 +268,27 @@ class OpTracer:
                 self.written.pop(key, None)
         if "wait" in name:
             for t in outputs:
-                self._settle(local(t))
+                self._settle(local(t), step, after=True)
         self.counts[name] = record[3] + 1
         self.seq += 1
         self.ops.append(record)
         self.ops_traced += 1
         return out
 
-    def _settle(self, t: torch.Tensor) -> None:
-        """A collective's output, read now: fingerprint it as the collective's output."""
+    def _settle(self, t: torch.Tensor, step: int, *, after: bool = False) -> None:
+        """A collective's output, read now: fingerprint it as the collective's output, and
+        say which op read it (its step and seq: the op now dispatched, or after a wait the
+        wait itself)."""
         if not self.pending:
             return
-        entry = self.pending.pop(t.untyped_storage().data_ptr(), None)
+        storage = t.untyped_storage().data_ptr()
+        entry = self.pending.pop(storage, None)
         if entry is not None:
             record, index, output = entry
             fp = self._fingerprint(output)
             record[7][index] = fp
+            record.append([step, self.seq])  # the reader (the wait: this same op)
+            self.collective_storage[storage] = (record[0], record[1])
             if fp is not None:
                 self.written[_key(output)] = (record[0], record[1], fp)
 
@@ -364,6 +377,7 @@ class OpTracer:
             for record, index, output in self.pending.values():
                 record[7][index] = self._fingerprint(output)
             self.pending = {}
+        self.collective_storage = {}
         ops, xors, sums = self.ops, self.xors, self.sums
         self.ops, self.xors, self.sums = [], [], []
         text = []
@@ -374,7 +388,10 @@ class OpTracer:
             host = packed.cpu().tolist()  # the one transfer (and sync) of the step
             mask = digest.MASK64
             spelled = [f"{x & mask:016x}{w & mask:016x}" for x, w in zip(host[:n], host[n:])]
-        for step, seq, name, n, phase, module, ins, outs, sources, changed, where, params in ops:
+        for record in ops:
+            step, seq, name, n, phase, module, ins, outs, sources, changed, where, params = (
+                record[:12])
+            reader = record[12] if len(record) > 12 else None
             ins_text = [None if i is None else spelled[i] for i in ins]
             chg = [k for k, written, used in changed
                    if (written if isinstance(written, str) else spelled[written]) != spelled[used]]
@@ -382,7 +399,8 @@ class OpTracer:
                 "step": step, "seq": seq, "op": name, "n": n, "phase": phase,
                 "module": module, "in": ins_text,
                 "out": [None if i is None else spelled[i] for i in outs],
-                "src": sources, "chg": chg, "at": where, **({"par": params} if params else {})},
+                "src": sources, "chg": chg, "at": where, **({"par": params} if params else {}),
+                **({"rd": reader} if reader else {})},
                 separators=(",", ":")))
         # Fingerprint indices restart with the next step: what was written is kept as text.
         self.written = {key: (st, sq, fp if fp is None or isinstance(fp, str) else spelled[fp])

@@ -18,6 +18,10 @@ fingerprint differs is classified:
 - ``untraced-input``: an input differed that no traced op wrote (written before the
   traced window, or by code outside torch's dispatcher).
 
+Where every rank's first divergence is a receiver, no rank computed a difference: what
+the ranks sent matched, so the earliest such collective's buffer changed behind the traced
+ops (read before the collective completed: a race) and is said as changed-behind.
+
 "First" is exact within a rank only. Across ranks the finding is the earliest origin,
 changed-behind or untraced-input by (step, position in the step); receivers only when
 no rank has another kind. Where the two runs ran different ops before any fingerprint
@@ -156,7 +160,10 @@ def _classify(x: dict[str, Any], y: dict[str, Any], ins: list[int],
               by_place: dict[tuple[int, int], dict[str, Any]]) -> tuple[str, str]:
     if not ins:
         if _is_collective(x["op"]):
-            return RECEIVER, "its local inputs matched, what it received differed"
+            reader = by_place.get(tuple(x["rd"])) if x.get("rd") else None
+            read = (f", as {reader['op']} read it ({reader['phase']} of "
+                    f"{reader['module'] or 'no module'}, op {reader['seq']})" if reader else "")
+            return RECEIVER, f"its local inputs matched, what it received differed{read}"
         return ORIGIN, "inputs matched, output differed"
     changed = set(x.get("chg") or []) | set(y.get("chg") or [])
     sources = x.get("src") or []
@@ -204,6 +211,17 @@ def compare_traces(run_a: Path, run_b: Path) -> Explanation:
 def explain(findings: list[RankFinding], *, steps_traced: list[int] | None = None) -> Explanation:
     """The finding across ranks from each rank's (see the module docstring)."""
     found = [f for f in findings if f.kind is not None]
+    received = [f for f in found if f.kind == RECEIVER and _is_collective(f.op)]
+    if received and all(f.kind == RECEIVER for f in found):
+        # No rank computed anything differently, yet a collective's output differed: what
+        # every rank sent matched, so its buffer changed behind the traced ops (read before
+        # the collective completed, or written by something else).
+        earliest = min(received, key=lambda f: (f.key(), f.rank))
+        earliest.kind = CHANGED_BEHIND
+        earliest.detail = ("every rank's first difference is received, none computed one: "
+                           "this collective's output differed where every input matched "
+                           "(read before it completed, or written outside the traced ops); "
+                           + earliest.detail)
     first = None
     for kinds in (_LOCAL_KINDS + (ALIGNMENT,), (RECEIVER,)):
         candidates = [f for f in found if f.kind in kinds]

@@ -139,3 +139,22 @@ def test_runs_without_a_trace_are_one_error(tmp_path):
     (tmp_path / "b").mkdir()
     with pytest.raises(BisectPrefetchError, match="no op trace"):
         compare_traces(tmp_path / "a", tmp_path / "b")
+
+
+def test_when_every_rank_only_received_the_collective_buffer_changed_behind(tmp_path):
+    gather = "c10d._allgather_base_"
+    for rank in (0, 1):
+        # Every rank sent the same (inputs matched); rank 1's output, as the copy-out read
+        # it, differed: the buffer was read before the all-gather completed.
+        reader = op(1, 1, "fsdp.split_with_sizes_copy", ins=[B], outs=[C], src=[[1, 0]],
+                    module="layers.2")
+        write(tmp_path / "a", rank, [op(1, 0, gather, ins=[A], outs=[B]) | {"rd": [1, 1]},
+                                     reader])
+        out = D if rank == 1 else B
+        write(tmp_path / "b", rank, [op(1, 0, gather, ins=[A], outs=[out]) | {"rd": [1, 1]},
+                                     reader | {"in": [out], "out": [C if out == B else D]}])
+    result = compare_traces(tmp_path / "a", tmp_path / "b")
+    first = result.first
+    assert (first.rank, first.kind, first.op) == (1, "changed-behind", gather)
+    assert "fsdp.split_with_sizes_copy read it (forward of layers.2, op 1)" in first.detail
+    assert [r.kind for r in result.ranks] == [None, "changed-behind"]
