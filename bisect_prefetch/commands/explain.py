@@ -30,6 +30,7 @@ from bisect_prefetch.commands.common import (
 )
 from bisect_prefetch.errors import BisectPrefetchError
 from bisect_prefetch.experiment import (
+    Experiment,
     load_experiment,
     parse_steps_window,
     with_overrides,
@@ -99,25 +100,22 @@ def run_explain(
     if stress == STRESS_AUTO:
         raise BisectPrefetchError("--stress is on or off for explain (one group is traced)")
     experiment = with_stress(load_experiment(experiment_path), stress)
-    if steps is None:
-        first, last = 1, experiment.steps
-    else:
+    window = None
+    if steps is not None:
         try:
-            first, last = parse_steps_window(steps)
+            window = parse_steps_window(steps)
         except ValueError as e:
             raise BisectPrefetchError(f"--steps: {e}") from None
     check_outputs(*outputs, state_dir=state_dir, name=experiment.name)
-    # The runs end with the traced window: a step after it cannot explain a step in it. A
-    # traced step costs several untraced ones (docs/explain.md): the timeouts grow alike.
-    overrides: dict[str, Any] = {"record.trace": f"{first}-{last}", "steps": last,
-                                 "timeout_s": experiment.timeout_s * TIMEOUT_FACTOR}
-    if experiment.no_progress_timeout_s is not None:
-        overrides["no_progress_timeout_s"] = experiment.no_progress_timeout_s * TIMEOUT_FACTOR
-    traced = with_overrides(experiment, overrides)
-    console.print(f"experiment {experiment.name}: every op of steps {first}-{last} traced on "
-                  f"every rank, runs of {last} steps", markup=False)
     with open_state(experiment, state_dir, console=console) as opened:
         edge_ids = opened.graph().edge_ids()  # discovered (or reused) without tracing
+        why = "asked"
+        if window is None:
+            window, why = default_window(opened.state.records(), experiment.steps)
+        first, last = window
+        traced = traced_experiment(experiment, first, last)
+        console.print(f"every op of steps {first}-{last} traced on every rank ({why}), runs of "
+                      f"{last} steps", markup=False)
         # From here on the runner's runs are traced runs: other keys, other runs in the journal.
         opened.runner.experiment = traced
         mask = resolve_mask(list(masks), edge_ids)
@@ -164,6 +162,31 @@ def run_explain(
                                   localization=group.localization):
         console.print(line, markup=False, soft_wrap=True)
     return data
+
+
+def default_window(records: list[dict[str, Any]], steps: int) -> tuple[tuple[int, int], str]:
+    """The steps to trace when --steps is not given: those where earlier runs of this
+    experiment (aa, bisect, matrix: not explain's own, so a resumed explain keeps its window)
+    first differed, else every step."""
+    seen = sorted({r["first_diff_step"] for r in records
+                   if isinstance(r.get("first_diff_step"), int)
+                   and not str(r.get("variant", "")).startswith(PURPOSE + "+")
+                   and 1 <= r["first_diff_step"] <= steps})
+    if seen:
+        return (seen[0], seen[-1]), "where earlier runs of this experiment first differed"
+    return (1, steps), "every step: no earlier run of this experiment differed"
+
+
+def traced_experiment(experiment: Experiment, first: int, last: int) -> Experiment:
+    """The experiment whose runs trace steps first-last and end at last.
+
+    A step after the window cannot explain a step in it. A traced step costs several
+    untraced ones (docs/explain.md): the timeouts grow alike."""
+    overrides: dict[str, Any] = {"record.trace": f"{first}-{last}", "steps": last,
+                                 "timeout_s": experiment.timeout_s * TIMEOUT_FACTOR}
+    if experiment.no_progress_timeout_s is not None:
+        overrides["no_progress_timeout_s"] = experiment.no_progress_timeout_s * TIMEOUT_FACTOR
+    return with_overrides(experiment, overrides)
 
 
 def diverged_pair(group: GroupResult) -> tuple[str, str]:
@@ -248,8 +271,8 @@ def explanation_lines(explanation: Explanation, *, first_diff_step: int | None,
                 first.step, first.seq, first.op, first.kind):
             lines.append(f"rank {finding.rank}: the same op")
         else:
-            lines.append(f"rank {finding.rank}: {where(finding)}: {finding.op} ({finding.kind}), "
-                         f"{finding.seq} ops after the step began")
+            lines.append(f"{where(finding)}: {finding.op} ({finding.kind}), {finding.seq} ops "
+                         "after the step began")
     return lines
 
 
