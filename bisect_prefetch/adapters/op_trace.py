@@ -234,9 +234,8 @@ class OpTracer:
                 info = argument.alias_info
                 if info is not None and info.is_write:
                     outputs += _tensors(value)
-            for argument_name, value in kwargs.items():
-                if argument_name in write_only:
-                    outputs += _tensors(value)
+            for argument_name in write_only:  # out=, and a collective's output buffers
+                outputs += _tensors(_argument(schema, args, kwargs, argument_name))
         seen, out_fps = set(), []
         record = [step, self.seq, name, self.counts.get(name, 0), self._phase(),
                   self._module(), in_fps, out_fps, sources, changed, where, params]
