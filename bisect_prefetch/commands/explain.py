@@ -55,7 +55,7 @@ TIMEOUT_FACTOR = 4  # traced runs get the experiment's timeouts times this
 KIND_WORDS = {
     "origin": "origin: inputs matched, output differed",
     "receiver": "receiver: the difference came from another rank",
-    "changed-behind": "changed-behind: an input was written outside the traced ops",
+    "changed-behind": "changed-behind: a buffer was written outside the traced ops",
     "untraced-input": "untraced-input: an input no traced op wrote differed",
     "alignment": "alignment broke: the runs ran different ops",
 }

@@ -18,9 +18,11 @@ fingerprint differs is classified:
 - ``untraced-input``: an input differed that no traced op wrote (written before the
   traced window, or by code outside torch's dispatcher).
 
-Where every rank's first divergence is a receiver, no rank computed a difference: what
-the ranks sent matched, so the earliest such collective's buffer changed behind the traced
-ops (read before the collective completed: a race) and is said as changed-behind.
+Where no rank has an origin or changed-behind and the earliest divergence is a collective
+whose inputs matched (untraced inputs elsewhere only later), no rank computed a difference
+before it: what the ranks sent matched, so its buffer changed behind the traced ops (read
+before the collective completed: a race) and it is said as changed-behind, with the op
+that read it.
 
 "First" is exact within a rank only. Across ranks the finding is the earliest origin,
 changed-behind or untraced-input by (step, position in the step); receivers only when
@@ -44,7 +46,7 @@ ORIGIN, RECEIVER, CHANGED_BEHIND, UNTRACED_INPUT = (
     "origin", "receiver", "changed-behind", "untraced-input")
 ALIGNMENT = "alignment"
 KINDS = (ORIGIN, RECEIVER, CHANGED_BEHIND, UNTRACED_INPUT, ALIGNMENT)
-_LOCAL_KINDS = (ORIGIN, CHANGED_BEHIND, UNTRACED_INPUT)
+_LOCAL_KINDS = (ORIGIN, CHANGED_BEHIND, UNTRACED_INPUT)  # said before receivers
 COLLECTIVE_PREFIXES = ("c10d.", "_c10d_functional.", "c10d_functional.")
 # Verdicts of a comparison
 EXPLAINED = "explained"  # an op differed first somewhere
@@ -211,16 +213,20 @@ def compare_traces(run_a: Path, run_b: Path) -> Explanation:
 def explain(findings: list[RankFinding], *, steps_traced: list[int] | None = None) -> Explanation:
     """The finding across ranks from each rank's (see the module docstring)."""
     found = [f for f in findings if f.kind is not None]
-    received = [f for f in found if f.kind == RECEIVER and _is_collective(f.op)]
-    if received and all(f.kind == RECEIVER for f in found):
-        # No rank computed anything differently, yet a collective's output differed: what
-        # every rank sent matched, so its buffer changed behind the traced ops (read before
-        # the collective completed, or written by something else).
-        earliest = min(received, key=lambda f: (f.key(), f.rank))
+    received = [f for f in found if f.kind == RECEIVER and _is_collective(f.op)
+                and not f.inputs_differing]
+    earliest = min(received, key=lambda f: (f.key(), f.rank), default=None)
+    if earliest is not None and not any(
+            f.kind in (ORIGIN, CHANGED_BEHIND, ALIGNMENT) or (
+                f.kind == UNTRACED_INPUT and f.key() <= earliest.key()) for f in found):
+        # No rank computed anything differently before it, yet a collective's output
+        # differed where its inputs matched: what the ranks sent matched, so its buffer
+        # changed behind the traced ops (read before the collective completed, or written
+        # by something else). Later differences on other ranks are its consequences.
         earliest.kind = CHANGED_BEHIND
-        earliest.detail = ("every rank's first difference is received, none computed one: "
-                           "this collective's output differed where every input matched "
-                           "(read before it completed, or written outside the traced ops); "
+        earliest.detail = ("no rank computed a difference before it: this collective's "
+                           "output differed where its inputs matched (read before it "
+                           "completed, or written outside the traced ops); "
                            + earliest.detail)
     first = None
     for kinds in (_LOCAL_KINDS + (ALIGNMENT,), (RECEIVER,)):

@@ -158,3 +158,19 @@ def test_when_every_rank_only_received_the_collective_buffer_changed_behind(tmp_
     assert (first.rank, first.kind, first.op) == (1, "changed-behind", gather)
     assert "fsdp.split_with_sizes_copy read it (forward of layers.2, op 1)" in first.detail
     assert [r.kind for r in result.ranks] == [None, "changed-behind"]
+
+
+def test_a_later_untraced_input_on_another_rank_is_a_consequence_of_the_racing_collective(
+        tmp_path):
+    gather = "c10d._allgather_base_"
+    write(tmp_path / "a", 0, [op(1, 0, gather, ins=[A], outs=[B])])
+    write(tmp_path / "b", 0, [op(1, 0, gather, ins=[A], outs=[C])])
+    write(tmp_path / "a", 1, [op(1, 0, gather, ins=[A], outs=[B]), op(1, 5, "aten.copy_",
+                                                                      ins=[A], outs=[A])])
+    write(tmp_path / "b", 1, [op(1, 0, gather, ins=[A], outs=[B]), op(1, 5, "aten.copy_",
+                                                                      ins=[D], outs=[D])])
+    result = compare_traces(tmp_path / "a", tmp_path / "b")
+    assert (result.first.rank, result.first.kind, result.first.op) == (0, "changed-behind",
+                                                                       gather)
+    assert result.first.detail.startswith("no rank computed a difference before it")
+    assert result.ranks[1].kind == "untraced-input"
