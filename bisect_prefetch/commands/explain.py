@@ -136,7 +136,7 @@ def run_explain(
                                 "mask": sorted(mask), "mask_name": name,
                                 "steps": [first, last], "runs": len(group.runs),
                                 "first_diff_step": group.first_diff_step, "pair": None,
-                                "overhead": overhead(group, run_dir)}
+                                "overhead": overhead(group, run_dir, opened.state.records())}
         if group.verdict == CONSISTENT:
             console.print(f"-> consistent: nothing to explain ({group.runs_usable} runs, "
                           f"{group.identical} over {last} steps)", markup=False)
@@ -201,9 +201,12 @@ def diverged_pair(group: GroupResult) -> tuple[str, str]:
     raise BisectPrefetchError("the runs differ, but no pair of runs was found to compare")
 
 
-def overhead(group: GroupResult, run_dir: Any) -> dict[str, Any]:
+def overhead(group: GroupResult, run_dir: Any,
+             records: Sequence[dict[str, Any]] = ()) -> dict[str, Any]:
     """What tracing cost, from the ranks' probes: ops and bytes per traced step, flush time,
-    and the runs' step times."""
+    the traced runs' step times, and beside them the untraced runs' of this experiment in
+    the journal (other machine load, other steps: an indication, not a measurement;
+    bench_explain measures side by side)."""
     ops, written, flush, steps = [], [], [], []
     for run in group.runs:
         for probe in Path(run_dir(run.run_id)).glob("probe.rank*.json"):
@@ -222,8 +225,14 @@ def overhead(group: GroupResult, run_dir: Any) -> dict[str, Any]:
     def median(values: list[float]) -> float | None:
         return round(statistics.median(values), 1) if values else None
 
+    untraced = [r["step_time_ms"] for r in records
+                if isinstance(r.get("step_time_ms"), (int, float))
+                and not str(r.get("variant", "")).startswith(PURPOSE + "+")]
+    traced_ms, untraced_ms = median(times), median(untraced)
     return {"ops_per_step": median(ops), "bytes_per_step": median(written),
-            "flush_ms_per_step": median(flush), "step_time_ms": median(times),
+            "flush_ms_per_step": median(flush), "step_time_ms": traced_ms,
+            "untraced_step_time_ms": untraced_ms,
+            "ratio": round(traced_ms / untraced_ms, 2) if traced_ms and untraced_ms else None,
             "rank_records": len(ops)}
 
 
