@@ -36,13 +36,16 @@ from bisect_prefetch.experiment import (
     with_overrides,
     with_stress,
 )
+from bisect_prefetch.files import write_text_atomic
 from bisect_prefetch.metrics.op_compare import (
     ALIGNMENT_BROKEN,
     EXPLAINED,
     Explanation,
     RankFinding,
     compare_traces,
+    neighbours,
 )
+from bisect_prefetch.report.html import EXPLAIN_FILE, build_report
 from bisect_prefetch.report.localization import describe as describe_localization
 from bisect_prefetch.report.progress import RunProgress
 from bisect_prefetch.runs.group import GroupResult, stressed_groups
@@ -151,7 +154,11 @@ def run_explain(
         console.print(f"-> runs differ from step {group.first_diff_step} ({reference} vs "
                       f"{other}): comparing their op traces", markup=False)
         explanation = compare_traces(run_dir(reference), run_dir(other))
-    data.update(explanation.to_json())
+        data.update(explanation.to_json())
+        data["neighbours"] = neighbours(run_dir(reference), run_dir(other), explanation.first)
+        # Beside the state dir's other results: the HTML report shows the op and its neighbours.
+        write_text_atomic(opened.path / EXPLAIN_FILE, json.dumps(data, indent=2) + "\n")
+        build_report(opened.path)
     # Where the digests saw it first (metrics/localize.py): the first differing tensor when
     # no traced op read it before the run was stopped.
     data["localization"] = group.localization

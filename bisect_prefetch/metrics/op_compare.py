@@ -242,3 +242,29 @@ def explain(findings: list[RankFinding], *, steps_traced: list[int] | None = Non
         verdict = EXPLAINED
     return Explanation(verdict=verdict, first=first, ranks=findings,
                        steps_traced=steps_traced or [])
+
+
+def neighbours(run_a: Path, run_b: Path, finding: RankFinding | None,
+               around: int = 3) -> list[dict[str, Any]]:
+    """The ops around a rank's finding in run a's trace (``around`` each side), each with
+    what differed between the runs there: "inputs", "outputs", "both" or "" (none)."""
+    if finding is None or finding.step is None:
+        return []
+    files_a, files_b = trace_files(run_a), trace_files(run_b)
+    if finding.rank not in files_a or finding.rank not in files_b:
+        return []
+    a, b = read_trace(files_a[finding.rank]), read_trace(files_b[finding.rank])
+    at = next((i for i, op in enumerate(a)
+               if (op["step"], op["seq"]) == (finding.step, finding.seq)), None)
+    if at is None:
+        return []
+    rows = []
+    for i in range(max(at - around, 0), min(at + around + 1, len(a))):
+        x, y = a[i], b[i] if i < len(b) else {}
+        ins = (x.get("in") or []) != (y.get("in") or [])
+        outs = (x.get("out") or []) != (y.get("out") or [])
+        differs = "both" if ins and outs else "inputs" if ins else "outputs" if outs else ""
+        rows.append({"step": x["step"], "seq": x["seq"], "op": x["op"], "phase": x.get("phase"),
+                     "module": x.get("module"), "at": x.get("at"), "differs": differs,
+                     "first": i == at})
+    return rows

@@ -72,3 +72,22 @@ def test_no_op_differing_falls_back_on_the_digests_and_says_how_to_trace_that_st
                         "differ at step 5 in layers.4 (rank 1, layers.4.w@value; 1 unit "
                         "differs at that step)")
     assert lines[2] == "trace that step: bisect-prefetch explain x --steps=5-5"
+
+
+def test_the_report_shows_the_first_differing_op_among_its_neighbours(tmp_path):
+    from bisect_prefetch.metrics.op_compare import compare_traces, neighbours
+    from bisect_prefetch.report.html import render_html
+    from tests.metrics.test_op_compare import A, B, D, op, write
+
+    ops = [op(1, k, "aten.mm", ins=[A], outs=[A]) for k in range(6)]
+    write(tmp_path / "a", 0, ops[:4] + [op(1, 4, "aten.randn", outs=[B])] + ops[5:])
+    write(tmp_path / "b", 0, ops[:4] + [op(1, 4, "aten.randn", outs=[D])] + ops[5:])
+    result = compare_traces(tmp_path / "a", tmp_path / "b")
+    near = neighbours(tmp_path / "a", tmp_path / "b", result.first, around=2)
+    assert [(n["seq"], n["op"], n["differs"], n["first"]) for n in near] == [
+        (2, "aten.mm", "", False), (3, "aten.mm", "", False), (4, "aten.randn", "outputs", True),
+        (5, "aten.mm", "", False)]
+    page = render_html(title="t", verdict="v", facts=[], graph_png=None, culprits=[],
+                       evidence=([], []), matrix=None, figures=[], reproduce=[],
+                       explain=result.to_json() | {"neighbours": near})
+    assert "<h2>First differing op</h2>" in page and "<code>aten.randn</code> (origin)" in page

@@ -50,3 +50,8 @@ def test_explain_names_the_random_op_in_the_noisy_layer_at_step_3(tmp_path, caps
     assert ("first divergence: rank 0, step 3, forward of layers.1: aten.randn (origin: inputs "
             "matched, output differed)") in text
     assert "rank 1: the same op" in text
+    # The state dir keeps the result; its HTML report shows the op among its neighbours.
+    state = tmp_path / "state" / "noisy"
+    saved = json.loads((state / "explain.json").read_text())
+    assert saved["first"] == first and any(n["first"] for n in saved["neighbours"])
+    assert "First differing op" in (state / "report.html").read_text()
