@@ -53,8 +53,8 @@ from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_mod
 
 from bisect_prefetch.adapters import digest
 from bisect_prefetch.adapters.torch_digest import Weights, lanes, local
+from bisect_prefetch.vocab import op_trace_file
 
-TRACE_FILE = "optrace.rank{rank}.jsonl"
 _COLLECTIVE_NAMESPACES = ("c10d", "_c10d_functional", "c10d_functional", "_dtensor")
 # Frames that are not the job's own code: torch's, and the in-job adapter's (a built-in
 # reference workload's training code is the job's).
@@ -96,7 +96,7 @@ class OpTracer:
         self.session = session
         self.first_step = first_step
         self.last_step = last_step
-        self.path = os.path.join(session.plan.out_dir, TRACE_FILE.format(rank=session.rank))
+        self.path = os.path.join(session.plan.out_dir, op_trace_file(session.rank))
         self.weights = Weights()
         self.mode = _Mode(self)
         self.active = False

@@ -153,6 +153,9 @@ def run_explain(
         data["pair"] = [reference, other]
         console.print(f"-> runs differ from step {group.first_diff_step} ({reference} vs "
                       f"{other}): comparing their op traces", markup=False)
+        if data["overhead"]["granularity"] == "cell":
+            console.print("granularity: MindSpore Cells (no op-level hook): the first Cell whose "
+                          "output differed, forward and optimizer only", markup=False)
         explanation = compare_traces(run_dir(reference), run_dir(other))
         data.update(explanation.to_json())
         data["neighbours"] = neighbours(run_dir(reference), run_dir(other), explanation.first)
@@ -214,7 +217,7 @@ def overhead(group: GroupResult, run_dir: Any,
     the traced runs' step times, and beside them the untraced runs' of this experiment in
     the journal (other machine load, other steps: an indication, not a measurement;
     bench_explain measures side by side)."""
-    ops, written, flush, steps = [], [], [], []
+    ops, written, flush, steps, granularity = [], [], [], [], set()
     for run in group.runs:
         for probe in Path(run_dir(run.run_id)).glob("probe.rank*.json"):
             try:
@@ -222,6 +225,7 @@ def overhead(group: GroupResult, run_dir: Any,
             except (OSError, ValueError):
                 continue
             if trace:
+                granularity.add(trace.get("granularity", "op"))
                 count = max(trace["steps"][1] - trace["steps"][0] + 1, 1)
                 ops.append(trace["ops"] / count)
                 written.append(trace["bytes"] / count)
@@ -240,7 +244,9 @@ def overhead(group: GroupResult, run_dir: Any,
             "flush_ms_per_step": median(flush), "step_time_ms": traced_ms,
             "untraced_step_time_ms": untraced_ms,
             "ratio": round(traced_ms / untraced_ms, 2) if traced_ms and untraced_ms else None,
-            "rank_records": len(ops)}
+            "rank_records": len(ops),
+            # op: torch's dispatcher ops; cell: MindSpore Cell calls (adapters/cell_trace.py)
+            "granularity": "cell" if "cell" in granularity else "op"}
 
 
 def where(finding: RankFinding) -> str:

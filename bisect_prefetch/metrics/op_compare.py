@@ -40,8 +40,9 @@ from pathlib import Path
 from typing import Any
 
 from bisect_prefetch.errors import BisectPrefetchError
+from bisect_prefetch.vocab import op_trace_file
 
-TRACE_GLOB = "optrace.rank*.jsonl"
+TRACE_GLOB = op_trace_file("*")
 ORIGIN, RECEIVER, CHANGED_BEHIND, UNTRACED_INPUT = (
     "origin", "receiver", "changed-behind", "untraced-input")
 ALIGNMENT = "alignment"
