@@ -1,7 +1,8 @@
 """`explain` on a user's own FSDP2 job whose drift is not prefetch: one layer's forward adds
 noise from a clock-seeded generator from step 3 on (tests/jobs/noisy_layer_job.py, which
 imports nothing of ours). With every edge off, the traced A/A pair names that random op in
-that layer's forward at step 3, kind origin, on every rank."""
+that layer's forward at step 3, kind origin, on every rank. And on the MindSpore reference
+workload, which does not drift: traced at Cell granularity, nothing to explain, exit 0."""
 
 from __future__ import annotations
 
@@ -55,3 +56,25 @@ def test_explain_names_the_random_op_in_the_noisy_layer_at_step_3(tmp_path, caps
     saved = json.loads((state / "explain.json").read_text())
     assert saved["first"] == first and any(n["first"] for n in saved["neighbours"])
     assert "First differing op" in (state / "report.html").read_text()
+
+
+def test_explain_on_mindspore_traces_cells_and_finds_nothing_to_explain(tmp_path, capsys):
+    pytest.importorskip("mindspore")
+    experiment = tmp_path / "ms.yaml"
+    experiment.write_text(textwrap.dedent("""
+        name: ms
+        workload: {builtin: mindspore, layers: 3, world_size: 1}
+        metrics: {format: jsonl, names: [loss, grad_norm]}
+        graph: {source: runtime}
+        steps: 3
+        timeout_s: 300
+    """))
+    out = tmp_path / "explain.json"
+    code = main(["explain", str(experiment), "--runs", "2", "--state-dir",
+                 str(tmp_path / "state"), "--json", str(out)])
+    text = capsys.readouterr().out
+    assert code == 0, text
+    result = json.loads(out.read_text())
+    assert result["verdict"] == "consistent" and result["first"] is None
+    assert result["overhead"]["granularity"] == "cell" and result["overhead"]["ops_per_step"] > 10
+    assert "-> consistent: nothing to explain (2 runs" in text
