@@ -217,8 +217,8 @@ def test_under_stress_auto_the_controls_come_before_the_calibration_runs(tmp_pat
     from bisect_prefetch.commands import bisect as bisect_command
     from bisect_prefetch.runs.execute import RunOutcome
     from bisect_prefetch.runs.oracle import Earlier
-    from tests.conftest import console
     from tests.commands.test_stress import _simulated_experiment, _StressOracle
+    from tests.conftest import console
 
     class Reusing(_StressOracle):
         def reuse_earlier(self):
