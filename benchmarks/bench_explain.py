@@ -136,7 +136,7 @@ def main(argv: list[str] | None = None) -> dict:
     result = {key: statistics.median(r[key] for r in repeats) for key in repeats[0]}
     result |= {"layers": args.layers, "world_size": args.nproc, "repeats": args.repeats}
     print(f"op tracer, FSDP2 {args.layers} layers, {args.nproc} ranks ({args.repeats} job(s), "
-          f"{result['steps_per_condition']} steps each way): step {result['untraced_ms']:.0f} ms "
+          f"{result['steps_per_condition']:.0f} steps each way): step {result['untraced_ms']:.0f} ms "
           f"untraced, {result['traced_ms']:.0f} ms traced (x{result['ratio']:.2f}); "
           f"{result['ops_per_step']:.0f} ops a step, {result['ops_per_s']:.0f} ops/s traced; "
           f"{result['bytes_per_step'] / 1024:.0f} KiB written a step; flush "
