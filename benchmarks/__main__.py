@@ -6,7 +6,7 @@ import time
 
 BENCHES = ["bench_metrics", "bench_search", "bench_adapter", "bench_audit", "bench_workloads",
            "bench_digest_steps", "bench_executors", "bench_race", "bench_torchtitan", "bench_scale",
-           "bench_reuse"]
+           "bench_reuse", "bench_explain"]
 
 
 def main() -> int:

@@ -134,6 +134,24 @@ def aa(
 
 
 @app.command()
+def explain(
+    experiment: Annotated[Path, typer.Argument(metavar="EXPERIMENT.yaml", help="Experiment YAML.")],
+    mask: Annotated[list[str] | None, typer.Option("--mask", help="Preset or selectors of the edges to enable (repeatable; default all-on).")] = None,
+    stress: Annotated[StressMode | None, typer.Option("--stress", help="Delays before each prefetch is issued: on or off (default: the experiment's stress.mode).")] = None,
+    runs: Annotated[int, typer.Option("--runs", help="Most runs in the traced A/A group (at least 2).")] = 4,
+    steps: Annotated[str | None, typer.Option("--steps", metavar="A-B", help="Steps whose ops are traced; the runs end at B (default: every step).")] = None,
+    json_out: JsonOpt = None,
+    state_dir: StateDirOpt = Path(".bisect-prefetch"),
+) -> None:
+    """Trace every op of an A/A group and name the first op whose output differs: exit 0 consistent, 1 a finding."""
+    from bisect_prefetch.commands.explain import explain as command
+
+    raise typer.Exit(command(experiment, masks=mask or [], stress=stress.value if stress else None,
+                             runs=runs, steps=steps, state_dir=state_dir, console=console,
+                             json_out=json_out))
+
+
+@app.command()
 def bisect(
     experiment: Annotated[Path, typer.Argument(metavar="EXPERIMENT.yaml", help="Experiment YAML.")],
     confidence: Annotated[float | None, typer.Option("--confidence", help="Confidence the answer must reach (default: the experiment's search.confidence).")] = None,

@@ -21,6 +21,7 @@ from bisect_prefetch.experiment_model import (
     arg_max,
     check_stress_fits,
     exec_bytes,
+    parse_steps_window,
     segments_unfit,
     stress_fits,
     with_segments,
@@ -31,6 +32,6 @@ from bisect_prefetch.experiment_yaml import apply_overrides, load_experiment, wi
 __all__ = [
     "Cell", "ExecutorConfig", "Experiment", "Fault", "GraphSource", "Matrix", "Metrics", "Record",
     "Search", "Stress", "Workload", "apply_overrides", "arg_max", "check_stress_fits",
-    "exec_bytes", "expectation_met", "load_experiment", "load_matrix", "segments_unfit",
+    "exec_bytes", "parse_steps_window", "expectation_met", "load_experiment", "load_matrix", "segments_unfit",
     "stress_fits", "with_overrides", "with_segments", "with_stress",
 ]

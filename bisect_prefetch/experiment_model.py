@@ -227,6 +227,32 @@ class Record(_Strict):
     # Steps whose unit order (who unsharded each unit, its uses, its reshards) is
     # recorded for the audit; the first few show every edge; 0: none.
     order_steps: Annotated[int, Field(ge=0)] = 3
+    # Steps whose every op is traced, "A-B" (adapters/op_trace.py; `explain` sets it): each
+    # op's inputs and outputs fingerprinted. Costly on the traced steps; none by default.
+    trace: str | None = None
+
+    @field_validator("trace")
+    @classmethod
+    def _trace_window(cls, value: str | None) -> str | None:
+        if value is not None:
+            parse_steps_window(value)
+        return value
+
+    def trace_window(self) -> tuple[int, int] | None:
+        """The traced steps as (first, last), or None."""
+        return None if self.trace is None else parse_steps_window(self.trace)
+
+
+def parse_steps_window(text: str) -> tuple[int, int]:
+    """"A-B" (or "A": one step) as (A, B) with 1 <= A <= B; ValueError says what is wrong."""
+    match = re.fullmatch(r"\s*(\d+)\s*(?:-\s*(\d+)\s*)?", str(text))
+    if not match:
+        raise ValueError(f"a window of steps is A-B (e.g. 3-5), got {text!r}")
+    first = int(match.group(1))
+    last = int(match.group(2) or first)
+    if not 1 <= first <= last:
+        raise ValueError(f"a window of steps needs 1 <= A <= B, got {text!r}")
+    return first, last
 
 
 def _yaml_switch(value: Any) -> Any:
@@ -405,6 +431,8 @@ class Experiment(_Strict):
         data = self.model_dump(mode="json", include=keys)
         if data.get("workload") and not data["workload"].get("compute_ms"):
             del data["workload"]["compute_ms"]  # added later: unset keeps earlier runs' hash
+        if data.get("record") and data["record"].get("trace") is None:
+            data["record"].pop("trace", None)  # added later: unset keeps earlier runs' hash
         data["record_format"] = RECORD_FORMAT  # runs recorded another way are other runs
         if self.config_path() is not None and self.config_path().is_file():
             data["config_sha256"] = hashlib.sha256(self.config_path().read_bytes()).hexdigest()

@@ -141,6 +141,11 @@ def fill_placeholders(word: str, value: Callable[[str], str]) -> str:
                             word)
 
 
+def op_trace_file(rank: int | str) -> str:
+    """One rank's op trace in a run dir (adapters/op_trace.py, cell_trace.py; explain)."""
+    return f"optrace.rank{rank}.jsonl"
+
+
 def env_rank_file(rank: int) -> str:
     """The file one rank's environment fingerprint is written to, in the run dir."""
     return f"env.rank{rank}.json"

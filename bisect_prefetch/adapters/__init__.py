@@ -97,6 +97,8 @@ PrefetchListener = Callable[[str, Any, bool], None]
 # while the adapter module is half-imported (fsdp2.py imports torch.distributed.fsdp's
 # internals inside activate()).
 FRAMEWORK_ADAPTERS = {
+    "torch": "bisect_prefetch.adapters.op_trace",  # first: its step listeners before fsdp2's
+    "mindspore": "bisect_prefetch.adapters.cell_trace",  # explain's trace, Cell granularity
     "torch.distributed.fsdp": "bisect_prefetch.adapters.fsdp2",
     # MindFormers 2.x shards through hyper-parallel, so this entry covers its jobs too.
     "hyper_parallel": "bisect_prefetch.adapters.hyper_parallel",

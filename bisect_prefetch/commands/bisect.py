@@ -51,6 +51,7 @@ from bisect_prefetch.commands.common import (
     resume_hint_on_interrupt,
     write_json,
 )
+from bisect_prefetch.commands.explain import explain_command
 from bisect_prefetch.errors import BisectPrefetchError
 from bisect_prefetch.experiment import (
     Experiment,
@@ -177,6 +178,8 @@ def _bisect(experiment: Experiment, experiment_path: Path, *, hint: str, resume:
             build_report(opened.path)
     console.print()
     render_result(record.result, console, reproduce=record.reproduce, run=b.numbers.of)
+    if explain := explain_command(experiment_path, record.result.verdict, record.result.minimal_set):
+        console.print(f"explain: {explain}", markup=False, soft_wrap=True)  # the mechanism
     say_after_verdict(record.result, record.to_json(), experiment, console,
                       report=opened.path / "report.html", before=b.before)
     return record

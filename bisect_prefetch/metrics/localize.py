@@ -21,6 +21,10 @@ that step, and the rule that named the unit:
   so the first differing unit in that order is named. The order is the run's own (its
   order record: units in the order their backward pre-hooks ran), else the reverse of
   the graph's forward order.
+- ``every-unit``: only gradients differ, and in every unit that has them: the order cannot
+  tell a corruption in the first unit in backward order from a forward race (which
+  corrupts an unsharded buffer every gradient depends on). The unit given is only the
+  first in backward order and is no hint; `explain` names the first op that differs.
 
 Not which parameter moved most: the first step that differs often differs everywhere
 (every gradient of a model depends on every parameter), and the largest move then names
@@ -391,6 +395,10 @@ def _unmatched(a: _Inventory, b: _Inventory,
 # -- localization -----------------------------------------------------------------------------
 RULE_VALUES = "values"
 RULE_BACKWARD_ORDER = "backward-order"
+# Every unit's gradients differ at the first differing step: a corrupted first unit in
+# backward order and a forward race (an unsharded buffer, which every gradient depends on)
+# look alike, so no unit is named by order (`explain` finds the first op that differs).
+RULE_EVERY_UNIT = "every-unit"
 
 
 def localize(result: DigestResult | None, run_dir: Path,
@@ -418,8 +426,22 @@ def localize(result: DigestResult | None, run_dir: Path,
         return (position.get(unit_of(pair[1], units), len(order)), pair[0], pair[1])
 
     rank, param = min(candidates, key=rank_in_order)
+    if rule == RULE_BACKWARD_ORDER and len(differing) > 1 and differing >= _units_with_gradients(
+            ref_path, step, units):
+        rule = RULE_EVERY_UNIT  # the order cannot tell: say so (the unit is only the first)
     return Localization(step=step, rank=rank, unit=unit_of(param, units), param=param,
                         units_differing=len(differing), rule=rule)
+
+
+def _units_with_gradients(path: Path, step: int, units: list[str]) -> set[str]:
+    """The units with a gradient digest at ``step`` in a digests file (read up to it)."""
+    found: set[str] = set()
+    for record in read_digests(path):
+        if record.step > step + STEPS_READ_PAST:
+            break
+        if record.step == step and not record.param.endswith(VALUE_SUFFIX):
+            found.add(unit_of(record.param, units))
+    return found
 
 
 def backward_order(run_dir: Path) -> list[str]:

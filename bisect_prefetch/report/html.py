@@ -42,6 +42,7 @@ from bisect_prefetch.vocab import CONSISTENT, DIVERGED, RUN_OUTCOMES, USABLE_OUT
 REPORT_FILE = "report.html"
 PLOTS_DIR = "report"
 BISECT_FILE = "bisect.json"
+EXPLAIN_FILE = "explain.json"  # commands/explain.py: the first op that differs
 MATRIX_FILE = "matrix.json"
 MAX_PLOTTED_GROUPS = 12  # a long bisection has many groups; the diverged ones tell the story
 
@@ -261,6 +262,7 @@ def render_html(
     figures: list[tuple[str, Path]],
     reproduce: list[str],
     runs: list[list[Any]] | None = None,
+    explain: dict[str, Any] | None = None,
 ) -> str:
     """The report page; every argument is plain data, images are PNG files to embed."""
     parts = [
@@ -286,6 +288,18 @@ def render_html(
         parts.append("<h2>Matrix</h2>")
         parts.append(f"<p>{_esc(matrix_summary(matrix))}</p>")
         parts.append(_table(headers, rows, [not c["expectation_met"] for c in matrix["cells"]]))
+    if explain and explain.get("first"):  # the first op that differs and its neighbours
+        first = explain["first"]
+        parts.append("<h2>First differing op</h2>")
+        parts.append(f"<p>rank {_esc(first['rank'])}, step {_esc(first['step'])}, "
+                     f"{_esc(first['phase'])} of {_esc(first['module'])}: <code>"
+                     f"{_esc(first['op'])}</code> ({_esc(first['kind'])}); "
+                     f"{_esc(first.get('detail') or '')}</p>")
+        near = explain.get("neighbours") or []
+        parts.append(_table(["step", "op #", "op", "phase", "module", "differs", "at"],
+                            [[n["step"], n["seq"], n["op"], n["phase"], n["module"],
+                              n["differs"], n["at"]] for n in near],
+                            [n["first"] for n in near]))
     headers, rows = evidence
     if rows:
         parts.append("<h2>Evidence</h2>")
@@ -504,6 +518,7 @@ def _build_report(state_dir: Path, target: Path, out_dir: Path) -> Path:
         title=f"bisect-prefetch report: {state_dir.name}", verdict=verdict, facts=facts,
         graph_png=graph_png, culprits=culprits, evidence=evidence, matrix=matrix,
         figures=figures, reproduce=reproduce, runs=run_rows(records),
+        explain=_read_json(state_dir / EXPLAIN_FILE),
     )
     write_text_atomic(target, page)
     return target

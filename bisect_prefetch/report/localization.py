@@ -9,7 +9,8 @@ def in_unit(localization: dict[str, Any] | None) -> str:
     """' in layers.4 (rank 1)', or '' when the run was not localized."""
     if not localization:
         return ""
-    return f" in {localization['unit']} (rank {localization['rank']})"
+    where = "every unit" if localization.get("rule") == "every-unit" else localization["unit"]
+    return f" in {where} (rank {localization['rank']})"
 
 
 def describe(localization: dict[str, Any] | None) -> str:
@@ -18,6 +19,10 @@ def describe(localization: dict[str, Any] | None) -> str:
     if not localization:
         return ""
     units = localization["units_differing"]
+    if localization.get("rule") == "every-unit":  # metrics/localize.py: the order cannot tell
+        return (f"gradients of every unit ({units}) first differ at step {localization['step']} "
+                f"(rank {localization['rank']}): the digests cannot tell where it began; "
+                "explain names the first op that differs")
     # The rule that named the unit (metrics/localize.py); records before it had none.
     if localization.get("rule") == "values":
         what, how = "parameter values", ""

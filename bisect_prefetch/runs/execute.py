@@ -138,7 +138,8 @@ class RunOutcome:
             return RunResult(outcome=self.outcome, steps=self.steps_done)
         return RunResult(outcome=self.outcome, diverged=self.diverged,
                          first_diff_step=self.first_diff_step, steps=self.steps_done,
-                         unit=(self.localization or {}).get("unit"))
+                         unit=None if (self.localization or {}).get("rule") == "every-unit"
+                         else (self.localization or {}).get("unit"))
 
     def to_record(self) -> dict[str, Any]:
         record = asdict(self)

@@ -26,7 +26,7 @@ FAULT INJECTION (off by default; for validating the tool, never for real use):
 prefetch listener. Each time prefetch edge EDGE issues a real unshard, with
 probability H drawn from OS entropy (random.SystemRandom, not the seed) it
 nudges one randomly chosen element of the target unit's local shard by one ulp
-(torch.nextafter, random direction). Runs then diverge at random steps, as a
+(torch.nextafter, random direction, below torch's dispatch modes). Runs then diverge at random steps, as a
 race would make them; masking EDGE off removes the fault.
 
 ``--fault-mode race`` (or the plan's ``fault.mode: race``) plants a real data race
@@ -87,6 +87,7 @@ from torch import nn
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import FSDPModule, fully_shard
 from torch.distributed.tensor import DTensor
+from torch.utils._python_dispatch import _disable_current_modes
 
 from bisect_prefetch.vocab import parse_edge_id
 
@@ -205,7 +206,9 @@ def make_fault(edge: str, hazard: float):
     def nudge(edge_id: str, target_module: nn.Module, issued: bool) -> None:
         if edge_id != edge or not issued or entropy.random() >= hazard:
             return
-        with torch.no_grad():
+        # Below torch's dispatch modes: the buffer a wrong copy writes is written unseen,
+        # as a copy below the dispatcher would (explain's tracer then sees only its effect).
+        with torch.no_grad(), _disable_current_modes():
             shards = [
                 p.to_local() if isinstance(p, DTensor) else p for p in target_module.parameters()
             ]

@@ -230,6 +230,7 @@ evidence
 └─────────────┴──────────────────────────────────┴───────┴──────┴──────────┴───────────────────────┴──────────┘
 per-run chance 0.75 (95% interval 0.194-0.994), per-step hazard 0.0476, from 4 runs that enabled the set
 reproduce: bisect-prefetch aa TMP/exp.yaml --runs=4 '--mask=keep-only:bwd:layers.2->layers.1'
+explain: bisect-prefetch explain TMP/exp.yaml '--mask=keep-only:bwd:layers.2->layers.1'
 runs launched 14, reused from the journal 0; report: TMP/state/sim/report.html
 wrote TMP/out.json
 """
@@ -317,6 +318,7 @@ evidence
 └───────────┴─────────┴───────┴──────┴──────────┴───────────────────────────────────┴──────────┘
 per-run chance 1 (95% interval 0.025-1), per-step hazard 0.0667, from 1 runs that enabled every edge (all-on)
 reproduce: bisect-prefetch aa TMP/exp.yaml --runs=4
+explain: bisect-prefetch explain TMP/exp.yaml --mask=all-off
 runs launched 14, reused from the journal 0; report: TMP/state/sim/report.html
 wrote TMP/out.json
 """
@@ -425,6 +427,7 @@ evidence
 └─────────────┴──────────────────────────────────┴───────┴──────┴──────────┴───────────────────────┴──────────┘
 per-run chance 0.75 (95% interval 0.194-0.994), per-step hazard 0.0652, from 4 runs that enabled the set
 reproduce: bisect-prefetch aa TMP/exp.yaml --runs=4 '--mask=keep-only:bwd:layers.2->layers.1'
+explain: bisect-prefetch explain TMP/exp.yaml '--mask=keep-only:bwd:layers.2->layers.1'
 runs launched 10, reused from the journal 4; report: TMP/state/sim/report.html
 wrote TMP/out.json
 """

@@ -14,6 +14,7 @@ SURFACE = {
     "bisect": {"experiment", "--confidence", "--max-runs", "--resume", "--json", "--state-dir",
                "--executor", "--slots", "--stress", "--segments", "--no-reuse"},
     "compare": {"a", "b", "--format", "--json", "--allow-truncated"},
+    "explain": {"experiment", "--mask", "--stress", "--runs", "--steps", "--json", "--state-dir"},
     "graph": {"experiment", "--policy", "--layers", "--format", "--out", "--state-dir"},
     "init": {"command", "--out", "--log", "--steps", "--force", "--state-dir"},
     "masks": {"experiment", "--policy", "--layers", "--preset", "--state-dir"},

@@ -335,3 +335,21 @@ def test_real_fsdp2_aa_records_digests_by_default_and_identical_runs_stay_consis
     assert {"embedding.weight", "layers.0.qkv.weight", "layers.1.down.bias"} <= params
     assert {r.rank for r in records[0]} == {0, 1} and {r.step for r in records[0]} == {1, 2, 3, 4}
     assert all(r.norm is not None and r.norm >= r.max_abs >= 0 for r in records[0])
+
+
+def test_when_every_unit_s_gradients_differ_at_once_no_unit_is_named_by_order(tmp_path):
+    from bisect_prefetch.report.localization import describe, in_unit
+
+    ref = _write(tmp_path / "a", _records())
+    # Step 3: every unit with gradients (embedding has none) differs at once, as a forward
+    # race into an unsharded buffer makes them: the backward order cannot tell where it began.
+    run = _write(tmp_path / "b", _records(change=lambda s, r, p: 1.01 if s >= 3 else None))
+    where = judge_digests(ref, run, units=UNITS, ranks=2).localization.to_json()
+    assert (where["step"], where["rule"], where["units_differing"]) == (3, "every-unit", 3)
+    assert describe(where) == ("gradients of every unit (3) first differ at step 3 (rank 0): the "
+                               "digests cannot tell where it began; explain names the first op "
+                               "that differs")
+    assert in_unit(where) == " in every unit (rank 0)"
+    run_outcome = RunOutcome(run_id="r", outcome="ok", reason="", first_diff_step=3,
+                             localization=where)
+    assert run_outcome.result().unit is None  # no hint for the search
