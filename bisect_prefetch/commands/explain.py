@@ -48,10 +48,16 @@ from bisect_prefetch.metrics.op_compare import (
 from bisect_prefetch.report.html import EXPLAIN_FILE, build_report
 from bisect_prefetch.report.localization import describe as describe_localization
 from bisect_prefetch.report.progress import RunProgress
-from bisect_prefetch.runs.group import GroupResult, stressed_groups
+from bisect_prefetch.runs.group import AAResult, stressed_groups
 from bisect_prefetch.runs.state import open_state
 from bisect_prefetch.select import describe, resolve_mask
-from bisect_prefetch.vocab import CONSISTENT, DIVERGED, STRESS_AUTO
+from bisect_prefetch.vocab import (
+    CONSISTENT,
+    DIVERGED,
+    STRESS_AUTO,
+    VERDICT_FOUND,
+    VERDICT_NOT_PREFETCH,
+)
 
 PURPOSE = "explain"
 TIMEOUT_FACTOR = 4  # traced runs get the experiment's timeouts times this
@@ -199,7 +205,7 @@ def traced_experiment(experiment: Experiment, first: int, last: int) -> Experime
     return with_overrides(experiment, overrides)
 
 
-def diverged_pair(group: GroupResult) -> tuple[str, str]:
+def diverged_pair(group: AAResult) -> tuple[str, str]:
     """The reference run and the run that differed from it first."""
     usable = [run for run in group.runs if run.usable]
     diverged = [run for run in usable if run.first_diff_step is not None]
@@ -211,7 +217,7 @@ def diverged_pair(group: GroupResult) -> tuple[str, str]:
     raise BisectPrefetchError("the runs differ, but no pair of runs was found to compare")
 
 
-def overhead(group: GroupResult, run_dir: Any,
+def overhead(group: AAResult, run_dir: Any,
              records: Sequence[dict[str, Any]] = ()) -> dict[str, Any]:
     """What tracing cost, from the ranks' probes: ops and bytes per traced step, flush time,
     the traced runs' step times, and beside them the untraced runs' of this experiment in
@@ -301,9 +307,9 @@ def explanation_lines(explanation: Explanation, *, first_diff_step: int | None,
 def explain_command(experiment_path: Path, verdict: str, minimal_set: Sequence[str]) -> str | None:
     """The explain command for a bisection's answer (None where there is nothing to explain):
     the minimal set kept alone, or every edge off for drift that is not prefetch."""
-    if verdict == "culprit-found" and minimal_set:
+    if verdict == VERDICT_FOUND and minimal_set:
         mask = "keep-only:" + ",".join(minimal_set)
-    elif verdict == "not-prefetch":
+    elif verdict == VERDICT_NOT_PREFETCH:
         mask = "all-off"
     else:
         return None

@@ -109,7 +109,7 @@ def judge_digests(ref_dir: Path, run_dir: Path, *, units: Iterable[str],
                                  metric_first_diff=metric_first_diff)
     if result is None:
         return None
-    where = localize(result, Path(run_dir), units)
+    where = localize(result, Path(run_dir), units, ref_dir=Path(ref_dir))
     return DigestVerdict(result.first_diff_step, where, list(result.problems))
 
 
@@ -402,11 +402,12 @@ RULE_EVERY_UNIT = "every-unit"
 
 
 def localize(result: DigestResult | None, run_dir: Path,
-             units: Iterable[str]) -> Localization | None:
+             units: Iterable[str], *, ref_dir: Path | None = None) -> Localization | None:
     """The first divergence of two runs' digests, read back to a unit (None: no divergence).
 
     run_dir: the run whose order record gives the backward order; units: the graph's units
-    in forward order.
+    in forward order; ref_dir: the reference run, whose digests say which units have
+    gradients (by default run_dir's).
     """
     if result is None or result.first_diff_step is None or not result.at_first:
         return None
@@ -427,16 +428,17 @@ def localize(result: DigestResult | None, run_dir: Path,
 
     rank, param = min(candidates, key=rank_in_order)
     if rule == RULE_BACKWARD_ORDER and len(differing) > 1 and differing >= _units_with_gradients(
-            ref_path, step, units):
+            Path(ref_dir or run_dir), step, units):
         rule = RULE_EVERY_UNIT  # the order cannot tell: say so (the unit is only the first)
     return Localization(step=step, rank=rank, unit=unit_of(param, units), param=param,
                         units_differing=len(differing), rule=rule)
 
 
 def _units_with_gradients(path: Path, step: int, units: list[str]) -> set[str]:
-    """The units with a gradient digest at ``step`` in a digests file (read up to it)."""
+    """The units with a gradient digest at ``step`` in a run dir's first rank file or a
+    digests file (read up to it)."""
     found: set[str] = set()
-    for record in read_digests(path):
+    for record in read_run_digests(path):
         if record.step > step + STEPS_READ_PAST:
             break
         if record.step == step and not record.param.endswith(VALUE_SUFFIX):

@@ -501,6 +501,7 @@ evidence
 └─────────────┴──────────────────────────────────┴───────┴──────┴──────────┴───────────────────────┴──────────┘
 per-run chance 0.75 (95% interval 0.194-0.994), per-step hazard 0.0476, from 4 runs that enabled the set
 reproduce: bisect-prefetch aa TMP/exp.yaml --runs=4 '--mask=keep-only:bwd:layers.2->layers.1'
+explain: bisect-prefetch explain TMP/exp.yaml '--mask=keep-only:bwd:layers.2->layers.1'
 runs launched 17, reused from the journal 0; report: TMP/state/sim/report.html
 wrote TMP/out.json
 """
@@ -544,6 +545,7 @@ evidence
 └─────────────┴──────────────────────────────────┴───────┴──────┴──────────┴───────────────────────┴──────────┘
 per-run chance 0.75 (95% interval 0.194-0.994), per-step hazard 0.0476, from 4 runs that enabled the set
 reproduce: bisect-prefetch aa TMP/exp.yaml --runs=4 '--mask=keep-only:bwd:layers.2->layers.1'
+explain: bisect-prefetch explain TMP/exp.yaml '--mask=keep-only:bwd:layers.2->layers.1'
 runs launched 6, reused from the journal 0; report: TMP/state/sim/report.html
 wrote TMP/out.json
 """
