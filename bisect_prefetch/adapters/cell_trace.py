@@ -25,7 +25,7 @@ import sys
 import time
 from typing import Any
 
-from bisect_prefetch.adapters.hyper_parallel import array_digest, local_array
+from bisect_prefetch.adapters.numpy_digest import array_digest, local_array
 from bisect_prefetch.vocab import op_trace_file
 
 _tracer: CellTracer | None = None
