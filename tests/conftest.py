@@ -272,6 +272,8 @@ ORCHESTRATOR_FILES = {"plan.json", "status.json", "env.json", "graph.json", "pro
                       "stderr.log", "job.sbatch", "job_exit_code"}
 ORCHESTRATOR_DIRS = {"adapter", "rank_logs"}
 RANK_FILE = r"(?P<kind>[a-z]+)\.rank(?P<rank>\d+)(?P<other>\.[^.]+)?\.(?P<ext>jsonl|json)"
+# A process that is no rank (a launcher's agent) names its own file by host and pid.
+PROCESS_FILE = r"(?P<kind>[a-z]+)\.proc\.(?P<host>.+)-(?P<pid>\d+)\.json"
 
 
 def run_dir_writers(run_dir: Path, ranks: int) -> dict[str, str]:
@@ -289,6 +291,9 @@ def run_dir_writers(run_dir: Path, ranks: int) -> dict[str, str]:
             continue
         if name in ORCHESTRATOR_FILES:
             writers[name] = "orchestrator"
+            continue
+        if p := re.fullmatch(PROCESS_FILE, name):
+            writers[name] = f"process {p['host']}-{p['pid']}"
             continue
         m = re.fullmatch(RANK_FILE, name)
         assert m is not None, f"{name}: written by whom?"

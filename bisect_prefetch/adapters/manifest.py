@@ -3,7 +3,7 @@
 A run is reused from the journal only when everything it read is still the same (Bazel's
 action key, ccache's manifest of included headers), so the manifest is taken where the
 reading happens, per process (``manifest.rank{R}.json`` in the run dir; a process that saw
-no step and no prefetch, such as a launcher's agent, writes ``manifest.pid{P}.json``):
+no step and no prefetch, such as a launcher's agent, writes ``manifest.proc.{HOST}-{PID}.json``):
 
 - ``files``: path -> ``[size, mtime_ns, sha256]`` of every source file of every module the
   process imported that is not part of an installed distribution (the script's siblings,
@@ -30,8 +30,10 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import signal
 import site
+import socket
 import stat
 import sys
 import sysconfig
@@ -47,9 +49,13 @@ _WRITE_FLAGS = os.O_WRONLY | os.O_RDWR
 
 
 def manifest_file(rank: int, *, trained: bool) -> str:
-    """The manifest's file name: a rank's, or, for a process that trained nothing, its pid's
-    (a launcher's agent inherits the rank of nobody and must not clobber rank 0's)."""
-    return f"manifest.rank{rank}.json" if trained else f"manifest.pid{os.getpid()}.json"
+    """The manifest's file name: a rank's, or, for a process that trained nothing, its host's
+    and pid's (a launcher's agent inherits the rank of nobody and must not clobber rank 0's;
+    agents on two nodes may share a pid)."""
+    if trained:
+        return f"manifest.rank{rank}.json"
+    host = re.sub(r"[^A-Za-z0-9._-]", "_", socket.gethostname()) or "host"
+    return f"manifest.proc.{host}-{os.getpid()}.json"
 
 
 def _installed_roots() -> tuple[str, ...]:
