@@ -21,7 +21,7 @@ from bisect_prefetch.commands.bisect_words import (
 )
 from bisect_prefetch.runs.execute import RunOutcome
 from bisect_prefetch.search.oracle import Oracle, RunResult
-from bisect_prefetch.search.protocol import Bisection
+from bisect_prefetch.search.causes import Search
 from bisect_prefetch.search.runlog import Ask, mask_name
 from bisect_prefetch.search.segments import Lengths, Schedule, plan_run, record_run
 from bisect_prefetch.search.verdict import SearchResult
@@ -88,7 +88,7 @@ class Narrator:
     stage was recorded (or at the end), and its verdict line names the stage.
     """
 
-    def __init__(self, search: Bisection, console: Console, numbers: RunNumbers, *,
+    def __init__(self, search: Search, console: Console, numbers: RunNumbers, *,
                  interleaved: bool = False) -> None:
         self.search = search
         self.console = console
@@ -134,7 +134,7 @@ class Narrator:
         self.closed = max(self.closed, upto)
 
 
-def run_bisection(search: Bisection, oracle: Oracle, *, console: Console,
+def run_bisection(search: Search, oracle: Oracle, *, console: Console,
                   numbers: RunNumbers | None = None, lengths: Lengths | None = None) -> SearchResult:
     """Run the search to its verdict, narrating each stage; returns the result.
 

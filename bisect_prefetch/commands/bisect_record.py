@@ -13,7 +13,7 @@ from pathlib import Path
 
 from bisect_prefetch.commands.bisect_words import fact_lines
 from bisect_prefetch.commands.common import command_line, options
-from bisect_prefetch.search.protocol import Bisection
+from bisect_prefetch.search.causes import Search
 from bisect_prefetch.search.segments import Lengths
 from bisect_prefetch.search.stress import StressChoice
 from bisect_prefetch.search.verdict import SearchResult
@@ -53,7 +53,7 @@ class StressRecord:
         return out
 
 
-def segments_json(mode: str, lengths: Lengths | None, search: Bisection) -> dict:
+def segments_json(mode: str, lengths: Lengths | None, search: Search) -> dict:
     """The bisect JSON's `segments`: how runs were cut, start-ups, divergences at a switch."""
     return {"mode": mode, "used": lengths is not None,
             "segment_steps": lengths.segment_steps if lengths else None,
@@ -74,6 +74,7 @@ def result_to_json(result: SearchResult, reproduce: str, *,
     return {
         "verdict": result.verdict,
         "minimal_set": list(result.minimal_set),
+        "culprit_sets": [dict(c) for c in result.culprit_sets],
         "confidence": result.confidence,
         "runs_used": result.runs_used,
         "steps_used": result.steps_used,
@@ -132,8 +133,18 @@ class BisectRecord:
         }
 
 
+def fix_edges(result: SearchResult) -> list[str]:
+    """The edges a fix switches off: every cause's (the minimal set where one cause)."""
+    if len(result.culprit_sets) > 1:
+        return sorted({e for c in result.culprit_sets for e in c["edges"]})
+    return list(result.minimal_set)
+
+
 def reproduce_mask(result: SearchResult) -> str | None:
-    """The --mask value that reproduces the drift: keep-only of the minimal set."""
+    """The --mask value to run again: keep-only of the minimal set reproduces the drift; with
+    several causes, drop-only of their union shows the whole fix."""
+    if len(result.culprit_sets) > 1:
+        return "drop-only:" + ",".join(fix_edges(result))
     return "keep-only:" + ",".join(result.minimal_set) if result.minimal_set else None
 
 

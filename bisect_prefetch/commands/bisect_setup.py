@@ -16,6 +16,7 @@ from bisect_prefetch.commands.bisect_loop import RunNumbers, run_lines
 from bisect_prefetch.commands.bisect_record import (
     BisectRecord,
     StressRecord,
+    fix_edges,
     reproduce_command,
     segments_json,
 )
@@ -24,7 +25,7 @@ from bisect_prefetch.runs.oracle import Earlier
 from bisect_prefetch.runs.state import OpenState
 from bisect_prefetch.runs.step_time import fix_costs
 from bisect_prefetch.search.oracle import Oracle, RunResult
-from bisect_prefetch.search.protocol import Bisection
+from bisect_prefetch.search.causes import CauseSearch
 from bisect_prefetch.search.segments import Lengths
 from bisect_prefetch.search.verdict import SearchResult
 from bisect_prefetch.vocab import Mask
@@ -51,7 +52,7 @@ OracleFor = Callable[..., BisectOracle]  # (opened, on_run, *, stress=False)
 class Started:
     """A search and the oracle that runs it (one a stress setting)."""
 
-    search: Bisection
+    search: CauseSearch
     oracle: BisectOracle
     on: bool  # under stress
 
@@ -93,9 +94,9 @@ class Bisecting:
             self.earlier[on] = self.oracles[on].reuse_earlier()
         return self.oracles[on]
 
-    def new_search(self) -> Bisection:
+    def new_search(self) -> CauseSearch:
         experiment = self.experiment
-        return Bisection(self.opened.graph().edge_ids(), confidence=self.confidence,
+        return CauseSearch(self.opened.graph().edge_ids(), confidence=self.confidence,
                          max_runs=self.max_runs, steps_per_run=experiment.steps,
                          all_off_runs=experiment.search.all_off_runs,
                          suspects=self.suspects)  # a soft prior the runs correct (hints.py)
@@ -141,5 +142,5 @@ def bisect_record(b: Bisecting, experiment_path: Path, began: float) -> BisectRe
         run_details=b.run_details, stress=stress,
         signals=next((r["signals"] for r in records if r.get("signals")), None),
         step_time=fix_costs(records, edge_ids=b.opened.graph().edge_ids(),
-                            fix=result.minimal_set,
+                            fix=fix_edges(result),
                             variant_suffix="@" + b.experiment.fingerprint()))

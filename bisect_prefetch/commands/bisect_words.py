@@ -111,6 +111,16 @@ def notice_line(notice: dict) -> str:
         return f"localization points at {unit}, which no edge of the graph touches: hint ignored"
     if event == "hint-ignored":
         return f"a hint for {unit} from a run that did not diverge: ignored"
+    if event == "narrowed":
+        return (f"two diverged runs share no edge while all-off stayed consistent: more than one "
+                f"cause; searching inside the {notice['edges_on']} edges of the smallest diverged "
+                "mask first, every other edge off")
+    if event == "cause-found":
+        return (f"cause {notice['number']}: {{{','.join(notice['edges'])}}}; drift may remain "
+                f"without it: searching the other {notice['left']} edges with every cause found off")
+    if event == "narrowing-found-nothing":
+        return (f"no cause inside those {len(notice['mask'])} edges ({notice['verdict']}): "
+                "back to every edge left")
     if event == "suspect-ignored":
         return f"audit suspect {notice['edge']} is not an edge of the graph: ignored"
     return f"audit suspects: {', '.join(notice['edges'])}"
@@ -144,6 +154,8 @@ def fact_line(fact: v.Fact, *, confidence: float, run: Callable[[int], int] = _s
     """One checked statement behind a verdict, in words."""
     names = ",".join(getattr(fact, "edges", ()))
     match fact:
+        case v.Causes():
+            return _causes_line(fact, run)
         case v.NoDrift():
             return (f"every edge enabled in {fact.runs} clean runs ({fact.all_on} of them all-on), none "
                     f"diverged: a per-run chance of {fact.chance:.3g} or more is ruled out at "
@@ -199,6 +211,20 @@ def fact_line(fact: v.Fact, *, confidence: float, run: Callable[[int], int] = _s
     raise ValueError(f"unknown fact {fact!r}")
 
 
+def _causes_line(fact: v.Causes, run: Callable[[int], int]) -> str:
+    """e.g. "2 independent causes: {A} (keep-only diverged, run 5, step 3), {B} (...); with
+    all of them off: 9 runs consistent"."""
+    each = ", ".join(f"{{{','.join(edges)}}} (keep-only diverged, run {run(n)}, step {step})"
+                     for edges, (n, step) in zip(fact.sets, fact.keep_only, strict=True))
+    count = len(fact.sets)
+    head = f"{count} independent causes: {each}" if count > 1 else f"one cause: {each}"
+    off = "with all of them off" if count > 1 else "with it off"
+    if fact.remains:
+        return (f"{head}; drift remains {off}: another cause not yet found "
+                f"({_runs(fact.union_diverged)} of drop-only of the union diverged)")
+    return f"{head}; {off} (drop-only of the union): {_runs(fact.union_clean)} consistent"
+
+
 def fact_lines(result: SearchResult, *, run: Callable[[int], int] = _same) -> list[str]:
     return [fact_line(fact, confidence=result.confidence, run=run) for fact in result.facts]
 
@@ -209,7 +235,10 @@ def render_result(result: SearchResult, console: Console, *, reproduce: str | No
                   run: Callable[[int], int] = _same) -> None:
     """Verdict, minimal set, confidence, runs and steps, the facts, evidence and calibration."""
     console.print(f"verdict: {result.verdict}", markup=False)
-    if result.minimal_set:
+    if len(result.culprit_sets) > 1:
+        sets = "; ".join("{" + ", ".join(c["edges"]) + "}" for c in result.culprit_sets)
+        console.print(f"causes ({len(result.culprit_sets)}, each enough alone): {sets}", markup=False)
+    elif result.minimal_set:
         console.print(f"minimal set: {', '.join(result.minimal_set)}", markup=False)
     runs = (f"runs: {result.runs_used}" if result.startups is None
             else f"runs: {result.startups} ({result.runs_used} trials, several masks a run)")
@@ -304,7 +333,8 @@ def say_after_verdict(result: SearchResult, data: dict, experiment: Experiment,
         console.print(f"drift at a per-run chance below {ruled_out:.3g} can still hide: for a "
                       "prefetch race, --stress auto checks whether delays before each prefetch "
                       "make it show more often (docs/stress.md)", markup=False, soft_wrap=True)
-    cost = fix_cost_line(data["step_time"], result.minimal_set)
+    cost = fix_cost_line(data["step_time"], sorted({e for c in result.culprit_sets for e in c["edges"]})
+                         if len(result.culprit_sets) > 1 else result.minimal_set)
     if cost:
         console.print(cost, markup=False, soft_wrap=True)
     console.print(f"runs launched {data['runs_launched']}, reused from the journal "

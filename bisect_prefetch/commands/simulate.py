@@ -38,8 +38,9 @@ def simulate(policy: str, layers: int, culprits: Sequence[str], *, console: Cons
         console.print(f"simulating {s['trials']} searches on {policy} x {layers} layers, {what}, "
                       f"{s['steps']} steps a run, seed {s['seed']}...", markup=False)
     else:
-        console.print(f"simulating {s['trials']} searches on {policy} x {layers} "
-                      f"layers, culprit {' + '.join(culprits)}{' (together)' if s['together'] else ''}, "
+        which = (f"culprit {' + '.join(culprits)} (together)" if s["together"] or len(culprits) == 1
+                 else f"culprits {', '.join(culprits)} (each enough alone)")
+        console.print(f"simulating {s['trials']} searches on {policy} x {layers} layers, {which}, "
                       f"hazard {s['hazard']:g} over {s['steps']} steps, seed {s['seed']}...",
                       markup=False)
     result = run_simulation(policy, layers, list(culprits), **settings)

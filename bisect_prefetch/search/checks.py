@@ -46,7 +46,10 @@ def confirmed(ev: Evidence) -> tuple[int, ...] | None:
     """
     model, log = ev.model, ev.log
     top = model.top(pairs=model.pairs_likely, any_rate=not log.tally(log.all_off).divergences)
-    if top.probability >= ev.settings.confidence and log.tally(log.keep_only(top.edges)).divergences:
+    needed = ev.settings.keep_only_divergences
+    if top.probability >= ev.settings.confidence and not top.edges and ev.settings.none_settles:
+        return top.edges
+    if top.probability >= ev.settings.confidence and log.tally(log.keep_only(top.edges)).divergences >= needed:
         return top.edges
     return None
 

@@ -43,6 +43,12 @@ class Settings:
     calibration_runs: int
     all_off_runs: int  # all-off runs right after the first divergence
     background_controls: bool  # all_off_runs="auto": rule out background drift as strong as the answer's
+    # Divergences of keep-only of an answer before it is confirmed (causes.py: 2 for a cause
+    # after the first, where one divergence may be background drift the first cause left).
+    keep_only_divergences: int = 1
+    # A later cause's search (causes.py): "no cause among these edges" settles it once it holds
+    # the confidence, without an all-off divergence (the drift left is background drift).
+    none_settles: bool = False
 
     @property
     def alpha(self) -> float:

@@ -74,6 +74,16 @@ class Hypothesis:
     probability: float
 
 
+def sub_prior(edges: int, of: int, share: float = 1.0) -> dict[str, float]:
+    """The prior of a search over `edges` of a graph of `of` edges (causes.py): each set keeps
+    the prior it has in the whole graph, times `share` (the prior chance of one more cause);
+    the rest is none's (no cause among those edges)."""
+    pairs = max(of * (of - 1) // 2, 1)
+    single = PRIOR["single"] * share * edges / of
+    pair = PRIOR["pair"] * share * (edges * (edges - 1) // 2) / pairs
+    return {"none": 1.0 - single - pair, "single": single, "pair": pair}
+
+
 def _safe_mul(count, log_value):
     """count * log_value with 0 * -inf = 0 (no runs of that kind, nothing ruled out)."""
     with np.errstate(invalid="ignore"):
@@ -81,9 +91,10 @@ def _safe_mul(count, log_value):
 
 
 class EdgePosterior:
-    def __init__(self, n_edges: int) -> None:
+    def __init__(self, n_edges: int, prior: dict[str, float] | None = None) -> None:
         n = n_edges
         self.n = n
+        self.prior = dict(prior or PRIOR)  # causes.py gives a later stage its own (sub_prior)
         self.divergences = 0
         self.exposure = 0.0  # clean runs, as fractions of a run
         self.single_divergences = np.zeros(n)
@@ -173,7 +184,7 @@ class EdgePosterior:
             )
         top = log_none_cells.max()
         w_none = np.exp(log_none_cells - top)
-        log_none = np.log(PRIOR["none"]) + np.log(w_none.sum()) + top
+        log_none = np.log(self.prior["none"]) + np.log(w_none.sum()) + top
         w_none /= w_none.sum()
         out["none_chance"] = float((w_none * P0_GRID).sum())
         out["w_none"] = w_none
@@ -187,7 +198,7 @@ class EdgePosterior:
                 kinds[kind] = None
                 continue
             log_mat, log_imm, weight, inv = self._unique_grid(d, e)
-            base = np.log(PRIOR[kind] / count) + log_prior
+            base = np.log(self.prior[kind] / count) + log_prior
             kinds[kind] = {
                 "log_mat": base + log_mat[inv],
                 "log_imm": base + log_imm[inv],
@@ -236,9 +247,9 @@ class EdgePosterior:
 
     def _prior_mass(self) -> float:
         """Total prior mass once the prior factors (hints.py) reweighted the sets."""
-        mass = PRIOR["none"] + PRIOR["single"] * float(np.mean(np.exp(self.log_prior_single)))
+        mass = self.prior["none"] + self.prior["single"] * float(np.mean(np.exp(self.log_prior_single)))
         if self.n > 1:
-            mass += PRIOR["pair"] * float(np.mean(np.exp(self.log_prior_pair[self._upper])))
+            mass += self.prior["pair"] * float(np.mean(np.exp(self.log_prior_pair[self._upper])))
         return mass
 
     @property

@@ -52,6 +52,7 @@ background control (RunLog.golden_runs).
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 
 from bisect_prefetch.errors import BisectPrefetchError
 from bisect_prefetch.search import verdict as v
@@ -99,16 +100,25 @@ class Bisection:
 
     def __init__(self, edge_ids: Sequence[str], *, confidence: float = 0.95, max_runs: int | None = None,
                  calibration_runs: int | None = None, all_off_runs: int | str = "auto",
-                 steps_per_run: int | None = None, max_errors: int = 3, suspects: Sequence[str] = ()) -> None:
+                 steps_per_run: int | None = None, max_errors: int = 3, suspects: Sequence[str] = (),
+                 all_off_first: int = 1, keep_only_divergences: int = 1,
+                 prior: dict[str, float] | None = None, none_settles: bool = False) -> None:
+        """For a later cause's search (causes.py), which tells the drift the causes found left
+        from background drift: all_off_first: clean all-off runs step 2 asks for at least;
+        keep_only_divergences: of keep-only of the leading set before it is confirmed; prior:
+        of none, single and pair (posterior.sub_prior); none_settles: "no cause here"
+        concludes (not-prefetch) without an all-off divergence."""
         if not edge_ids:
             raise BisectPrefetchError("the graph has no prefetch edges to bisect")
         if len(set(edge_ids)) != len(edge_ids):
             raise BisectPrefetchError("edge ids must be unique")
         self.settings = Settings.of(confidence=confidence, max_runs=max_runs,
                                     calibration_runs=calibration_runs, all_off_runs=all_off_runs)
+        self.settings = replace(self.settings, all_off_runs=max(all_off_first, self.settings.all_off_runs),
+                                keep_only_divergences=keep_only_divergences, none_settles=none_settles)
         self.edge_ids = list(edge_ids)
         self.log = RunLog(self.edge_ids, steps_per_run=steps_per_run, max_errors=max_errors)
-        self.model = EdgePosterior(len(self.edge_ids))
+        self.model = EdgePosterior(len(self.edge_ids), prior)
         self._hints = HintPrior(self.edge_ids)
         self.notices: list[dict] = self._hints.set_suspects(suspects)
         self.model.set_prior_factor(*self._hints.log_factors())
@@ -158,11 +168,12 @@ class Bisection:
             raise BisectPrefetchError("no run of that mask is in flight")
         self._stale = True
 
-    def reuse(self, mask: Mask, result: RunResult) -> None:
-        """An earlier command's run against this golden run: evidence, not a run of this search."""
+    def reuse(self, mask: Mask, result: RunResult, *, run: int | None = None) -> None:
+        """An earlier command's run against this golden run, or (run: its number) one of an
+        earlier search of this command (causes.py): evidence, not a run of this search."""
         if self.log.runs_used or self.log.in_flight or not result.completed:
             raise BisectPrefetchError("only completed runs are reused, before the search's own")
-        self.log.reuse(mask := self._known(mask), result)
+        self.log.reuse(mask := self._known(mask), result, run)
         self._observe(mask, result)
         self._stale = True
         self._refresh()
@@ -253,7 +264,7 @@ class Bisection:
         pairs = model.pairs_likely
         top = model.top(pairs=pairs)
         keep = log.keep_only(top.edges)
-        if (top.probability >= KEEP_AT and not log.tally(keep).divergences
+        if (top.probability >= KEEP_AT and log.tally(keep).divergences < self.settings.keep_only_divergences
                 and log.in_flight_of(keep) < CHECK_IN_FLIGHT):
             if not log.unresolved(keep):
                 return log.ask(keep, STAGE_LEADING, top.edges)
@@ -299,6 +310,9 @@ class Bisection:
         return budget(self.evidence, self.reduce.began)
 
     budget = property(_budget)
+
+    checking = property(lambda self: self._answer is not None, doc="an answer is under its double check")
+    reducing = property(lambda self: self.reduce.reducing, doc="in the reduce step (three or more edges)")
 
     # The run log's records, as the command reads them.
     events = property(lambda self: self.log.events, doc="the blocks of runs (Block), in order")

@@ -122,6 +122,10 @@ class RunLog:
         self.used = 0.0  # trials in shares of a full run (Ask.share): what the budget counts
         self.startups = 0  # training runs launched for the search's trials
         self.earlier = 0  # runs of earlier commands taken as evidence (reuse), not runs of this search
+        # Runs of an earlier search of the same command taken as evidence (causes.py): (run, mask, result).
+        self.earlier_runs: list[tuple[int, Mask, RunResult]] = []
+        self.numbered_from = 0  # runs of the command before this search's first (causes.py)
+        self.graph_ids = self.edge_ids  # what a mask is named against: the whole graph's edges
         self.golden_steps = 0  # the golden run's steps (Bisection.golden)
         self.golden_matched = 0  # its first steps that some run compared with it matched
         self._tally: dict[Mask, Tally] = {}
@@ -161,11 +165,14 @@ class RunLog:
                 block.diverged_at = block.runs
         self._observe(mask, result, tally, core=not (ask and ask.stage == DROP_ONLY))
 
-    def reuse(self, mask: Mask, result: RunResult) -> None:
+    def reuse(self, mask: Mask, result: RunResult, run: int | None = None) -> None:
         """A completed run of an earlier command (an all-off run of the same experiment,
-        compared with the same golden run): evidence like a run of this search, but not
-        one of its runs (no block, no run or step counted, no place in history)."""
+        compared with the same golden run), or of an earlier search of this command (`run`:
+        its number there): evidence like a run of this search, but not one of its runs (no
+        block, no run or step counted, no place in history)."""
         self.earlier += 1
+        if run is not None:
+            self.earlier_runs.append((run, mask, result))
         self._observe(mask, result, self._tally.setdefault(mask, Tally()), core=True)
 
     def _observe(self, mask: Mask, result: RunResult, tally: Tally, *, core: bool) -> None:
@@ -184,7 +191,8 @@ class RunLog:
         last = self.events[-1] if self.events else None
         if last is not None and last.stage == stage and last.enabled == mask:
             return last
-        block = Block(stage, mask_name(mask, self.edge_ids), len(mask), self.runs_used, enabled=mask,
+        block = Block(stage, mask_name(mask, self.graph_ids), len(mask), self.numbered_from + self.runs_used,
+                      enabled=mask,
                       target=ask.target if ask else (), context=ask.context if ask else None)
         self.events.append(block)
         return block
@@ -259,8 +267,11 @@ class RunLog:
         return [r for m, r in self.history if r.completed and mask <= m]
 
     def first_divergence(self, mask: Mask) -> tuple[int, RunResult]:
-        """The first diverged run of exactly this mask: (1-based run number, result)."""
-        return next((i + 1, r) for i, (m, r) in enumerate(self.history) if m == mask and r.diverged)
+        """The first diverged run of exactly this mask: (1-based run number in the command, result);
+        an earlier search's run (causes.py) where this search ran none."""
+        earlier = [(n, m, r) for n, m, r in self.earlier_runs]
+        own = [(self.numbered_from + i + 1, m, r) for i, (m, r) in enumerate(self.history)]
+        return next((n, r) for n, m, r in earlier + own if m == mask and r.diverged)
 
     def clean_with_without(self, rest: set[str], edge: str) -> int:
         """Clean runs that enabled every edge of `rest` but not `edge`."""

@@ -56,7 +56,7 @@ from dataclasses import dataclass, replace
 
 from bisect_prefetch.errors import BisectPrefetchError
 from bisect_prefetch.search.oracle import RunResult
-from bisect_prefetch.search.protocol import Bisection
+from bisect_prefetch.search.causes import Search
 from bisect_prefetch.search.runlog import Ask, matched_steps
 from bisect_prefetch.vocab import (
     DROP_ONLY,
@@ -152,7 +152,7 @@ class Schedule:
         return next((i for i, s in enumerate(self.segments) if step <= s.last_step), len(self.segments) - 1)
 
 
-def plan_run(search: Bisection, lengths: Lengths) -> Schedule | None:
+def plan_run(search: Search, lengths: Lengths) -> Schedule | None:
     """The next run's segments, proposed to the search (in flight until recorded or
     cancelled); None: nothing to run now."""
     search.plan_trials(lengths.segment_steps / lengths.steps_per_run)
@@ -177,7 +177,7 @@ def plan_run(search: Bisection, lengths: Lengths) -> Schedule | None:
     return Schedule(tuple(segments))
 
 
-def record_run(search: Bisection, schedule: Schedule, result: RunResult) -> None:
+def record_run(search: Search, schedule: Schedule, result: RunResult) -> None:
     """A finished run of the schedule: each segment's own result, in order (module docstring),
     until the search reaches its verdict (with runs of other slots recorded since it was
     planned, it may before the planned segments end)."""

@@ -1,7 +1,8 @@
 """A simulated oracle with a known answer, and simulated searches scored against it.
 
-Culprit rule: one edge; several edges any of which is enough (`together=False`);
-or several edges needed together (`together=True`). While the rule holds for a
+Culprit rule: one edge; several causes any of which is enough (`together=False`),
+each one edge or edges joined by "+" that are needed together (`A+B`); or several
+edges needed together (`together=True`). While the rule holds for a
 mask, each step of a run diverges with chance `hazard`; optional background
 drift does so whatever the mask, and in the golden run too: drifted at step g, it
 differs from every run by step g. A diverging run stops at its first difference.
@@ -44,6 +45,7 @@ from bisect_prefetch.errors import BisectPrefetchError
 from bisect_prefetch.graph import from_policy
 from bisect_prefetch.search.hints import HintPrior, edge_ends
 from bisect_prefetch.search.oracle import AnswersAtOnce, RunResult
+from bisect_prefetch.search.causes import CauseSearch, Search
 from bisect_prefetch.search.protocol import Bisection
 from bisect_prefetch.search.runlog import BACKGROUND_CONTROL
 from bisect_prefetch.search.segments import (
@@ -67,6 +69,12 @@ from bisect_prefetch.vocab import (
     VERDICT_NOT_PREFETCH,
     Mask,
 )
+
+
+# The tool's search, and (for comparison) its one-cause search alone (protocol.Bisection).
+METHODS = ("search", "one-cause")
+# Joins the edges of one cause needed together, in a culprit (`--culprit A+B`).
+TOGETHER = "+"
 
 
 def _stream(seed: int, trial: int, name: str) -> np.random.Generator:
@@ -102,7 +110,8 @@ class SimulatedOracle(AnswersAtOnce):
         self.background = background
         self.error_rate = error_rate
         # One stream per culprit edge, or one for the set when it acts only as a whole.
-        rules = [tuple(self.culprits)] if together and self.culprits else [(c,) for c in self.culprits]
+        rules = ([tuple(self.culprits)] if together and self.culprits
+                 else [tuple(c.split(TOGETHER)) for c in self.culprits])
         self._rules = [(set(rule), _stream(seed, trial, "culprit:" + ",".join(rule))) for rule in rules]
         self._background = _stream(seed, trial, "background")
         self._errors = _stream(seed, trial, "errors")
@@ -169,17 +178,20 @@ class Outcome:
     # ("background-control", out of check-off), runs cancelled at the verdict as
     # "cancelled"; empty for a baseline.
     runs_by_step: dict[str, int] = field(default_factory=dict)
+    culprit_sets: list[list[str]] = field(default_factory=list)  # every cause named (causes.py)
 
 
 def run_search(edge_ids, oracle: SimulatedOracle, *, slots: int = 1, hint: Callable[[], str] | None = None,
-               lengths: Lengths | None = None, startup_cost: float = 0.0, **options) -> Outcome:
-    """The tool's own search (protocol.Bisection) against the oracle, on `slots` slots.
+               lengths: Lengths | None = None, startup_cost: float = 0.0, one_cause: bool = False,
+               **options) -> Outcome:
+    """The tool's own search (causes.CauseSearch; one_cause: protocol.Bisection alone, the
+    search before several causes, for comparison) against the oracle, on `slots` slots.
 
     hint: called once, at the first diverged run, for the unit its localization names.
     lengths: several masks per run (segments.py); None: one mask per run.
     startup_cost: each run's start-up, in steps: wall-clock counts it.
     """
-    search = Bisection(edge_ids, **options)
+    search = (Bisection if one_cause else CauseSearch)(edge_ids, **options)
     golden_steps = oracle.steps if lengths is None else lengths.cap_steps
     search.golden(golden_steps)
     oracle.run_golden(golden_steps)
@@ -215,10 +227,10 @@ def run_search(edge_ids, oracle: SimulatedOracle, *, slots: int = 1, hint: Calla
     result = search.result()
     return Outcome(result.verdict, result.minimal_set, result.confidence, runs, steps, clock,
                    runs_by_step=_runs_by_step(search), startups=runs + 1,
-                   golden_steps=golden_steps)
+                   golden_steps=golden_steps, culprit_sets=[s["edges"] for s in result.culprit_sets])
 
 
-def _runs_by_step(search: Bisection) -> dict[str, int]:
+def _runs_by_step(search: Search) -> dict[str, int]:
     out = dict.fromkeys((*STAGES, BACKGROUND_CONTROL, "cancelled"), 0)
     for block in search.events:
         out[BACKGROUND_CONTROL if block.context == BACKGROUND_CONTROL else block.stage] += block.runs
@@ -228,26 +240,36 @@ def _runs_by_step(search: Bisection) -> dict[str, int]:
 
 # -- simulate --------------------------------------------------------------------------
 def draw_culprits(selectors: Sequence[str], edge_ids: Sequence[str], rng: np.random.Generator) -> list[str]:
-    """One edge per selector; a selector matching several edges draws one (no repeats)."""
+    """One edge per selector (per part of `A+B`: a cause needed together); a selector
+    matching several edges draws one (no repeats). Single edges come in graph order."""
     chosen: list[str] = []
+    causes: list[str] = []
     for selector in selectors:
-        pool = [e for e in select(selector, edge_ids) if e not in chosen]
-        if not pool:
-            raise BisectPrefetchError(f"culprit {selector!r} has no edge left to draw")
-        chosen.append(pool[int(rng.integers(len(pool)))])
-    return [e for e in edge_ids if e in chosen]
+        parts = []
+        for part in selector.split(TOGETHER):
+            pool = [e for e in select(part, edge_ids) if e not in chosen]
+            if not pool:
+                raise BisectPrefetchError(f"culprit {selector!r} has no edge left to draw")
+            chosen.append(pool[int(rng.integers(len(pool)))])
+            parts.append(chosen[-1])
+        causes.append(TOGETHER.join(sorted(parts, key=edge_ids.index)))
+    return sorted(causes, key=lambda c: edge_ids.index(c.split(TOGETHER)[0]))
 
 
 def is_correct(outcome: Outcome, culprits: Sequence[str], *, together: bool, background: float) -> bool:
-    """No culprit: not-prefetch under background drift, else no-drift-reproduced; a culprit
-    (background or not): culprit-found naming it (a set needed together: exactly)."""
+    """No culprit: not-prefetch under background drift, else no-drift-reproduced; culprits
+    (background or not): culprit-found naming them: a set needed together exactly; several
+    independent ones, each as its own set and no other (a method that names one set only,
+    a baseline, is right when it names one of them)."""
     if not culprits:
         return outcome.verdict == (VERDICT_NOT_PREFETCH if background > 0 else VERDICT_NO_DRIFT)
     if outcome.verdict != VERDICT_FOUND:
         return False
     if together:
         return sorted(outcome.minimal_set) == sorted(culprits)
-    return len(outcome.minimal_set) == 1 and outcome.minimal_set[0] in culprits
+    if not outcome.culprit_sets:  # a baseline's one set
+        return len(outcome.minimal_set) == 1 and outcome.minimal_set[0] in culprits
+    return sorted(map(sorted, outcome.culprit_sets)) == sorted(sorted(c.split(TOGETHER)) for c in culprits)
 
 
 def _percentile(values: Sequence[float], p: float) -> float:
@@ -328,9 +350,9 @@ def _simulate(
     (`all` draws any edge). `background` is the per-run chance of drift with every
     edge off. `startup_cost` is in steps per run; it only adds to the reported
     cost. `all_off_runs`: as the experiment's search.all_off_runs (a count, or
-    "auto"). `method`: "search", or a baseline callable (benchmarks/baselines.py).
+    "auto"). `method`: one of METHODS, or a baseline callable (benchmarks/baselines.py).
     """
-    if method != "search" and not callable(method):
+    if method not in METHODS and not callable(method):
         raise BisectPrefetchError(f"unknown method {method!r} (the simulator runs the search)")
     if trials < 1:
         raise BisectPrefetchError(f"--trials must be at least 1, got {trials}")
@@ -355,12 +377,12 @@ def _simulate(
             background=hazard_for_chance(background, steps) if background else 0.0,
             error_rate=error_rate, seed=seed, trial=trial,
         )
-        if method == "search":
+        if method in METHODS:
             hint = _hint_drawer(truth, units, hint_accuracy, _stream(seed, trial, "hint"))
             outcome = run_search(
                 edge_ids, oracle, slots=slots, hint=hint, confidence=confidence, max_runs=max_runs,
                 steps_per_run=steps, all_off_runs=all_off_runs, lengths=lengths,
-                startup_cost=startup_cost,
+                startup_cost=startup_cost, one_cause=method == "one-cause",
             )
         else:
             outcome = method(edge_ids, oracle, q=q, alpha=alpha)
@@ -369,6 +391,7 @@ def _simulate(
             "culprits": truth,
             "verdict": outcome.verdict,
             "minimal_set": outcome.minimal_set,
+            "culprit_sets": outcome.culprit_sets,
             "correct": is_correct(outcome, truth, together=together, background=background),
             "confidence": outcome.confidence,
             "runs": outcome.runs,
@@ -427,7 +450,7 @@ def _hint_drawer(truth: Sequence[str], units: Sequence[str], accuracy: float | N
 
     def draw() -> str:
         if rng.random() < accuracy:
-            return edge_ends(truth[int(rng.integers(len(truth)))])[1]
+            return edge_ends(truth[int(rng.integers(len(truth)))].split(TOGETHER)[0])[1]
         return units[int(rng.integers(len(units)))]
 
     return draw

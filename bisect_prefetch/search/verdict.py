@@ -134,7 +134,22 @@ class BackgroundRuledOut:
     golden: float = 0.0
 
 
-Fact = (Background | NoDrift | AllOffDiverged | Stopped | KeepOnlyDiverged | EachNeeded | DropOnlyDiverges
+@dataclass(frozen=True)
+class Causes:
+    """Several independent causes (causes.py): each set enough alone, each found with the
+    others off; drop-only of their union: `union_clean` consistent runs, `union_diverged`
+    diverged ones; remains: drift remains with them off (another cause not yet found)."""
+
+    kind: ClassVar[str] = "causes"
+    sets: tuple[tuple[str, ...], ...]
+    keep_only: tuple[tuple[int, int | None], ...]  # per set: its first keep-only divergence (run, step)
+    union_clean: int
+    union_diverged: int
+    remains: bool = False
+    background: float | None = None  # the drift left with them off is background drift, at this probability
+
+
+Fact = (Causes | Background | NoDrift | AllOffDiverged | Stopped | KeepOnlyDiverged | EachNeeded | DropOnlyDiverges
         | DropOnlyConsistent | DropOnlyFailed | DropOnlyNotRun | BackgroundRuledOut)
 
 
@@ -152,6 +167,9 @@ class SearchResult:
     top_hypotheses: list[dict] = field(default_factory=list)
     startups: int | None = None  # the training runs the trials took (None: as many as trials)
     finished: bool = True
+    # Every cause found (causes.py), each {"edges", "confidence", "per_run_chance",
+    # "keep_only_runs"}; minimal_set is the first's edges.
+    culprit_sets: list[dict] = field(default_factory=list)
 
 
 # -- decisions to stop ----------------------------------------------------------------------
