@@ -116,8 +116,8 @@ class Narrator:
         the search (once a unit)."""
         self.close(len(self.search.events) - 1)  # every block but the last is complete
         for notice in self.search.notices[self.notices_said:]:
-            if notice["event"] == "diverged-at-switch" or notice.get("unit") not in self.units_said:
-                self.console.print(f"  {notice_line(notice)}", markup=False)
+            if "unit" not in notice or notice["unit"] not in self.units_said:  # a unit's hint once
+                self.console.print(f"  {notice_line(notice)}", markup=False, soft_wrap=True)
                 self.units_said.add(notice.get("unit"))
         self.notices_said = len(self.search.notices)
 

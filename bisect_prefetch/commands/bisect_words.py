@@ -112,8 +112,8 @@ def notice_line(notice: dict) -> str:
     if event == "hint-ignored":
         return f"a hint for {unit} from a run that did not diverge: ignored"
     if event == "narrowed":
-        return (f"two diverged runs share no edge while all-off stayed consistent: more than one "
-                f"cause; searching inside the {notice['edges_on']} edges of the smallest diverged "
+        return (f"two diverged runs share no edge, and all-off diverges far less often: more than "
+                f"one cause; searching inside the {notice['edges_on']} edges of the smallest diverged "
                 "mask first, every other edge off")
     if event == "cause-found":
         return (f"cause {notice['number']}: {{{','.join(notice['edges'])}}}; drift may remain "

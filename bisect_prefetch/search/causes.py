@@ -288,7 +288,10 @@ class CauseSearch:
             if another and left:
                 self.notices.append({"event": "cause-found", "edges": list(cause.edges),
                                      "number": len(self.causes), "left": len(left)})
-                without = [r for _, m, r in self.history if m == stage.universe - set(cause.edges)]
+                # The drift runs without any cause found showed: background drift that strong
+                # would show in all-off runs.
+                named = self._named()
+                without = [r for _, m, r in self.history if m and not m & named]
                 self._start(left, PEELED, calibration_runs=self._peel_runs(), drift=self._rate(without))
                 return
             self._conclude(result)

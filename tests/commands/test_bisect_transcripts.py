@@ -593,6 +593,26 @@ def test_three_edges_needed_together(tmp_path):
     assert data["facts"][1].startswith("each edge of the set is needed: runs with the rest of the set")
 
 
+def test_two_independent_causes(tmp_path):
+    second = "fwd:layers.0->layers.1"
+    code, text = run_command(tmp_path, Simulation([CULPRIT, second], q=0.7))
+    assert code == 1
+    said = lines(text)
+    assert ("  two diverged runs share no edge, and all-off diverges far less often: more than one cause; "
+            "searching inside the 2 edges of the smallest diverged mask first, every other edge off") in said
+    assert (f"  cause 1: {{{CULPRIT}}}; drift may remain without it: searching the other 3 edges with "
+            "every cause found off") in said
+    assert f"causes (2, each enough alone): {{{CULPRIT}}}; {{{second}}}" in said
+    data = json.loads((tmp_path / "out.json").read_text())
+    assert data["reproduce"].endswith(f"'--mask=drop-only:{CULPRIT},{second}'")  # the whole fix
+    assert [c["edges"] for c in data["culprit_sets"]] == [[CULPRIT], [second]]
+    assert data["minimal_set"] == [CULPRIT] and data["confidence"] >= 0.95
+    assert data["facts"][0].startswith(f"2 independent causes: {{{CULPRIT}}} (keep-only diverged, run ")
+    assert data["facts"][0].endswith("with all of them off (drop-only of the union): 3 runs consistent")
+    for found in data["culprit_sets"]:  # the runs are the transcript's
+        assert all(f"    run {n} (1 edges on): diverged at step" in text for n in found["keep_only_runs"])
+
+
 def test_localization_steers_the_search_and_is_said(tmp_path):
     code, text = run_command(tmp_path, Simulation([CULPRIT], localized="layers.1"))
     data = json.loads((tmp_path / "out.json").read_text())

@@ -1,0 +1,125 @@
+"""The search for every cause (search/causes.py) against the simulator: several independent
+causes each named as its own set, every later run with the causes found off, the one-cause
+search unchanged where there is one cause, a budget that runs out between causes."""
+
+from __future__ import annotations
+
+import pytest
+
+from bisect_prefetch.graph import from_policy
+from bisect_prefetch.search import verdict as v
+from bisect_prefetch.search.causes import NARROWED, PEELED, CauseSearch
+from bisect_prefetch.search.protocol import Bisection
+from bisect_prefetch.search.simulate import Outcome, SimulatedOracle, _simulate, is_correct
+from bisect_prefetch.vocab import VERDICT_FOUND, VERDICT_INCONCLUSIVE
+
+EDGES = from_policy("fsdp2-chain", 8).edge_ids()  # 14 edges
+A, B, C = "bwd:layers.5->layers.4", "bwd:layers.2->layers.1", "fwd:layers.3->layers.4"
+STEPS = 30
+HAZARD = 0.05  # a per-run chance of 0.785 over 30 steps
+
+
+def drive(search, oracle: SimulatedOracle):
+    """Run the search to its verdict, one run at a time; the masks it ran, in order."""
+    search.golden(STEPS)
+    oracle.run_golden(STEPS)
+    asked = []
+    while not search.done:
+        mask = search.pending.mask
+        asked.append(mask)
+        search.record(mask, oracle.run(mask))
+    return asked
+
+
+def oracle(culprits, trial=0, **options):
+    return SimulatedOracle(culprits, hazard=HAZARD, steps=STEPS, seed=0, trial=trial, **options)
+
+
+@pytest.mark.parametrize("trial", range(4))
+def test_two_independent_causes_are_each_named_as_their_own_set(trial):
+    search = CauseSearch(EDGES, steps_per_run=STEPS)
+    drive(search, oracle([A, B], trial))
+    result = search.result()
+    assert result.verdict == VERDICT_FOUND
+    assert sorted(tuple(s["edges"]) for s in result.culprit_sets) == [(B,), (A,)]
+    assert result.minimal_set == result.culprit_sets[0]["edges"]
+    assert result.confidence >= 0.9
+    causes = result.facts[0]
+    assert isinstance(causes, v.Causes) and not causes.remains and causes.union_clean >= 3
+    for found in result.culprit_sets:  # each keep-only divergence is a run of the search
+        assert found["keep_only_runs"] and found["keep_only_runs"][0] <= result.runs_used
+
+
+def test_three_causes_are_named():
+    search = CauseSearch(EDGES, steps_per_run=STEPS)
+    drive(search, oracle([A, B, C]))
+    assert sorted(s["edges"][0] for s in search.result().culprit_sets) == sorted([A, B, C])
+
+
+def test_after_a_cause_is_found_every_run_keeps_it_off():
+    search = CauseSearch(EDGES, steps_per_run=STEPS)
+    asked = drive(search, oracle([A, B]))
+    peeled = next(i for i, n in enumerate(search.notices) if n["event"] == "cause-found")
+    first = set(search.notices[peeled]["edges"])
+    # The stage that searched the rest began with the runs before it: count its own runs.
+    later = search.stages[-1]
+    assert later.why == PEELED and not first & later.universe
+    own = asked[len(asked) - later.search.runs_used:]
+    assert own and all(not first & mask for mask in own)
+
+
+def test_runs_that_share_no_edge_narrow_the_search_and_say_so():
+    search = CauseSearch(EDGES, steps_per_run=STEPS)
+    drive(search, oracle([A, B]))
+    narrowed = [n for n in search.notices if n["event"] == "narrowed"]
+    assert narrowed, "two independent causes make two diverged runs that share no edge"
+    stage = next(s for s in search.stages if s.why == NARROWED)
+    assert stage.universe == frozenset(narrowed[0]["mask"]) and len(stage.universe) < len(EDGES)
+
+
+@pytest.mark.parametrize("trial", range(3))
+def test_one_cause_is_searched_exactly_as_the_one_cause_search(trial):
+    many, one = CauseSearch(EDGES, steps_per_run=STEPS), Bisection(EDGES, steps_per_run=STEPS)
+    asked_many = drive(many, oracle([A], trial))
+    asked_one = drive(one, oracle([A], trial))
+    assert asked_many == asked_one
+    got, want = many.result(), one.result()
+    assert (got.verdict, got.minimal_set, got.confidence, got.evidence, got.facts) == (
+        want.verdict, want.minimal_set, want.confidence, want.evidence, want.facts)
+    assert [s["edges"] for s in got.culprit_sets] == [[A]]
+
+
+def test_a_budget_that_runs_out_between_causes_is_inconclusive_with_what_was_found():
+    full = CauseSearch(EDGES, steps_per_run=STEPS)
+    drive(full, oracle([A, B]))
+    second = next(i for i, s in enumerate(full.stages) if s.why == PEELED)
+    before = sum(s.search.runs_used for s in full.stages[:second])
+    cut = CauseSearch(EDGES, steps_per_run=STEPS, max_runs=before + 2)
+    drive(cut, oracle([A, B]))
+    result = cut.result()
+    assert result.verdict == VERDICT_INCONCLUSIVE
+    assert len(result.culprit_sets) == 1
+    causes = result.facts[0]
+    assert isinstance(causes, v.Causes) and causes.remains
+    assert result.runs_used == before + 2
+
+
+def test_a_cause_needed_together_beside_a_single_is_named_as_two_sets():
+    search = CauseSearch(EDGES, steps_per_run=STEPS)
+    drive(search, oracle([f"{A}+{C}", B]))
+    assert sorted(sorted(s["edges"]) for s in search.result().culprit_sets) == sorted([[B], sorted([A, C])])
+
+
+def test_background_drift_alone_is_still_not_prefetch():
+    result = _simulate("fsdp2-chain", 8, [], hazard=0.0, steps=STEPS, trials=10, seed=0, background=0.3)
+    assert result["accuracy"] >= 0.9
+
+
+def test_a_trial_is_right_only_when_every_cause_is_named():
+    def found(*sets):
+        return Outcome(VERDICT_FOUND, list(sets[0]), 0.95, 10, 100, 10.0,
+                       culprit_sets=[list(s) for s in sets])
+    assert is_correct(found([A], [B]), [A, B], together=False, background=0.0)
+    assert not is_correct(found([A]), [A, B], together=False, background=0.0)
+    assert not is_correct(found([A], [B], [C]), [A, B], together=False, background=0.0)
+    assert is_correct(found([A, C], [B]), [f"{A}+{C}", B], together=False, background=0.0)
