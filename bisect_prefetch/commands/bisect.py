@@ -32,6 +32,7 @@ from rich.console import Console
 from bisect_prefetch.audit import FAILING_KINDS, audit_run_dir
 from bisect_prefetch.commands.bisect_loop import run_bisection
 from bisect_prefetch.commands.bisect_record import (
+    ONE_CAUSE,
     BisectRecord,
     result_to_json,
 )
@@ -203,6 +204,20 @@ def _say_what_runs(b: Bisecting, *, hint: str, resume: bool) -> None:
             f"; {earlier - kept} run again, first because: {opened.runner.refused[0][1]}")
         b.console.print(f"resuming: {kept} finished run(s) in the journal are reused{again}",
                         markup=False, soft_wrap=True)
+    if earlier and _written_for_one_cause(opened.path / BISECT_FILE):
+        b.one_cause = True  # the search that wrote the journal, so its runs answer the same questions
+        b.console.print("this bisection was begun by a version that searches for one cause: it "
+                        "replays as one (a new --state-dir searches for every cause)",
+                        markup=False, soft_wrap=True)
+
+
+def _written_for_one_cause(path: Path) -> bool:
+    """A bisect.json of a search for one cause (a version before several causes wrote no
+    `search`)."""
+    try:
+        return json.loads(path.read_text()).get("search", ONE_CAUSE) == ONE_CAUSE
+    except (OSError, ValueError, AttributeError):
+        return False
 
 
 def _golden_run(b: Bisecting) -> None:

@@ -19,6 +19,8 @@ from bisect_prefetch.search.stress import StressChoice
 from bisect_prefetch.search.verdict import SearchResult
 
 REPRODUCE_RUNS = 4
+# bisect.json's `search`: which search wrote it (a resume replays the same one).
+ONE_CAUSE, EVERY_CAUSE = "one-cause", "every-cause"
 
 
 class StressRecord:
@@ -109,6 +111,7 @@ class BisectRecord:
     stress: dict
     signals: dict | None  # what the runs measured (runs/signals.py)
     step_time: dict | None
+    search: str = EVERY_CAUSE  # ONE_CAUSE: a journal begun before several causes, replayed as one
 
     @property
     def verdict(self) -> str:
@@ -130,6 +133,7 @@ class BisectRecord:
             "stress": self.stress,
             "signals": self.signals,
             "step_time": self.step_time,
+            "search": self.search,
         }
 
 

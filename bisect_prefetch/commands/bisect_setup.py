@@ -14,6 +14,8 @@ from rich.console import Console
 
 from bisect_prefetch.commands.bisect_loop import RunNumbers, run_lines
 from bisect_prefetch.commands.bisect_record import (
+    EVERY_CAUSE,
+    ONE_CAUSE,
     BisectRecord,
     StressRecord,
     fix_edges,
@@ -25,7 +27,8 @@ from bisect_prefetch.runs.oracle import Earlier
 from bisect_prefetch.runs.state import OpenState
 from bisect_prefetch.runs.step_time import fix_costs
 from bisect_prefetch.search.oracle import Oracle, RunResult
-from bisect_prefetch.search.causes import CauseSearch
+from bisect_prefetch.search.causes import CauseSearch, Search
+from bisect_prefetch.search.protocol import Bisection
 from bisect_prefetch.search.segments import Lengths
 from bisect_prefetch.search.verdict import SearchResult
 from bisect_prefetch.vocab import Mask
@@ -52,7 +55,7 @@ OracleFor = Callable[..., BisectOracle]  # (opened, on_run, *, stress=False)
 class Started:
     """A search and the oracle that runs it (one a stress setting)."""
 
-    search: CauseSearch
+    search: Search
     oracle: BisectOracle
     on: bool  # under stress
 
@@ -76,6 +79,7 @@ class Bisecting:
     stress: StressRecord = field(init=False)
     calibration: dict[bool, list[tuple[RunResult, int]]] = field(default_factory=dict)
     lengths: Lengths | None = None
+    one_cause: bool = False  # a journal begun before several causes: replayed as one (protocol.Bisection)
     current: Started | None = None
     result: SearchResult | None = None
     unstressed: SearchResult | None = None
@@ -94,9 +98,9 @@ class Bisecting:
             self.earlier[on] = self.oracles[on].reuse_earlier()
         return self.oracles[on]
 
-    def new_search(self) -> CauseSearch:
+    def new_search(self) -> Search:
         experiment = self.experiment
-        return CauseSearch(self.opened.graph().edge_ids(), confidence=self.confidence,
+        return (Bisection if self.one_cause else CauseSearch)(self.opened.graph().edge_ids(), confidence=self.confidence,
                          max_runs=self.max_runs, steps_per_run=experiment.steps,
                          all_off_runs=experiment.search.all_off_runs,
                          suspects=self.suspects)  # a soft prior the runs correct (hints.py)
@@ -143,4 +147,5 @@ def bisect_record(b: Bisecting, experiment_path: Path, began: float) -> BisectRe
         signals=next((r["signals"] for r in records if r.get("signals")), None),
         step_time=fix_costs(records, edge_ids=b.opened.graph().edge_ids(),
                             fix=fix_edges(result),
-                            variant_suffix="@" + b.experiment.fingerprint()))
+                            variant_suffix="@" + b.experiment.fingerprint()),
+        search=ONE_CAUSE if b.one_cause else EVERY_CAUSE)

@@ -653,6 +653,27 @@ def test_interrupted_then_resumed(tmp_path):
     assert (data["runs_launched"], data["runs_reused"]) == (10, 4)
 
 
+def test_a_bisection_begun_before_several_causes_resumes_as_one_cause(tmp_path):
+    second = "fwd:layers.0->layers.1"
+    simulation = Simulation([CULPRIT, second], q=0.7, interrupt_after=6)
+    assert run_command(tmp_path, simulation)[0] == "interrupted"
+    saved = tmp_path / "state" / "sim" / "bisect.json"
+    data = json.loads(saved.read_text())
+    assert data["search"] == "every-cause"
+    del data["search"], data["culprit_sets"]  # as a version before several causes wrote it
+    saved.write_text(json.dumps(data))
+    simulation.interrupt_after = None
+    code, text = run_command(tmp_path, simulation, resume=True)
+    assert ("this bisection was begun by a version that searches for one cause: it replays as one "
+            "(a new --state-dir searches for every cause)") in lines(text)
+    data = json.loads((tmp_path / "out.json").read_text())
+    assert data["search"] == "one-cause" and data["culprit_sets"] == []
+    assert len(data["minimal_set"]) == 1 and "narrowed" not in text
+    # A fresh state dir searches for every cause.
+    _, again = run_command(tmp_path / "new", Simulation([CULPRIT, second], q=0.7))
+    assert len(json.loads((tmp_path / "new" / "out.json").read_text())["culprit_sets"]) == 2
+
+
 def test_two_slots(tmp_path):
     code, text = run_command(tmp_path, Simulation([CULPRIT], slots=2))
     assert lines(text) == lines(TWO_SLOTS)
