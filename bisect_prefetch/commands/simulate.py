@@ -38,8 +38,12 @@ def simulate(policy: str, layers: int, culprits: Sequence[str], *, console: Cons
         console.print(f"simulating {s['trials']} searches on {policy} x {layers} layers, {what}, "
                       f"{s['steps']} steps a run, seed {s['seed']}...", markup=False)
     else:
-        which = (f"culprit {' + '.join(culprits)} (together)" if s["together"] or len(culprits) == 1
-                 else f"culprits {', '.join(culprits)} (each enough alone)")
+        if len(culprits) == 1:
+            which = f"culprit {culprits[0]}"
+        elif s["together"]:
+            which = f"culprit {' + '.join(culprits)} (together)"
+        else:
+            which = f"culprits {', '.join(culprits)} (each enough alone)"
         console.print(f"simulating {s['trials']} searches on {policy} x {layers} layers, {which}, "
                       f"hazard {s['hazard']:g} over {s['steps']} steps, seed {s['seed']}...",
                       markup=False)

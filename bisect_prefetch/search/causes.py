@@ -40,7 +40,7 @@ from dataclasses import dataclass, replace
 
 from bisect_prefetch.search import verdict as v
 from bisect_prefetch.search.checks import MIN_DROP_ONLY
-from bisect_prefetch.search.evidence import DISJOINT_CAUSES, rate
+from bisect_prefetch.search.evidence import DISJOINT_CAUSES
 from bisect_prefetch.search.oracle import RunResult
 from bisect_prefetch.search.posterior import CLEARLY_ABOVE, sub_prior
 from bisect_prefetch.search.protocol import Bisection
@@ -155,22 +155,22 @@ class CauseSearch:
     def record(self, mask: Mask, result: RunResult, *, hint: str | None = None, startup: bool = True,
                matched: int | None = None) -> None:
         """One finished run (Bisection.record); a run an ended stage asked for counts where it can."""
-        search = self.stage.search
-        mask = frozenset(mask)
-        self.history.append((self.runs_used + 1, mask, result))
+        mask, number = frozenset(mask), self.runs_used + 1
         if matched is not None:
             self._matched = max(self._matched, matched)
         orphan = next((a for a in self._orphans if a.mask == mask), None)
         if orphan is not None:
             self._orphans.remove(orphan)
-            if mask <= self.stage.universe and not self.done:
-                search.propose(orphan)  # asked by the stage before: its stage and share stand
-            else:
+            if self._result is not None or not mask <= self.stage.universe:
                 self._orphan_runs += 1
                 self._orphan_steps += result.steps
                 self._orphan_startups += startup
+                self.history.append((number, mask, result))
                 return
-        search.record(mask, result, hint=hint, startup=startup, matched=matched)
+            # Asked by the stage before: evidence here too, as a run this stage did not ask for
+            # (proposing it now could settle this stage before it is recorded).
+        self.stage.search.record(mask, result, hint=hint, startup=startup, matched=matched)
+        self.history.append((number, mask, result))  # after: a stage started from here reuses it
         self._sync_notices()
         self._advance()
 
@@ -224,10 +224,14 @@ class CauseSearch:
         needed = math.log((1 - self.confidence) / 2) / math.log(1 - min(max(drift, 0.02), 0.99))
         return min(MAX_ALL_OFF, math.ceil(needed))
 
-    def _rate(self, runs: Sequence[RunResult]) -> float:
-        """Posterior mean per-run chance of these runs (Beta(1, 3) prior, as evidence.rate)."""
+    @staticmethod
+    def _rate(runs: Sequence[RunResult]) -> float:
+        """Per-run chance of drift these runs showed, under a uniform prior (not evidence.rate's
+        Beta(1, 3), which pulls a rate seen in a few runs down and would ask for all-off runs
+        against a background far weaker than the drift seen; the stage's own checks, keep-only
+        twice and its prior, stand against background drift)."""
         done = [r for r in runs if r.completed]
-        return rate(sum(bool(r.diverged) for r in done), sum(not r.diverged for r in done))
+        return (1 + sum(bool(r.diverged) for r in done)) / (2 + len(done))
 
     def _sync_notices(self) -> None:
         search = self.stage.search
@@ -264,10 +268,10 @@ class CauseSearch:
         within = min(candidates, key=len)
         self.notices.append({"event": "narrowed", "edges_on": len(within), "edges": len(universe),
                              "mask": sorted(within)})
-        # The drift the other diverged runs showed, without the mask's edges: background
-        # drift that strong would show in all-off runs.
-        elsewhere = [r for m, r in runs if m and not m & within]
-        self._start(within, NARROWED, within=within, drift=self._rate(elsewhere))
+        # The drift the masks that diverged without the mask's edges showed: background drift
+        # that strong would show in all-off runs.
+        shown = {m for m in diverged if not m & within}
+        self._start(within, NARROWED, within=within, drift=self._rate([r for m, r in runs if m in shown]))
         return True
 
     @staticmethod
@@ -288,11 +292,12 @@ class CauseSearch:
             if another and left:
                 self.notices.append({"event": "cause-found", "edges": list(cause.edges),
                                      "number": len(self.causes), "left": len(left)})
-                # The drift runs without any cause found showed: background drift that strong
-                # would show in all-off runs.
+                # The drift the masks that diverged without any cause found showed: background
+                # drift that strong would show in all-off runs.
                 named = self._named()
-                without = [r for _, m, r in self.history if m and not m & named]
-                self._start(left, PEELED, calibration_runs=self._peel_runs(), drift=self._rate(without))
+                shown = {m for _, m, r in self.history if m and not m & named and r.diverged}
+                drift = self._rate([r for _, m, r in self.history if m in shown])
+                self._start(left, PEELED, calibration_runs=self._peel_runs(), drift=drift)
                 return
             self._conclude(result)
         elif stage.why == NARROWED and not _out_of_runs(result):
