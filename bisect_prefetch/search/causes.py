@@ -110,6 +110,7 @@ class CauseSearch:
         self._share = 1.0
         self._result: SearchResult | None = None
         self._alone: dict[tuple[str, ...], float] = {}  # each cause's probability with the others off
+        self._narrow_seen = (0, 0)  # (stages, runs) when _narrow last looked
         self.stages: list[Stage] = []
         self._start(frozenset(self.edge_ids), EVERY_EDGE, calibration_runs=calibration_runs)
 
@@ -255,6 +256,10 @@ class CauseSearch:
         search, universe = self.stage.search, self.stage.universe
         if search.checking or search.reducing or len(universe) < 2:
             return False
+        seen = (len(self.stages), len(self.history))
+        if seen == self._narrow_seen:  # nothing new since the last look
+            return False
+        self._narrow_seen = seen
         runs = [(m, r) for _, m, r in self.history if r.completed and m <= universe]
         diverged = [m for m, r in runs if m and r.diverged]
         if len(diverged) < 2 or frozenset.intersection(*diverged):
