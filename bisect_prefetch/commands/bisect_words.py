@@ -222,6 +222,10 @@ def _causes_line(fact: v.Causes, run: Callable[[int], int]) -> str:
     if fact.remains:
         return (f"{head}; drift remains {off}: another cause not yet found "
                 f"({_runs(fact.union_diverged)} of drop-only of the union diverged)")
+    if fact.background is not None:
+        return (f"{head}; drift left {off} ({fact.union_diverged} of "
+                f"{_runs(fact.union_clean + fact.union_diverged)} of drop-only of the union) is "
+                f"background drift, no further cause, at probability {fact.background:.3f}")
     return f"{head}; {off} (drop-only of the union): {_runs(fact.union_clean)} consistent"
 
 

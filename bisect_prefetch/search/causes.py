@@ -8,25 +8,31 @@ settles. So the causes are found one at a time, each by a one-cause search
 
 1. A stage searches the edges not yet named as causes; every edge outside its
    universe stays off in every run it asks for (a found cause too).
-2. Narrowing. Without background drift, every diverged run enables the cause, so the
-   edges every diverged run of the stage enabled (its core, RunLog.core) hold it. Once
-   that core is empty while all-off stayed clean, two diverged runs share no edge:
-   more than one cause. The stage is then narrowed to the edges of the smallest
-   diverged mask (at least one cause is in there) and searched again inside it.
-3. Peeling. A stage's answer is a cause. Its double check (checks.py) tells whether
-   another cause remains: drop-only diverged with all-off clean, or the stage was a
-   narrowed one. Then it is peeled: a new stage searches the rest with every cause
-   found so far off.
-4. The end. A stage over every edge left that finds no drift (its all-on is drop-only
-   of the union of the causes found, run until a cause as strong as the weakest one
-   found would have shown), or whose answer's drop-only is consistent, ends it:
-   culprit-found, naming every cause. A narrowed stage that finds nothing (its one
-   divergence was chance) goes back to the edges left, that mask set aside.
+2. Narrowing. Without a second cause, every diverged run enables the cause. So once
+   two diverged runs of the stage share no edge, while all-off diverged far less often
+   than they did (CLEARLY_ABOVE: background drift would hit all-off as often), there
+   is more than one cause: the stage is narrowed to the edges of the smallest diverged
+   mask (a cause is in there) and searched again inside it.
+3. Peeling. A stage's answer is a cause. When the stage was a narrowed one, or its
+   answer's drop-only still diverged while all-off stayed clean (checks.py), another
+   cause may remain: a new stage searches every edge left, every cause found off.
+4. A later stage (narrowed or peeled) must tell the drift the causes found left from
+   background drift. It asks first for clean all-off runs that would show background
+   drift as strong as that drift (`_all_off_for`); each set keeps the prior it has in
+   the whole graph, a peeled stage's times DISJOINT_CAUSES, the rest is "no cause
+   here" (posterior.sub_prior), which settles it once it holds the confidence; and
+   keep-only of its answer must diverge twice.
+5. The end. A peeled stage whose answer's drop-only (drop-only of the union of every
+   cause) is consistent, that finds no drift, or whose drift is background: culprit-
+   found, naming every cause. A narrowed stage that finds nothing (its divergence was
+   chance) goes back to every edge left, that mask set aside. Out of runs between
+   causes: inconclusive, with the sets found.
 
 Every stage counts every earlier run its universe could have seen (a run that
 enabled no edge outside it) as evidence (Bisection.reuse), so nothing is run twice.
-The whole answer's confidence is the product of each cause's and the chance that no
-further cause as strong as the weakest found hid from the last stage's clean runs.
+The whole answer's confidence: each cause's probability from the runs that enabled
+no other cause found (with the others off the one-cause model holds), times the last
+stage's own check that none is missing (`_confidence`).
 
 The interface is Bisection's (the bisect loop, segments and the simulator drive
 either): propose, pending, record, cancel, done, result, events, notices.
@@ -38,11 +44,13 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
+import numpy as np
+
 from bisect_prefetch.search import verdict as v
 from bisect_prefetch.search.checks import MIN_DROP_ONLY
 from bisect_prefetch.search.evidence import DISJOINT_CAUSES
 from bisect_prefetch.search.oracle import RunResult
-from bisect_prefetch.search.posterior import CLEARLY_ABOVE, sub_prior
+from bisect_prefetch.search.posterior import CLEARLY_ABOVE, EdgePosterior, sub_prior
 from bisect_prefetch.search.protocol import Bisection
 from bisect_prefetch.search.runlog import Ask, Block
 from bisect_prefetch.search.verdict import SearchResult
@@ -73,7 +81,6 @@ class Cause:
 
     edges: tuple[str, ...]
     result: SearchResult
-    narrowed: bool
     strength: float  # its per-run chance for the checks (Evidence.strength)
 
 
@@ -290,7 +297,7 @@ class CauseSearch:
             edges = tuple(result.minimal_set)
             ev = stage.search.evidence
             strength = ev.strength(tuple(stage.search.edge_ids.index(e) for e in edges))
-            cause = Cause(edges, result, stage.why == NARROWED, strength)
+            cause = Cause(edges, result, strength)
             self.causes.append(cause)
             another = stage.why == NARROWED or (result.drop_only_diverges and not self._background(result))
             left -= set(cause.edges)
@@ -378,15 +385,16 @@ class CauseSearch:
         had its drop-only runs, which the other made diverge, counted against it)."""
         others = self._named() - set(cause.edges)
         ids = [e for e in self.edge_ids if e not in others]
-        search = Bisection(ids, **self._options)
-        for mask, result in self._earlier:
-            search.log.reuse(mask, result)
-            search.model.observe(search.log.enabled(mask), bool(result.diverged), search.log.fraction(result))
-        for _, mask, result in self.history:
+        index = {e: i for i, e in enumerate(ids)}
+        model = EdgePosterior(len(ids))
+        steps = self._options["steps_per_run"]
+        for mask, result in self._earlier + [(m, r) for _, m, r in self.history]:
             if result.completed and not mask & others:
-                search.model.observe(search.log.enabled(mask), bool(result.diverged),
-                                     search.log.fraction(result))
-        return search.model.probability_of(tuple(ids.index(e) for e in cause.edges))
+                enabled = np.zeros(len(ids), dtype=bool)
+                enabled[[index[e] for e in mask]] = True
+                share = 1.0 if result.diverged or not steps else min(1.0, result.steps / steps)
+                model.observe(enabled, bool(result.diverged), share)
+        return model.probability_of(tuple(index[e] for e in cause.edges))
 
     def _union_checked(self, last: SearchResult) -> tuple[int, int]:
         """(clean, diverged) runs of drop-only of the union of every cause found."""

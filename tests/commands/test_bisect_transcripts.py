@@ -701,6 +701,17 @@ A, B, C = "fwd:layers.0->layers.1", "bwd:layers.2->layers.1", "fwd:layers.3->lay
 
 
 @pytest.mark.parametrize("fact, words", [
+    (v.Causes(((A,), (B,)), keep_only=((5, 3), (12, 7)), union_clean=9, union_diverged=0),
+     f"2 independent causes: {{{A}}} (keep-only diverged, run 5, step 3), {{{B}}} (keep-only "
+     "diverged, run 12, step 7); with all of them off (drop-only of the union): 9 runs consistent"),
+    (v.Causes(((A,),), keep_only=((5, 3),), union_clean=1, union_diverged=2, remains=True),
+     f"one cause: {{{A}}} (keep-only diverged, run 5, step 3); drift remains with it off: another "
+     "cause not yet found (2 runs of drop-only of the union diverged)"),
+    (v.Causes(((A,), (B, C)), keep_only=((5, 3), (12, 7)), union_clean=8, union_diverged=1,
+              background=0.97),
+     f"2 independent causes: {{{A}}} (keep-only diverged, run 5, step 3), {{{B},{C}}} (keep-only "
+     "diverged, run 12, step 7); drift left with all of them off (1 of 9 runs of drop-only of the "
+     "union) is background drift, no further cause, at probability 0.970"),
     (v.EachNeeded((A, B), clean_without=(1, 3)),  # runs without A, without B
      f"each edge of the set is needed: 3 runs enabling {A} without {B} and 1 run enabling {B} "
      f"without {A} stayed consistent"),
