@@ -109,7 +109,7 @@ class CauseSearch:
         self.history: list[tuple[int, Mask, RunResult]] = []  # (run number, mask, result), every run
         self._earlier: list[tuple[Mask, RunResult]] = []  # earlier commands' runs (reuse)
         self._set_aside: list[Mask] = []  # narrowings that found no cause
-        self._orphans: list[Ask] = []  # runs in flight asked by a stage that has ended
+        self._orphans: list[Ask] = []  # runs in flight no current stage asked for
         self._finished: list[Block] = []  # the blocks of the stages before the current one
         self._orphan_runs = self._orphan_steps = self._orphan_startups = 0
         self._golden_steps: int | None = None
@@ -136,7 +136,14 @@ class CauseSearch:
         return None if self.done else self.stage.search.pending
 
     def propose(self, ask: Ask | None = None) -> Ask | None:
-        return None if self.done else self.stage.search.propose(ask)
+        """Bisection.propose; a run planned ahead for a later stage (segments.plan_run plans on a
+        copy that may have moved on) is in flight here until a stage can count it."""
+        if self.done:
+            return None
+        if ask is not None and not ask.mask <= self.stage.universe:
+            self._orphans.append(ask)
+            return ask
+        return self.stage.search.propose(ask)
 
     def plan_trials(self, share: float) -> None:
         self._share = share
@@ -153,30 +160,32 @@ class CauseSearch:
         self._advance()
 
     def cancel(self, mask: Mask) -> None:
+        """A run that will never report (Bisection.cancel). One that a stage ended since it was
+        planned may be in flight nowhere any more: nothing to undo then."""
         mask = frozenset(mask)
         orphan = next((a for a in self._orphans if a.mask == mask), None)
         if orphan is not None:
             self._orphans.remove(orphan)
-        else:
+        elif self.stage.search.log.in_flight_of(mask):
             self.stage.search.cancel(mask)
 
     def record(self, mask: Mask, result: RunResult, *, hint: str | None = None, startup: bool = True,
                matched: int | None = None) -> None:
-        """One finished run (Bisection.record); a run an ended stage asked for counts where it can."""
+        """One finished run (Bisection.record). A run planned or asked before a stage ended is
+        evidence for the current stage where its mask fits it (as a run the stage did not ask
+        for: proposing it now could settle the stage before it is recorded), else counted only."""
         mask, number = frozenset(mask), self.runs_used + 1
         if matched is not None:
             self._matched = max(self._matched, matched)
         orphan = next((a for a in self._orphans if a.mask == mask), None)
         if orphan is not None:
             self._orphans.remove(orphan)
-            if self._result is not None or not mask <= self.stage.universe:
-                self._orphan_runs += 1
-                self._orphan_steps += result.steps
-                self._orphan_startups += startup
-                self.history.append((number, mask, result))
-                return
-            # Asked by the stage before: evidence here too, as a run this stage did not ask for
-            # (proposing it now could settle this stage before it is recorded).
+        if self._result is not None or not mask <= self.stage.universe:  # no stage may count it
+            self._orphan_runs += 1
+            self._orphan_steps += result.steps
+            self._orphan_startups += startup
+            self.history.append((number, mask, result))
+            return
         self.stage.search.record(mask, result, hint=hint, startup=startup, matched=matched)
         self.history.append((number, mask, result))  # after: a stage started from here reuses it
         self._sync_notices()

@@ -123,3 +123,13 @@ def test_a_trial_is_right_only_when_every_cause_is_named():
     assert not is_correct(found([A]), [A, B], together=False, background=0.0)
     assert not is_correct(found([A], [B], [C]), [A, B], together=False, background=0.0)
     assert is_correct(found([A, C], [B]), [f"{A}+{C}", B], together=False, background=0.0)
+
+
+@pytest.mark.parametrize("options", [{"slots": 4}, {"segments": "auto", "startup_cost": 200},
+                                     {"slots": 3, "segments": "auto", "startup_cost": 50}])
+def test_slots_and_segments_find_every_cause(options):
+    # Runs planned or in flight when a stage ends are counted where they fit the next one.
+    result = _simulate("fsdp2-chain", 8, ["all", "all"], hazard=HAZARD, steps=STEPS, trials=8, seed=3,
+                       **options)
+    assert result["accuracy"] >= 0.85
+    assert all(r["verdict"] == VERDICT_FOUND for r in result["results"])
