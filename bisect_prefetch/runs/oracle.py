@@ -37,7 +37,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from bisect_prefetch.errors import BisectPrefetchError
-from bisect_prefetch.runs.execute import Runner, RunOutcome
+from bisect_prefetch.runs.execute import Runner
+from bisect_prefetch.runs.outcome import RunOutcome
 from bisect_prefetch.runs.executors.base import LOST
 from bisect_prefetch.runs.merge import REFUSED
 from bisect_prefetch.runs.slots import RunRequest, Slots

@@ -16,7 +16,7 @@ for a journaled run, the first thing that changed since it finished, or None:
 - the run it was compared with is not reused.
 
 The experiment's fingerprint and the command's own files are part of the run key
-(runs/execute.py), so a run whose key matches already ran the same experiment.
+(runs/execute.Runner.key), so a run whose key matches already ran the same experiment.
 """
 
 from __future__ import annotations
