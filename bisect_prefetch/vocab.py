@@ -10,6 +10,11 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 
+# -- the search's options ---------------------------------------------------------
+# The chance the answer must reach when neither --confidence nor search.confidence says
+# (the experiment file, `simulate`); search/evidence.Settings.of checks any value given.
+DEFAULT_CONFIDENCE = 0.95
+
 # -- how one run ended (launcher, runner, journal, search, reports) ----------------
 OK = "ok"  # ran every step asked for
 STOPPED_EARLY = "stopped-early"  # stopped on purpose at its first difference

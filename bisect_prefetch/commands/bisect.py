@@ -49,6 +49,7 @@ from bisect_prefetch.commands.common import (
     command_line,
     options,
     resume_hint_on_interrupt,
+    search_settings,
     write_json,
 )
 from bisect_prefetch.commands.explain import explain_command
@@ -121,6 +122,7 @@ def bisect(
     """
     experiment = with_segments(with_stress(load_experiment(experiment_path), stress), segments)
     require_prefetch_graph(experiment)
+    search_settings(experiment, confidence=confidence, max_runs=max_runs)  # checked before any run
     if no_reuse and resume:
         raise BisectPrefetchError("--no-reuse runs every run afresh and --resume reuses the "
                                   "bisection's finished runs: give one of them")
