@@ -17,7 +17,14 @@ import typer
 from rich.console import Console
 
 from bisect_prefetch.errors import BisectPrefetchError
-from bisect_prefetch.vocab import DEFAULT_CONFIDENCE, GUARD_NONE, GUARD_SIZE_ONE, STRESS_AUTO, STRESS_OFF, STRESS_ON
+from bisect_prefetch.vocab import (
+    DEFAULT_CONFIDENCE,
+    GUARD_NONE,
+    GUARD_SIZE_ONE,
+    STRESS_AUTO,
+    STRESS_OFF,
+    STRESS_ON,
+)
 
 app = typer.Typer(
     add_completion=False,

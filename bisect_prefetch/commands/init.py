@@ -71,6 +71,44 @@ def init(
 ) -> int:
     """Write the experiment file; exit code 0, or 1 when all-off runs already differ."""
     command = list(command)
+    path = _check_input(command, out=out, log=log, steps=steps, force=force)
+    console.print(f"init: {shlex.join(command)}", markup=False, soft_wrap=True)
+    # step 1: the arguments that set steps, seed and port
+    placeholders = _find_arguments(command, console)
+    # step 2: the metric lines (a short run, or the log given) and the prefetch graph
+    seed = placeholders.value(SEED)
+    base = {"name": experiment_name(command, out), "command": placeholders.argv,
+            "seed": DEFAULT_SEED if seed is None else seed}
+    found, graph_note, job_steps = (_read_log(log, console) if log is not None
+                                    else _first_run(base, placeholders, state_dir, console))
+    choice = _choose(found, console, log=log)
+    # step 3: the file, read back as aa reads it
+    experiment = _write_file(path, base, placeholders, choice, graph_note=graph_note,
+                             job_steps=job_steps, console=console)
+    # step 4: all-off A/A
+    if placeholders.found(STEPS) is None and job_steps is None:
+        console.print(f"-> all-off A/A: not run: mark the argument that sets the steps with "
+                      f"{{steps}} in {path} (see its TODO), then check with:", markup=False,
+                      soft_wrap=True)
+        console.print(f"  {_next(path, state_dir, 'aa', '--mask', 'all-off', '--runs', '2')}",
+                      markup=False, soft_wrap=True)
+        return 0
+    if placeholders.found(STEPS) is None:  # the command trains its own number of steps
+        steps = experiment.steps
+    result = _all_off_aa(experiment, steps=steps, log=log, state_dir=state_dir, console=console)
+    code = _verdict(result, path, state_dir, console)
+    if code:
+        return code
+    # step 5: what to run next
+    console.print("next: A/A with every edge on, then the bisection:", markup=False)
+    console.print(f"  {_next(path, state_dir, 'aa', '--runs', '3')}", markup=False, soft_wrap=True)
+    console.print(f"  {_next(path, state_dir, 'bisect')}", markup=False, soft_wrap=True)
+    return 0
+
+
+def _check_input(command: list[str], *, out: Path | None, log: Path | None, steps: int,
+                 force: bool) -> Path:
+    """The file to write, once the arguments were found sound (else one line, exit 2)."""
     if not command:
         raise BisectPrefetchError("give your training command after --, e.g. bisect-prefetch "
                                   "init -- torchrun --standalone --nproc_per_node=2 train.py")
@@ -83,10 +121,11 @@ def init(
         raise BisectPrefetchError(f"cannot write {path}: no directory {path.parent}")
     if log is not None and not log.is_file():
         raise BisectPrefetchError(f"log not found: {log}")
-    name = experiment_name(command, out)
-    console.print(f"init: {shlex.join(command)}", markup=False, soft_wrap=True)
+    return path
 
-    # step 1: the arguments that set steps, seed and port
+
+def _find_arguments(command: list[str], console: Console) -> Placeholders:
+    """Step 1, said: the arguments that set steps, seed and port."""
     console.print("finding the arguments that set steps, seed and port...", markup=False)
     placeholders = find_placeholders(command)
     console.print(f"-> {describe_placeholders(placeholders)}", markup=False, soft_wrap=True)
@@ -94,61 +133,46 @@ def init(
         console.print(f"-> msrun: each worker logs to its own file under the run dir "
                       f"(--log_dir={{rank_log_dir}}); metrics are read from {WORKER_LOGS}",
                       markup=False, soft_wrap=True)
+    return placeholders
 
-    # step 2: the metric lines (a short run, or the log given) and the prefetch graph
-    seed = placeholders.value(SEED)
-    base = {"name": name, "command": placeholders.argv,
-            "seed": DEFAULT_SEED if seed is None else seed}
-    if log is not None:
-        console.print(f"reading {log} with every parser ({', '.join(FORMATS)})...", markup=False)
-        found, graph_note, job_steps = readings([log]), "", None
-        if not found:
-            raise BisectPrefetchError(
-                f"no parser reads {log}: no {', '.join(FORMATS)} metric line with a number found "
-                "(write metrics: {format: regex, pattern: ...} by hand)")
-    else:
-        found, graph_note, job_steps = _first_run(base, placeholders, state_dir, console)
-    choice = _choose(found, console, log=log)
 
-    # step 3: the file, read back as aa reads it
-    try:  # checked as YAML reads it back before anything is written (init_file)
+def _read_log(log: Path, console: Console) -> tuple[list[Reading], str, int | None]:
+    """Step 2 from a log given with --log: its readings (no graph seen, no steps known)."""
+    console.print(f"reading {log} with every parser ({', '.join(FORMATS)})...", markup=False)
+    found = readings([log])
+    if not found:
+        raise BisectPrefetchError(
+            f"no parser reads {log}: no {', '.join(FORMATS)} metric line with a number found "
+            "(write metrics: {format: regex, pattern: ...} by hand)")
+    return found, "", None
+
+
+def _write_file(path: Path, base: dict, placeholders: Placeholders, choice: MetricsChoice, *,
+                graph_note: str, job_steps: int | None, console: Console) -> Experiment:
+    """Step 3: the file, checked as YAML reads it back before it is written, then loaded."""
+    try:
         text = render_experiment(
-            name=name, placeholders=placeholders, metrics=choice, graph_note=graph_note,
+            name=base["name"], placeholders=placeholders, metrics=choice, graph_note=graph_note,
             steps=placeholders.value(STEPS) or job_steps or DEFAULT_STEPS, seed=base["seed"],
             job_steps=job_steps)
     except ValueError as exc:
         raise BisectPrefetchError(f"init would write a file that does not read back as "
                                   f"written, so it writes none: {exc}") from None
     write_text(path, text, console)
-    experiment = load_experiment(path)
+    return load_experiment(path)
 
-    # step 4: all-off A/A
-    if placeholders.found(STEPS) is None and job_steps is None:
-        console.print(f"-> all-off A/A: not run: mark the argument that sets the steps with "
-                      f"{{steps}} in {path} (see its TODO), then check with:", markup=False,
-                      soft_wrap=True)
-        console.print(f"  {_next(path, state_dir, 'aa', '--mask', 'all-off', '--runs', '2')}",
-                      markup=False, soft_wrap=True)
-        return 0
-    if placeholders.found(STEPS) is None:  # the command trains its own number of steps
-        steps = experiment.steps
+
+def _all_off_aa(experiment: Experiment, *, steps: int, log: Path | None, state_dir: Path,
+                console: Console) -> AAResult:
+    """Step 4's runs: CHECK_RUNS runs with every prefetch edge off, as `aa` would run them."""
     console.print(f"checking that {CHECK_RUNS} runs of {steps} step(s) with every prefetch edge "
                   "off are identical (all-off A/A)...", markup=False)
     with open_state(experiment, state_dir, console=console) as opened:
         if log is not None:  # the graph no run has shown yet (aa reuses this run)
             opened.graph()
         with RunProgress(console) as progress:
-            result = run_group(opened.runner, mask=frozenset(), runs=CHECK_RUNS, steps=steps,
-                               guard=GUARD_NONE, name="all-off", progress=progress)
-    code = _verdict(result, path, state_dir, console)
-    if code:
-        return code
-
-    # step 5: what to run next
-    console.print("next: A/A with every edge on, then the bisection:", markup=False)
-    console.print(f"  {_next(path, state_dir, 'aa', '--runs', '3')}", markup=False, soft_wrap=True)
-    console.print(f"  {_next(path, state_dir, 'bisect')}", markup=False, soft_wrap=True)
-    return 0
+            return run_group(opened.runner, mask=frozenset(), runs=CHECK_RUNS, steps=steps,
+                             guard=GUARD_NONE, name="all-off", progress=progress)
 
 
 def experiment_name(command: Sequence[str], out: Path | None) -> str:

@@ -23,9 +23,9 @@ from typing import Any, Protocol
 from bisect_prefetch.metrics.compare import compare_group
 from bisect_prefetch.runs import envprint
 from bisect_prefetch.runs.execute import Runner
-from bisect_prefetch.runs.outcome import RunOutcome
 from bisect_prefetch.runs.executors.base import LOST
 from bisect_prefetch.runs.merge import GRAPH_FILE
+from bisect_prefetch.runs.outcome import RunOutcome
 from bisect_prefetch.runs.signals import identical_wording
 from bisect_prefetch.runs.slots import RunRequest, keep_slots_busy
 from bisect_prefetch.runs.step_time import group_cost

@@ -43,6 +43,7 @@ from bisect_prefetch.runs.step_time import run_step_time_ms, run_step_times_ms
 from bisect_prefetch.runs.store import StateDir
 from bisect_prefetch.vocab import ERROR, OK, STOPPED_EARLY, TIMEOUT, TRUNCATED, Mask
 
+
 def trajectory_hash(trajectory: Trajectory, *, upto: int | None = None) -> str:
     """sha256 of every rank's values (bits) up to a step: equal hashes, equal numbers."""
     digest = hashlib.sha256()
