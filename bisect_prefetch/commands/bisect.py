@@ -62,7 +62,7 @@ from bisect_prefetch.experiment import (
     with_stress,
 )
 from bisect_prefetch.files import write_text_atomic
-from bisect_prefetch.report.html import BISECT_FILE, build_report
+from bisect_prefetch.report.html import BISECT_FILE, REPORT_FILE, build_report
 from bisect_prefetch.runs.discover import DISCOVERY_STEPS
 from bisect_prefetch.runs.oracle import OnRun, RealOracle
 from bisect_prefetch.runs.state import OpenState, open_state
@@ -183,7 +183,7 @@ def _bisect(experiment: Experiment, experiment_path: Path, *, hint: str, resume:
     if explain := explain_command(experiment_path, record.result.verdict, record.result.minimal_set):
         console.print(f"explain: {explain}", markup=False, soft_wrap=True)  # the mechanism
     say_after_verdict(record.result, record.to_json(), experiment, console,
-                      report=opened.path / "report.html", before=b.before)
+                      report=opened.path / REPORT_FILE, before=b.before)
     return record
 
 

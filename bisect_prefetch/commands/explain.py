@@ -58,6 +58,7 @@ from bisect_prefetch.vocab import (
     VERDICT_FOUND,
     VERDICT_NOT_PREFETCH,
     Mask,
+    probe_rank_file,
 )
 
 PURPOSE = "explain"
@@ -257,7 +258,7 @@ def overhead(group: AAResult, run_dir: Any,
     bench_explain measures side by side)."""
     ops, written, flush, steps, granularity = [], [], [], [], set()
     for run in group.runs:
-        for probe in Path(run_dir(run.run_id)).glob("probe.rank*.json"):
+        for probe in Path(run_dir(run.run_id)).glob(probe_rank_file("*")):
             try:
                 trace = json.loads(probe.read_text()).get("op_trace")
             except (OSError, ValueError):

@@ -47,7 +47,15 @@ from bisect_prefetch.runs.group import AAResult, run_group
 from bisect_prefetch.runs.merge import GRAPH_FILE
 from bisect_prefetch.runs.rank_logs import WORKER_LOGS, log_files, per_rank_logs
 from bisect_prefetch.runs.state import open_state
-from bisect_prefetch.vocab import CONSISTENT, DIVERGED, GUARD_NONE, TIMEOUT
+from bisect_prefetch.vocab import (
+    CONSISTENT,
+    DIVERGED,
+    GUARD_NONE,
+    METRICS_FILE,
+    STDERR_FILE,
+    STDOUT_FILE,
+    TIMEOUT,
+)
 
 DEFAULT_OUT = Path("bisect-prefetch.yaml")
 DEFAULT_STATE_DIR = Path(".bisect-prefetch")
@@ -55,7 +63,7 @@ PROBE_STEPS = 2  # the first run: enough metric lines to read the format from
 CHECK_RUNS = 2
 DEFAULT_STEPS = 30  # the file's steps when the command has no steps argument
 DEFAULT_SEED = 1234
-LOG_FILES = ("stdout.log", "stderr.log", "metrics.jsonl")  # where a run's metric lines may be
+LOG_FILES = (STDOUT_FILE, STDERR_FILE, METRICS_FILE)  # where a run's metric lines may be
 STOP_CHECK_S = 0.5  # how often the first run's logs are read while it goes
 
 
@@ -230,7 +238,7 @@ def _first_run(base: dict, p: Placeholders, state_dir: Path,
     and the steps it trained when it ended by itself with no steps argument to set them."""
     try:  # the metrics are what this run finds out: any format does until then
         probe = Experiment.model_validate({**base, "steps": PROBE_STEPS,
-                                           "metrics": {"format": "jsonl", "files": "stdout.log"}})
+                                           "metrics": {"format": "jsonl", "files": STDOUT_FILE}})
     except ValidationError as exc:
         raise BisectPrefetchError(f"cannot run this command: {exc.errors()[0]['msg']}") from None
     # With a steps argument the job ends by itself after PROBE_STEPS; one more step shows
@@ -253,7 +261,7 @@ def _first_run(base: dict, p: Placeholders, state_dir: Path,
         raise BisectPrefetchError(
             f"your command trained past step {PROBE_STEPS} with {mark.flag} {PROBE_STEPS}: that "
             "argument does not seem to set its training steps; mark the one that does with "
-            f"{{steps}} in the command and run init again; its output: {run_dir / 'stdout.log'}")
+            f"{{steps}} in the command and run init again; its output: {run_dir / STDOUT_FILE}")
     failed = not stop.fired and run.exit_code not in (0, None) and run.outcome != TIMEOUT
     if failed or not found:
         why = first_error_line(run_dir)
@@ -265,17 +273,17 @@ def _first_run(base: dict, p: Placeholders, state_dir: Path,
             what = ("your command printed no metric line any parser reads "
                     f"({', '.join(FORMATS)})")
         raise BisectPrefetchError(f"{what}{': ' + why if why else ''}; its output: "
-                                  f"{run_dir / 'stdout.log'}, {run_dir / 'stderr.log'}")
+                                  f"{run_dir / STDOUT_FILE}, {run_dir / STDERR_FILE}")
     said = engine_says(run_dir)  # the adapter named why it found no graph
     if said is not None:
         raise BisectPrefetchError(f"your command ran, but {said}; its output: "
-                                  f"{run_dir / 'stderr.log'}")
+                                  f"{run_dir / STDERR_FILE}")
     graph_note = _graph_note(run_dir)
     if not graph_note:
         raise BisectPrefetchError(
             "your command ran, but the adapter found no FSDP unit in it (no prefetch graph "
             "recorded): bisect-prefetch works on jobs that shard with FSDP2's fully_shard or "
-            f"hyper-parallel; its output: {run_dir / 'stderr.log'}")
+            f"hyper-parallel; its output: {run_dir / STDERR_FILE}")
     console.print(f"-> ran {run.wall_s or 0:.1f}s ({found[0].steps} step(s) read); {graph_note}",
                   markup=False, soft_wrap=True)
     ended = not stop.fired and run.exit_code == 0 and p.found(STEPS) is None
@@ -309,7 +317,7 @@ def _choose(found: list[Reading], console: Console, *, log: Path | None) -> Metr
     files, todo = None, ""
     if log is not None:
         if best.fmt == "jsonl":
-            files = "stdout.log"
+            files = STDOUT_FILE
             todo = ("the runs read these lines from the job's stdout; if your job writes them to "
                     "a file, write it under the run dir ({run_dir} in the command) and set "
                     "files: to its glob")
@@ -319,7 +327,7 @@ def _choose(found: list[Reading], console: Console, *, log: Path | None) -> Metr
             printing = {r.path for r in found if r.fmt == best.fmt and r.path.parent == best.path.parent}
             # Every worker's log where each rank prints its lines, else the one that does.
             files = WORKER_LOGS if len(printing) > 1 else f"{RANK_LOG_DIR}/{best.path.name}"
-        elif best.path.name != ("metrics.jsonl" if best.fmt == "jsonl" else "stdout.log"):
+        elif best.path.name != (METRICS_FILE if best.fmt == "jsonl" else STDOUT_FILE):
             files = best.path.name
         found_in = f"the job's {best.path.name} (init's short run)"
     return MetricsChoice(format=best.fmt, names=best.names, files=files, found_in=found_in,
