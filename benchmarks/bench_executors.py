@@ -89,7 +89,7 @@ def local_slots(root: Path) -> dict[str, float]:
         experiment = load_experiment(root / "exp.yaml").model_copy(
             update={"executor": ExecutorConfig(kind="local", slots=slots)})
         with StateDir(root / f"state{slots}", experiment.name) as state:
-            runner = Runner(experiment, state)
+            runner = Runner(experiment, state).open()
             start = time.perf_counter()
             group = run_group(runner, mask=None, runs=4, steps=experiment.steps, guard="none")
             walls[slots] = time.perf_counter() - start

@@ -67,7 +67,7 @@ def race(runs: int, stress_runs: int, *, config: Path = CONFIG,
     steps = experiment.steps
     outcomes: dict[bool, list] = {False: [], True: []}
     with tempfile.TemporaryDirectory() as tmp, StateDir(tmp, experiment.name) as state:
-        runner = Runner(experiment, state)
+        runner = Runner(experiment, state).open()
         golden = runner.run(runner.key("golden", mask=Mask(), guard="none", steps=steps, index=0),
                             label="golden")
         if not golden.usable:
@@ -115,7 +115,7 @@ def aa_without_fault(runs: int, *, config: Path = CONFIG,
     identical = {False: 0, True: 0}
     total = {False: 0, True: 0}
     with tempfile.TemporaryDirectory() as tmp, StateDir(tmp, experiment.name) as state:
-        runner = Runner(experiment, state)
+        runner = Runner(experiment, state).open()
         steps = experiment.steps
         reference = runner.run(runner.key("ref", mask=None, guard="none", steps=steps, index=0),
                                label="ref")

@@ -95,7 +95,7 @@ def measure(*, steps: int, repeats: int) -> dict[str, object]:
                        check=True, timeout=300)
         experiment = load_experiment(_experiment(folder, folder / "assets"))
         with StateDir(folder / "state", experiment.name) as state:
-            runner = Runner(experiment, state)
+            runner = Runner(experiment, state).open()
             for index in range(repeats):
                 key = runner.key("bench", mask=None, guard="none", steps=steps, index=index)
                 out = runner.run(key, label="bench")

@@ -44,7 +44,7 @@ def measure(config: Path, *, short_steps: int, long_steps: int, repeats: int) ->
     experiment = load_experiment(config)
     walls: dict[int, list[float]] = {short_steps: [], long_steps: []}
     with tempfile.TemporaryDirectory() as tmp, StateDir(tmp, experiment.name) as state:
-        runner = Runner(experiment, state)
+        runner = Runner(experiment, state).open()
         for index in range(repeats):
             for steps in (short_steps, long_steps):
                 key = runner.key("bench", mask=None, guard="none", steps=steps, index=index)
@@ -74,7 +74,7 @@ def launch_side_by_side(config: Path, *, steps: int, repeats: int) -> dict:
         for index in range(repeats):
             for name, experiment in (("local_ranks", own), ("torchrun", torchrun)):
                 with StateDir(Path(tmp) / name, experiment.name) as state:
-                    runner = Runner(experiment, state)
+                    runner = Runner(experiment, state).open()
                     out = runner.run(runner.key("launch", mask=None, guard="none", steps=steps,
                                                 index=index), label=name)
                 if out.outcome != "ok":

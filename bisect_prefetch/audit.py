@@ -58,7 +58,16 @@ from pathlib import Path
 from typing import Any
 
 from bisect_prefetch.errors import BisectPrefetchError
-from bisect_prefetch.vocab import NOOP, PROBE_OUTCOMES, parse_edge_id
+from bisect_prefetch.vocab import (
+    GRAPH_FILE,
+    NOOP,
+    PROBE_FILE,
+    PROBE_OUTCOMES,
+    graph_rank_file,
+    order_rank_file,
+    parse_edge_id,
+    probe_rank_file,
+)
 
 OUTCOMES = PROBE_OUTCOMES
 # Kinds that waste work or can race make the audit fail; the others are notes.
@@ -502,7 +511,7 @@ def read_probe(path: Path) -> tuple[dict[str, Any] | None, str | None]:
 
 def read_order(run_dir: Path) -> list[dict[str, Any]] | None:
     """Every rank's recorded steps (order.rank*.jsonl); None when the run recorded none."""
-    paths = sorted(run_dir.glob("order.rank*.jsonl"))
+    paths = sorted(run_dir.glob(order_rank_file("*")))
     if not paths:
         return None
     records = []
@@ -524,9 +533,9 @@ def audit_run_dir(run_dir: str | Path, *, kinds: Sequence[str] = KINDS) -> dict[
     """Audit a finished run: its graph (rank 0's, or graph.json), every rank's probe and order."""
     run_dir = Path(run_dir)
     graph_path = next(
-        (p for p in (run_dir / "graph.rank0.json", run_dir / "graph.json") if p.exists()), None
+        (p for p in (run_dir / graph_rank_file(0), run_dir / GRAPH_FILE) if p.exists()), None
     )
-    probe_paths = sorted(run_dir.glob("probe.rank*.json")) or [run_dir / "probe.json"]
+    probe_paths = sorted(run_dir.glob(probe_rank_file("*"))) or [run_dir / PROBE_FILE]
     if graph_path is None or not probe_paths[0].exists():
         raise BisectPrefetchError(
             f"{run_dir}: no recorded graph and probe (did the adapter run in the job?)"

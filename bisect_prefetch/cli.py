@@ -17,7 +17,14 @@ import typer
 from rich.console import Console
 
 from bisect_prefetch.errors import BisectPrefetchError
-from bisect_prefetch.vocab import GUARD_NONE, GUARD_SIZE_ONE, STRESS_AUTO, STRESS_OFF, STRESS_ON
+from bisect_prefetch.vocab import (
+    DEFAULT_CONFIDENCE,
+    GUARD_NONE,
+    GUARD_SIZE_ONE,
+    STRESS_AUTO,
+    STRESS_OFF,
+    STRESS_ON,
+)
 
 app = typer.Typer(
     add_completion=False,
@@ -265,7 +272,7 @@ def simulate(
     seed: Annotated[int, typer.Option("--seed", help="Seed of the simulated noise.")] = 0,
     background: Annotated[float, typer.Option("--background", help="Per-run chance of drift with every edge off (background drift).")] = 0.0,
     startup_cost: Annotated[float, typer.Option("--startup-cost", help="Start-up cost of a run, in steps (adds to the cost figures).")] = 0.0,
-    confidence: Annotated[float, typer.Option("--confidence", help="Confidence the search must reach.")] = 0.95,
+    confidence: Annotated[float, typer.Option("--confidence", help="Confidence the search must reach.")] = DEFAULT_CONFIDENCE,
     max_runs: Annotated[int | None, typer.Option("--max-runs", help="Run budget of each search (default: scaled with the graph and the estimated q).")] = None,
     slots: Annotated[int, typer.Option("--slots", help="Runs at once; wall-clock is reported in full runs.")] = 1,
     hint_accuracy: Annotated[float | None, typer.Option("--hint-accuracy", help="Give the first diverged run a localization hint, right with this chance.")] = None,
@@ -288,7 +295,7 @@ def simulate(
 
 
 def _count(text: str) -> int | str:
-    """A count option that also takes a word ("auto"); Bisection checks the value."""
+    """A count option that also takes a word ("auto"); search/evidence.Settings.of checks it."""
     try:
         return int(text)
     except ValueError:

@@ -26,6 +26,7 @@ from pydantic import (
 
 from bisect_prefetch.errors import BisectPrefetchError
 from bisect_prefetch.vocab import (
+    DEFAULT_CONFIDENCE,
     EXPECTATIONS,
     GUARDS,
     MAX_INNER,
@@ -194,7 +195,7 @@ class GraphSource(_Strict):
 
 
 class Search(_Strict):
-    confidence: Annotated[float, Field(gt=0.0, lt=1.0)] = 0.95
+    confidence: Annotated[float, Field(gt=0.0, lt=1.0)] = DEFAULT_CONFIDENCE
     # None: a budget that scales with the graph and the estimated q (Bisection.budget).
     max_runs: Annotated[int, Field(ge=1)] | None = None
     # auto: one all-off run right after the first divergence, and before a culprit-found

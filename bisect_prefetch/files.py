@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from bisect_prefetch.errors import BisectPrefetchError
+from bisect_prefetch.vocab import JOURNAL_FILE, LOCK_FILE, RUNS_DIR
 
 _umask_lock = threading.Lock()
 
@@ -54,7 +55,7 @@ def protect(path: str | Path, what: str) -> None:
 # The second line of every state dir's lock (the first: the holder's pid): any command
 # knows a lock by it, held or not, whoever's it is.
 LOCK_MARKER = "bisect-prefetch state dir lock"
-STATE_JOURNAL, STATE_LOCK, STATE_RUNS = "journal.jsonl", "lock", "runs"
+STATE_JOURNAL, STATE_LOCK, STATE_RUNS = JOURNAL_FILE, LOCK_FILE, RUNS_DIR
 
 
 def state_file(path: Path) -> str | None:

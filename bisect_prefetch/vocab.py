@@ -10,6 +10,11 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 
+# -- the search's options ---------------------------------------------------------
+# The chance the answer must reach when neither --confidence nor search.confidence says
+# (the experiment file, `simulate`); search/evidence.Settings.of checks any value given.
+DEFAULT_CONFIDENCE = 0.95
+
 # -- how one run ended (launcher, runner, journal, search, reports) ----------------
 OK = "ok"  # ran every step asked for
 STOPPED_EARLY = "stopped-early"  # stopped on purpose at its first difference
@@ -141,14 +146,67 @@ def fill_placeholders(word: str, value: Callable[[str], str]) -> str:
                             word)
 
 
+# -- every other file name of a state dir and a run dir ------------------------------
+# A rank's file is named by a function of its rank; given "*", the function gives the
+# glob that finds every rank's. tests/test_words_spelled_once.py fails on a literal of
+# one of these names elsewhere in the package.
+# The state dir (<state dir>/<experiment>/):
+JOURNAL_FILE = "journal.jsonl"  # one finished run a line (runs/store.py)
+LOCK_FILE = "lock"
+RUNS_DIR = "runs"  # a run dir per run: runs/<run id>/
+REPORT_FILE = "report.html"
+BISECT_FILE = "bisect.json"
+EXPLAIN_FILE = "explain.json"  # commands/explain.py: the first op that differs
+MATRIX_FILE = "matrix.json"
+# A run dir, written by the orchestrator or the job's launcher:
+PLAN_FILE = "plan.json"  # what the in-job adapter reads (runs/plan.py writes it)
+STATUS_FILE = "status.json"  # how the run ended, once collected
+STDOUT_FILE = "stdout.log"
+STDERR_FILE = "stderr.log"
+ENV_FILE = "env.json"  # the environment the orchestrator started the job with
+GRAPH_FILE = "graph.json"  # the ranks' graph files merged (runs/merge.py)
+PROBE_FILE = "probe.json"  # the ranks' probes merged
+SCRIPT_FILE = "job.sbatch"  # a Slurm run's batch script
+EXIT_FILE = "job_exit_code"  # a Slurm run's exit code, as its script saw it
+MANIFEST_FILES = "manifest.*.json"  # every process's manifest (adapters/manifest.py)
+RANK_LOG_DIR = "rank_logs"  # {rank_log_dir} of a run's command: a launcher's per-worker logs
+ADAPTER_TREE = "adapter"  # the copy of the in-job code a job's PYTHONPATH starts with
+PLOTS_DIR = "report"  # the state dir's plots, beside REPORT_FILE
+
+
 def op_trace_file(rank: int | str) -> str:
     """One rank's op trace in a run dir (adapters/op_trace.py, cell_trace.py; explain)."""
     return f"optrace.rank{rank}.jsonl"
 
 
-def env_rank_file(rank: int) -> str:
+def env_rank_file(rank: int | str) -> str:
     """The file one rank's environment fingerprint is written to, in the run dir."""
     return f"env.rank{rank}.json"
+
+
+def graph_rank_file(rank: int | str) -> str:
+    """The prefetch graph one rank found (merged into GRAPH_FILE)."""
+    return f"graph.rank{rank}.json"
+
+
+def probe_rank_file(rank: int | str) -> str:
+    """What happened to each edge on one rank (merged into PROBE_FILE)."""
+    return f"probe.rank{rank}.json"
+
+
+def order_rank_file(rank: int | str) -> str:
+    """One rank's order record of its first steps (adapters/order.py; audit)."""
+    return f"order.rank{rank}.jsonl"
+
+
+def manifest_rank_file(rank: int | str) -> str:
+    """What one rank's process read (adapters/manifest.py)."""
+    return f"manifest.rank{rank}.json"
+
+
+def manifest_process_file(host: str, pid: int | str) -> str:
+    """What a process that is no rank read (a launcher's agent), named by host and pid."""
+    return f"manifest.proc.{host}-{pid}.json"
 
 
 # -- edges and masks -----------------------------------------------------------------

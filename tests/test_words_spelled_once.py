@@ -1,8 +1,10 @@
-"""The bisection's verdicts and the protocol's stages are spelled once, in vocab.py.
+"""The bisection's verdicts, the protocol's stages and the file names of a state dir and
+a run dir are spelled once, in vocab.py.
 
-Everywhere else in the package they are named by vocab's constants: a string
-literal equal to one of them fails here. A few literals mean something else
-that is spelled the same (listed, with what they mean).
+Everywhere else in the package they are named by vocab's constants and functions: a
+string literal equal to one of them fails here, and so does an f-string that spells a
+rank's file (``f"probe.rank{rank}.json"``). A few literals mean something else that is
+spelled the same (listed, with what they mean).
 """
 
 from __future__ import annotations
@@ -24,15 +26,34 @@ ELSEWHERE = {
 }
 
 
+# Every file name vocab spells: its constants (LOCK_FILE, "lock", is a word too common to
+# police), and each rank's file as the glob of every rank's.
+RANK_FILES = (vocab.digests_rank_file, vocab.metrics_rank_file, vocab.op_trace_file,
+              vocab.env_rank_file, vocab.graph_rank_file, vocab.probe_rank_file,
+              vocab.order_rank_file, vocab.manifest_rank_file)
+FILE_NAMES = ({value for name, value in vars(vocab).items()
+               if name.endswith(("_FILE", "_FILES")) and isinstance(value, str)} - {vocab.LOCK_FILE}
+              | {spell("*") for spell in RANK_FILES} | {vocab.manifest_process_file("*", "*")})
+
+
 def _literals(path: Path) -> list[tuple[int, str]]:
     tree = ast.parse(path.read_text())
     docstrings = {id(node.body[0].value) for node in ast.walk(tree)
                   if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
                   and node.body and isinstance(node.body[0], ast.Expr)
                   and isinstance(node.body[0].value, ast.Constant)}
+    in_fstrings = {id(part) for node in ast.walk(tree) if isinstance(node, ast.JoinedStr)
+                   for part in node.values}
     return [(node.lineno, node.value) for node in ast.walk(tree)
             if isinstance(node, ast.Constant) and isinstance(node.value, str)
-            and id(node) not in docstrings]
+            and id(node) not in docstrings and id(node) not in in_fstrings]
+
+
+def _fstrings(path: Path) -> list[tuple[int, str]]:
+    """Each f-string with `*` for what it fills in: f"probe.rank{r}.json" -> "probe.rank*.json"."""
+    return [(node.lineno, "".join(part.value if isinstance(part, ast.Constant) else "*"
+                                  for part in node.values))
+            for node in ast.walk(ast.parse(path.read_text())) if isinstance(node, ast.JoinedStr)]
 
 
 def test_verdicts_and_stages_appear_only_in_vocab():
@@ -44,6 +65,24 @@ def test_verdicts_and_stages_appear_only_in_vocab():
         found += [f"{name}:{line}: {text!r}" for line, text in _literals(path)
                   if text in WORDS and (name, text) not in ELSEWHERE]
     assert found == []
+
+
+def test_file_names_appear_only_in_vocab():
+    found = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        name = path.relative_to(PACKAGE).as_posix()
+        if name == "vocab.py":
+            continue
+        found += [f"{name}:{line}: {text!r}" for line, text in _literals(path) + _fstrings(path)
+                  if text in FILE_NAMES]
+    assert found == []
+
+
+def test_the_file_check_sees_a_rank_file_spelled_by_hand(tmp_path):
+    path = tmp_path / "probe.py"
+    path.write_text('def f(rank):\n    return f"probe.rank{rank}.json", "plan.json"\n')
+    assert [text for _, text in _fstrings(path) + _literals(path)
+            if text in FILE_NAMES] == ["probe.rank*.json", "plan.json"]
 
 
 def test_the_check_sees_a_literal():

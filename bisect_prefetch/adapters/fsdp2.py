@@ -265,18 +265,18 @@ def _patch_torch() -> None:
     if getattr(FSDPState, "_bisect_prefetch_patched", False):
         return
     FSDPState._bisect_prefetch_patched = True
+    _patch_states(FSDPState, _dynamo_disable)  # discovery, prefetch sources, step boundaries
+    _patch_prefetch(FSDPParamGroup)  # the post-forward order, the prefetch choke point
+    _patch_order(FSDPParamGroup, TrainingState, _dynamo_disable)  # the order record, stress uses
 
-    original_lazy_init = FSDPState._lazy_init
-    original_root_backward_done = FSDPState._root_post_backward_final_callback
-    original_pre_forward = FSDPState._pre_forward
-    original_pre_backward = FSDPState._pre_backward
-    original_record_post_forward = FSDPParamGroup._record_post_forward
-    original_prefetch_unshard = FSDPParamGroup._prefetch_unshard
-    original_unshard = FSDPParamGroup.unshard
-    original_group_pre_forward = FSDPParamGroup.pre_forward
-    original_group_pre_backward = FSDPParamGroup.pre_backward
-    original_to_sharded = FSDPParamGroup._to_sharded
-    original_to_sharded_post_forward = FSDPParamGroup._to_sharded_post_forward
+
+def _patch_states(state_cls: Any, dynamo_disable: Any) -> None:
+    """FSDPState: the root's lazy init discovers the units; the pre-hooks name the source
+    of any prefetch issued inside them; the root's forward and backward mark the steps."""
+    original_lazy_init = state_cls._lazy_init
+    original_root_backward_done = state_cls._root_post_backward_final_callback
+    original_pre_forward = state_cls._pre_forward
+    original_pre_backward = state_cls._pre_backward
 
     def _lazy_init(self: FSDPState) -> None:
         original_lazy_init(self)
@@ -284,7 +284,7 @@ def _patch_torch() -> None:
         if adapter is not None and self._is_root and self not in adapter.roots:
             adapter.discover(self)
 
-    @_dynamo_disable
+    @dynamo_disable
     def _pre_forward(self: FSDPState, module, args, kwargs):
         adapter = _adapter
         if adapter is None:
@@ -294,7 +294,7 @@ def _patch_torch() -> None:
         with adapter.prefetching_from(self):
             return original_pre_forward(self, module, args, kwargs)
 
-    @_dynamo_disable
+    @dynamo_disable
     def _pre_backward(self: FSDPState, grad: torch.Tensor) -> torch.Tensor:
         adapter = _adapter
         if adapter is None:
@@ -309,6 +309,18 @@ def _patch_torch() -> None:
         adapter = _adapter
         if adapter is not None:
             adapter.session.clock.backward_ends()
+
+    state_cls._lazy_init = _lazy_init
+    state_cls._root_post_backward_final_callback = _root_post_backward_final_callback
+    state_cls._pre_forward = _pre_forward
+    state_cls._pre_backward = _pre_backward
+
+
+def _patch_prefetch(group_cls: Any) -> None:
+    """FSDPParamGroup: the first forward's post-forward order (the implicit backward
+    prefetch), and every prefetch, explicit or implicit, through the session."""
+    original_record_post_forward = group_cls._record_post_forward
+    original_prefetch_unshard = group_cls._prefetch_unshard
 
     def _record_post_forward(self: FSDPParamGroup) -> None:
         original_record_post_forward(self)
@@ -325,7 +337,17 @@ def _patch_torch() -> None:
         else:
             adapter.prefetch(original_prefetch_unshard, target, pass_type)
 
-    # The order record (first steps only): who unsharded each group, its uses, its reshards.
+    group_cls._record_post_forward = _record_post_forward
+    group_cls._prefetch_unshard = staticmethod(_prefetch_unshard)
+
+
+def _patch_order(group_cls: Any, training_state: Any, dynamo_disable: Any) -> None:
+    """FSDPParamGroup: the order record (first steps only): who unsharded each group, its
+    uses, its reshards; and each use told to the stress while it measures."""
+    original_unshard = group_cls.unshard
+    original_group_pre_forward = group_cls.pre_forward
+    original_group_pre_backward = group_cls.pre_backward
+
     def unshard(self: FSDPParamGroup, async_op: bool = False) -> None:
         order = _recording_order()
         if order is None:
@@ -343,11 +365,11 @@ def _patch_torch() -> None:
             order.use(_adapter.group_name(self), "fwd")
         return result
 
-    @_dynamo_disable
+    @dynamo_disable
     def group_pre_backward(self: FSDPParamGroup, default_prefetch: bool, *unused: Any):
         order = _recording_order()
-        first = order is not None and self._training_state != TrainingState.PRE_BACKWARD
-        if self._training_state != TrainingState.PRE_BACKWARD:
+        first = order is not None and self._training_state != training_state.PRE_BACKWARD
+        if self._training_state != training_state.PRE_BACKWARD:
             _stress_use(self, vocab.BWD)
         result = original_group_pre_backward(self, default_prefetch, *unused)
         if first:
@@ -364,17 +386,11 @@ def _patch_torch() -> None:
 
         return to_sharded
 
-    FSDPParamGroup.unshard = unshard
-    FSDPParamGroup.pre_forward = group_pre_forward
-    FSDPParamGroup.pre_backward = group_pre_backward
-    FSDPParamGroup._to_sharded = resharding(original_to_sharded)
-    FSDPParamGroup._to_sharded_post_forward = resharding(original_to_sharded_post_forward)
-    FSDPState._lazy_init = _lazy_init
-    FSDPState._root_post_backward_final_callback = _root_post_backward_final_callback
-    FSDPState._pre_forward = _pre_forward
-    FSDPState._pre_backward = _pre_backward
-    FSDPParamGroup._record_post_forward = _record_post_forward
-    FSDPParamGroup._prefetch_unshard = staticmethod(_prefetch_unshard)
+    group_cls.unshard = unshard
+    group_cls.pre_forward = group_pre_forward
+    group_cls.pre_backward = group_pre_backward
+    group_cls._to_sharded = resharding(group_cls._to_sharded)
+    group_cls._to_sharded_post_forward = resharding(group_cls._to_sharded_post_forward)
 
 
 def _finished_on_return(group: FSDPParamGroup) -> bool:

@@ -40,7 +40,7 @@ import sysconfig
 import threading
 from typing import Any
 
-from bisect_prefetch.vocab import ENV_VARIABLES
+from bisect_prefetch.vocab import ENV_VARIABLES, manifest_process_file, manifest_rank_file
 
 HASH_LIMIT_BYTES = 16 << 20  # larger files (data, checkpoints) by size and mtime
 OPENED_LIMIT = 10_000  # distinct files opened for reading that are kept
@@ -53,9 +53,9 @@ def manifest_file(rank: int, *, trained: bool) -> str:
     and pid's (a launcher's agent inherits the rank of nobody and must not clobber rank 0's;
     agents on two nodes may share a pid)."""
     if trained:
-        return f"manifest.rank{rank}.json"
+        return manifest_rank_file(rank)
     host = re.sub(r"[^A-Za-z0-9._-]", "_", socket.gethostname()) or "host"
-    return f"manifest.proc.{host}-{os.getpid()}.json"
+    return manifest_process_file(host, os.getpid())
 
 
 def _installed_roots() -> tuple[str, ...]:

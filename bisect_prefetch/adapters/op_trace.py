@@ -196,12 +196,34 @@ class OpTracer:
         if step != self.step:
             self.step, self.seq, self.counts = step, 0, {}
         name = str(func.overloadpacket) if hasattr(func, "overloadpacket") else str(func)
-        namespace = getattr(func, "namespace", "")
         schema = getattr(func, "_schema", None)
         view, write_only = _shape_of(func, schema)
         inputs = _tensors((args, kwargs))
         skipped = write_only and _tensors([_argument(schema, args, kwargs, k) for k in write_only])
-        skipped_ids = {id(t) for t in skipped or ()}
+        in_fps, sources, changed, params = self._read_inputs(
+            inputs, {id(t) for t in skipped or ()}, view=view, step=step)
+        out = func(*args, **kwargs)
+        outputs = _tensors(out) + _written_arguments(schema, args, kwargs, write_only)
+        record = [step, self.seq, name, self.counts.get(name, 0), self._phase(),
+                  self._module(), in_fps, [], sources, changed, where, params]
+        if view and inputs:  # a view's elements were written by its base's writer
+            self._written_by_base(local(inputs[0]), outputs)
+        collective = (getattr(func, "namespace", "") in _COLLECTIVE_NAMESPACES
+                      and "wait" not in name)
+        self._write_outputs(record, outputs, func, view=view, collective=collective, step=step)
+        if "wait" in name:
+            for t in outputs:
+                self._settle(local(t), step, after=True)
+        self.counts[name] = record[3] + 1
+        self.seq += 1
+        self.ops.append(record)
+        self.ops_traced += 1
+        return out
+
+    def _read_inputs(self, inputs: list[Any], skipped_ids: set[int], *, view: bool,
+                     step: int) -> tuple[list[Any], list[Any], list[Any], list[Any]]:
+        """The op's inputs: their fingerprints, who wrote each (step, seq), those changed
+        since their writer wrote them (index, then, now), and the parameters among them."""
         in_fps, sources, changed, params = [], [], [], []
         for k, t in enumerate(inputs):
             t = local(t)
@@ -227,26 +249,22 @@ class OpTracer:
                         base_fp = self._fingerprint(t._base)
                         if base_fp is not None:
                             changed.append((k, base[2], base_fp))
-        out = func(*args, **kwargs)
-        outputs = _tensors(out)
-        if schema is not None:  # arguments the op writes (out=, in-place)
-            for argument, value in zip(schema.arguments, args):
-                info = argument.alias_info
-                if info is not None and info.is_write:
-                    outputs += _tensors(value)
-            for argument_name in write_only:  # out=, and a collective's output buffers
-                outputs += _tensors(_argument(schema, args, kwargs, argument_name))
-        seen, out_fps = set(), []
-        record = [step, self.seq, name, self.counts.get(name, 0), self._phase(),
-                  self._module(), in_fps, out_fps, sources, changed, where, params]
-        collective = namespace in _COLLECTIVE_NAMESPACES and "wait" not in name
-        if view and inputs:  # a view's elements were written by its base's writer
-            base = self.written.get(_key(local(inputs[0])))
-            if base is not None:
-                for t in outputs:
-                    key = _key(local(t))
-                    if self.written.get(key) is not base:
-                        self.written[key] = (base[0], base[1], None)
+        return in_fps, sources, changed, params
+
+    def _written_by_base(self, base_tensor: torch.Tensor, outputs: list[Any]) -> None:
+        """A view's outputs: written by whoever wrote its base."""
+        base = self.written.get(_key(base_tensor))
+        if base is not None:
+            for t in outputs:
+                key = _key(local(t))
+                if self.written.get(key) is not base:
+                    self.written[key] = (base[0], base[1], None)
+
+    def _write_outputs(self, record: list[Any], outputs: list[Any], func: Any, *, view: bool,
+                       collective: bool, step: int) -> None:
+        """The op's outputs fingerprinted into the record (a collective's when first read),
+        and each remembered as written by this op."""
+        seen, out_fps = set(), record[7]
         for t in outputs:
             t = local(t)
             key = _key(t)
@@ -265,14 +283,6 @@ class OpTracer:
                 self.written[key] = (step, self.seq, fp)
             elif not view:  # new memory where another tensor was: that writer is gone
                 self.written.pop(key, None)
-        if "wait" in name:
-            for t in outputs:
-                self._settle(local(t), step, after=True)
-        self.counts[name] = record[3] + 1
-        self.seq += 1
-        self.ops.append(record)
-        self.ops_traced += 1
-        return out
 
     def _settle(self, t: torch.Tensor, step: int, *, after: bool = False) -> None:
         """A collective's output, read now: fingerprint it as the collective's output, and
@@ -430,6 +440,20 @@ def _tensors(tree: Any) -> list[torch.Tensor]:
         found += _tensors(list(tree.values()))
     return found
 
+
+
+def _written_arguments(schema: Any, args: tuple, kwargs: dict, write_only: Any) -> list[Any]:
+    """The tensors of the arguments an op writes: out=, in-place, a collective's buffers."""
+    found: list[Any] = []
+    if schema is None:
+        return found
+    for argument, value in zip(schema.arguments, args):
+        info = argument.alias_info
+        if info is not None and info.is_write:
+            found += _tensors(value)
+    for argument_name in write_only:  # out=, and a collective's output buffers
+        found += _tensors(_argument(schema, args, kwargs, argument_name))
+    return found
 
 def _argument(schema: Any, args: tuple, kwargs: dict, name: str) -> Any:
     if name in kwargs:

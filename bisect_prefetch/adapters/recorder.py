@@ -53,7 +53,10 @@ from bisect_prefetch.vocab import (
     RANK_FILE_SUFFIX,
     digests_rank_file,
     env_rank_file,
+    graph_rank_file,
     metrics_rank_file,
+    order_rank_file,
+    probe_rank_file,
 )
 
 OUTCOMES = PROBE_OUTCOMES
@@ -182,10 +185,10 @@ class Recorder:
 
     def order(self, line: str) -> None:
         """One finished step of the order record (adapters/order.py) into order.rank{R}.jsonl."""
-        self._append(f"order.rank{self.rank}.jsonl", line)
+        self._append(order_rank_file(self.rank), line)
 
     def graph(self, graph: dict[str, Any]) -> None:
-        self._replace(f"graph.rank{self.rank}.json", json.dumps(graph, indent=1))
+        self._replace(graph_rank_file(self.rank), json.dumps(graph, indent=1))
 
     def environment(self, text: str) -> None:
         """env.rank{R}.json: the job's environment as this rank sees it (adapters/environment.py)."""
@@ -193,7 +196,7 @@ class Recorder:
 
     def probe(self, head: dict[str, Any], tally: ProbeTally) -> None:
         """probe.rank{R}.json: rank, ``head``'s fields (plan_hash, ...), the tally."""
-        self._replace(f"probe.rank{self.rank}.json", tally.render({"rank": self.rank, **head}))
+        self._replace(probe_rank_file(self.rank), tally.render({"rank": self.rank, **head}))
 
     def close(self) -> None:
         for fd in self._fds.values():

@@ -131,7 +131,7 @@ def run_aa(
                       fix=set(edge_ids) - set(mask) if guard == "none" else (),
                       variant_suffix="@" + experiment.fingerprint()),
             set(edge_ids) - set(mask))
-        repeated = sum(opened.runner.trajectory(run.run_id).steps_repeated
+        repeated = sum(opened.runner.judge.trajectory(run.run_id).steps_repeated
                        for run in result.runs if run.usable)
     _say_group(result, console, repeated=repeated, against_all_on=against_all_on)
     return result

@@ -22,6 +22,7 @@ from bisect_prefetch.errors import BisectPrefetchError
 from bisect_prefetch.experiment import load_experiment
 from bisect_prefetch.runs.state import open_state
 from bisect_prefetch.runs.workloads import require_prefetch_graph
+from bisect_prefetch.vocab import STDERR_FILE
 
 AUDIT_STEPS = 2  # step 1 alone already fires every edge; a second shows it repeats
 
@@ -71,7 +72,7 @@ def run_audit(
         if not out.usable:
             raise BisectPrefetchError(
                 f"audit run {out.run_id} ended in {out.outcome} ({out.reason}); "
-                f"see {run_dir / 'stderr.log'}"
+                f"see {run_dir / STDERR_FILE}"
             )
         result = audit_run_dir(run_dir, kinds=kinds or KINDS)
     result["run_id"] = out.run_id

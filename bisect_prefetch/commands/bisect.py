@@ -50,6 +50,7 @@ from bisect_prefetch.commands.common import (
     command_line,
     options,
     resume_hint_on_interrupt,
+    search_settings,
     write_json,
 )
 from bisect_prefetch.commands.explain import explain_command
@@ -62,7 +63,7 @@ from bisect_prefetch.experiment import (
     with_stress,
 )
 from bisect_prefetch.files import write_text_atomic
-from bisect_prefetch.report.html import BISECT_FILE, build_report
+from bisect_prefetch.report.html import BISECT_FILE, REPORT_FILE, build_report
 from bisect_prefetch.runs.discover import DISCOVERY_STEPS
 from bisect_prefetch.runs.oracle import OnRun, RealOracle
 from bisect_prefetch.runs.state import OpenState, open_state
@@ -122,6 +123,7 @@ def bisect(
     """
     experiment = with_segments(with_stress(load_experiment(experiment_path), stress), segments)
     require_prefetch_graph(experiment)
+    search_settings(experiment, confidence=confidence, max_runs=max_runs)  # checked before any run
     if no_reuse and resume:
         raise BisectPrefetchError("--no-reuse runs every run afresh and --resume reuses the "
                                   "bisection's finished runs: give one of them")
@@ -182,7 +184,7 @@ def _bisect(experiment: Experiment, experiment_path: Path, *, hint: str, resume:
     if explain := explain_command(experiment_path, record.result.verdict, record.result.minimal_set):
         console.print(f"explain: {explain}", markup=False, soft_wrap=True)  # the mechanism
     say_after_verdict(record.result, record.to_json(), experiment, console,
-                      report=opened.path / "report.html", before=b.before)
+                      report=opened.path / REPORT_FILE, before=b.before)
     return record
 
 

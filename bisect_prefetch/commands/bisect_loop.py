@@ -19,7 +19,7 @@ from bisect_prefetch.commands.bisect_words import (
     stage_title,
     verdict_line,
 )
-from bisect_prefetch.runs.execute import RunOutcome
+from bisect_prefetch.runs.outcome import RunOutcome
 from bisect_prefetch.search.oracle import Oracle, RunResult
 from bisect_prefetch.search.causes import Search
 from bisect_prefetch.search.runlog import Ask, mask_name

@@ -18,8 +18,8 @@ from rich.table import Table
 from bisect_prefetch.experiment import Experiment, stress_fits
 from bisect_prefetch.report.localization import in_unit
 from bisect_prefetch.report.stress import stress_line
-from bisect_prefetch.runs.execute import RunOutcome
 from bisect_prefetch.runs.oracle import Earlier
+from bisect_prefetch.runs.outcome import RunOutcome
 from bisect_prefetch.runs.step_time import fix_cost_line
 from bisect_prefetch.search import verdict as v
 from bisect_prefetch.search.runlog import AFTER_DROP_ONLY_DIVERGED, BACKGROUND_CONTROL, Block

@@ -13,8 +13,10 @@ from typing import Any
 
 from rich.console import Console
 
+from bisect_prefetch.experiment import Experiment
 from bisect_prefetch.files import check_writable, write_text_atomic
 from bisect_prefetch.runs.store import StateDir
+from bisect_prefetch.search.evidence import Settings
 
 PROGRAM = "bisect-prefetch"
 INTERRUPTED_LINE = "interrupted: finished runs are in the journal; to resume, run again:"
@@ -95,6 +97,17 @@ def options(**values: Any) -> list[str]:
             elif item is not None and item is not False:
                 argv.append(f"{flag}={item:g}" if isinstance(item, float) else f"{flag}={item}")
     return argv
+
+
+def search_settings(experiment: Experiment, *, confidence: float | None,
+                    max_runs: int | None) -> Settings:
+    """The search's options, the command line's over the experiment file's, checked by the
+    one check there is (search/evidence.Settings.of): called before anything runs, so a
+    bad --confidence or --max-runs is said before a state dir is opened."""
+    search = experiment.search
+    return Settings.of(confidence=search.confidence if confidence is None else confidence,
+                       max_runs=search.max_runs if max_runs is None else max_runs,
+                       calibration_runs=None, all_off_runs=search.all_off_runs)
 
 
 def repeated_steps_note(repeated: int) -> str | None:

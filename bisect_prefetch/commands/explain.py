@@ -49,7 +49,7 @@ from bisect_prefetch.report.html import EXPLAIN_FILE, build_report
 from bisect_prefetch.report.localization import describe as describe_localization
 from bisect_prefetch.report.progress import RunProgress
 from bisect_prefetch.runs.group import AAResult, stressed_groups
-from bisect_prefetch.runs.state import open_state
+from bisect_prefetch.runs.state import OpenState, open_state
 from bisect_prefetch.select import describe, resolve_mask
 from bisect_prefetch.vocab import (
     CONSISTENT,
@@ -57,6 +57,8 @@ from bisect_prefetch.vocab import (
     STRESS_AUTO,
     VERDICT_FOUND,
     VERDICT_NOT_PREFETCH,
+    Mask,
+    probe_rank_file,
 )
 
 PURPOSE = "explain"
@@ -104,48 +106,24 @@ def run_explain(
     outputs: Sequence[Path | None] = (),
 ) -> dict[str, Any]:
     """The traced group, narrated; returns the JSON of docs/contract.md."""
-    if runs < 2:
-        raise BisectPrefetchError(f"--runs must be at least 2 for an A/A comparison, got {runs}")
-    if stress == STRESS_AUTO:
-        raise BisectPrefetchError("--stress is on or off for explain (one group is traced)")
-    experiment = with_stress(load_experiment(experiment_path), stress)
-    window = None
-    if steps is not None:
-        try:
-            window = parse_steps_window(steps)
-        except ValueError as e:
-            raise BisectPrefetchError(f"--steps: {e}") from None
+    experiment, window = _checked_input(experiment_path, stress=stress, runs=runs, steps=steps)
     check_outputs(*outputs, state_dir=state_dir, name=experiment.name)
     with open_state(experiment, state_dir, console=console) as opened:
         edge_ids = opened.graph().edge_ids()  # discovered (or reused) without tracing
-        why = "asked"
-        if window is None:
-            window, why = default_window(opened.state.records(), experiment.steps)
-        first, last = window
-        traced = traced_experiment(experiment, first, last)
-        console.print(f"every op of steps {first}-{last} traced on every rank ({why}), runs of "
-                      f"{last} steps", markup=False)
-        # From here on the runner's runs are traced runs: other keys, other runs in the journal.
-        opened.runner.experiment = traced
+        # stage 1: the steps to trace; from here on the runner's runs are traced runs
+        # (other keys, other runs in the journal)
+        first, last = _traced_steps(opened, experiment, window, console)
         mask = resolve_mask(list(masks), edge_ids)
         name = describe(mask, edge_ids)
-        progress = RunProgress(console)
-
-        def before(on: bool) -> None:
-            console.print(f"traced A/A under {name} ({len(mask)} of {len(edge_ids)} edges on), "
-                          f"stress {'on' if on else 'off'}: up to {runs} runs, until two differ",
-                          markup=False)
-
-        with progress:
-            group = stressed_groups(opened.runner, mode=traced.stress.mode, before=before,
-                                    mask=mask, runs=runs, steps=last, guard=experiment.guard,
-                                    name=name, progress=progress, purpose=PURPOSE)
-        run_dir = opened.state.run_dir
+        # stage 2: the traced A/A group, until two runs differ
+        group = _traced_group(opened, mask, name=name, edges=len(edge_ids), runs=runs, last=last,
+                              guard=experiment.guard, console=console)
         data: dict[str, Any] = {"verdict": group.verdict, "first": None, "ranks": [],
                                 "mask": sorted(mask), "mask_name": name,
                                 "steps": [first, last], "runs": len(group.runs),
                                 "first_diff_step": group.first_diff_step, "pair": None,
-                                "overhead": overhead(group, run_dir, opened.state.records())}
+                                "overhead": overhead(group, opened.state.run_dir,
+                                                     opened.state.records())}
         if group.verdict == CONSISTENT:
             console.print(f"-> consistent: nothing to explain ({group.runs_usable} runs, "
                           f"{group.identical} over {last} steps)", markup=False)
@@ -155,21 +133,10 @@ def run_explain(
                 f"no verdict: {group.reason} (finished runs are in the journal; a traced run "
                 "that ran out of memory or time can be retried with a smaller window: "
                 f"--steps A-B within 1-{last})")
-        reference, other = diverged_pair(group)
-        data["pair"] = [reference, other]
-        console.print(f"-> runs differ from step {group.first_diff_step} ({reference} vs "
-                      f"{other}): comparing their op traces", markup=False)
-        if data["overhead"]["granularity"] == "cell":
-            console.print("granularity: MindSpore Cells (no op-level hook): the first Cell whose "
-                          "output differed, forward and optimizer only", markup=False)
-        explanation = compare_traces(run_dir(reference), run_dir(other))
-        data.update(explanation.to_json())
-        data["neighbours"] = neighbours(run_dir(reference), run_dir(other), explanation.first)
-        # Beside the state dir's other results: the HTML report shows the op and its neighbours.
-        write_text_atomic(opened.path / EXPLAIN_FILE, json.dumps(data, indent=2) + "\n")
-        build_report(opened.path)
-    # Where the digests saw it first (metrics/localize.py): the first differing tensor when
-    # no traced op read it before the run was stopped.
+        # stage 3: the two runs' traces side by side
+        explanation = _compare_pair(opened, group, data, console)
+    # stage 4: the finding. Where the digests saw it first (metrics/localize.py): the first
+    # differing tensor when no traced op read it before the run was stopped.
     data["localization"] = group.localization
     step = group.first_diff_step
     again = None if step is None else command_line("explain", str(experiment_path), *options(
@@ -178,6 +145,72 @@ def run_explain(
                                   localization=group.localization):
         console.print(line, markup=False, soft_wrap=True)
     return data
+
+
+def _checked_input(experiment_path: Path, *, stress: str | None, runs: int,
+                   steps: str | None) -> tuple[Experiment, tuple[int, int] | None]:
+    """The experiment (with --stress) and the --steps window, once found sound."""
+    if runs < 2:
+        raise BisectPrefetchError(f"--runs must be at least 2 for an A/A comparison, got {runs}")
+    if stress == STRESS_AUTO:
+        raise BisectPrefetchError("--stress is on or off for explain (one group is traced)")
+    experiment = with_stress(load_experiment(experiment_path), stress)
+    if steps is None:
+        return experiment, None
+    try:
+        return experiment, parse_steps_window(steps)
+    except ValueError as e:
+        raise BisectPrefetchError(f"--steps: {e}") from None
+
+
+def _traced_steps(opened: OpenState, experiment: Experiment, window: tuple[int, int] | None,
+                  console: Console) -> tuple[int, int]:
+    """The window to trace (asked, or where earlier runs differed), said; the runner's
+    experiment becomes the traced one."""
+    why = "asked"
+    if window is None:
+        window, why = default_window(opened.state.records(), experiment.steps)
+    first, last = window
+    console.print(f"every op of steps {first}-{last} traced on every rank ({why}), runs of "
+                  f"{last} steps", markup=False)
+    opened.runner.experiment = traced_experiment(experiment, first, last)
+    return first, last
+
+
+def _traced_group(opened: OpenState, mask: Mask, *, name: str, edges: int, runs: int, last: int,
+                  guard: str, console: Console) -> AAResult:
+    """The A/A group of traced runs under the mask (per stress setting), with its progress."""
+    progress = RunProgress(console)
+
+    def before(on: bool) -> None:
+        console.print(f"traced A/A under {name} ({len(mask)} of {edges} edges on), "
+                      f"stress {'on' if on else 'off'}: up to {runs} runs, until two differ",
+                      markup=False)
+
+    with progress:
+        return stressed_groups(opened.runner, mode=opened.runner.experiment.stress.mode,
+                               before=before, mask=mask, runs=runs, steps=last, guard=guard,
+                               name=name, progress=progress, purpose=PURPOSE)
+
+
+def _compare_pair(opened: OpenState, group: AAResult, data: dict[str, Any],
+                  console: Console) -> Explanation:
+    """The diverged pair's op traces compared, into data, and written beside the state
+    dir's other results (the HTML report shows the op and its neighbours)."""
+    run_dir = opened.state.run_dir
+    reference, other = diverged_pair(group)
+    data["pair"] = [reference, other]
+    console.print(f"-> runs differ from step {group.first_diff_step} ({reference} vs "
+                  f"{other}): comparing their op traces", markup=False)
+    if data["overhead"]["granularity"] == "cell":
+        console.print("granularity: MindSpore Cells (no op-level hook): the first Cell whose "
+                      "output differed, forward and optimizer only", markup=False)
+    explanation = compare_traces(run_dir(reference), run_dir(other))
+    data.update(explanation.to_json())
+    data["neighbours"] = neighbours(run_dir(reference), run_dir(other), explanation.first)
+    write_text_atomic(opened.path / EXPLAIN_FILE, json.dumps(data, indent=2) + "\n")
+    build_report(opened.path)
+    return explanation
 
 
 def default_window(records: list[dict[str, Any]], steps: int) -> tuple[tuple[int, int], str]:
@@ -225,7 +258,7 @@ def overhead(group: AAResult, run_dir: Any,
     bench_explain measures side by side)."""
     ops, written, flush, steps, granularity = [], [], [], [], set()
     for run in group.runs:
-        for probe in Path(run_dir(run.run_id)).glob("probe.rank*.json"):
+        for probe in Path(run_dir(run.run_id)).glob(probe_rank_file("*")):
             try:
                 trace = json.loads(probe.read_text()).get("op_trace")
             except (OSError, ValueError):

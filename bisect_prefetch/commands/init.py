@@ -47,7 +47,15 @@ from bisect_prefetch.runs.group import AAResult, run_group
 from bisect_prefetch.runs.merge import GRAPH_FILE
 from bisect_prefetch.runs.rank_logs import WORKER_LOGS, log_files, per_rank_logs
 from bisect_prefetch.runs.state import open_state
-from bisect_prefetch.vocab import CONSISTENT, DIVERGED, GUARD_NONE, TIMEOUT
+from bisect_prefetch.vocab import (
+    CONSISTENT,
+    DIVERGED,
+    GUARD_NONE,
+    METRICS_FILE,
+    STDERR_FILE,
+    STDOUT_FILE,
+    TIMEOUT,
+)
 
 DEFAULT_OUT = Path("bisect-prefetch.yaml")
 DEFAULT_STATE_DIR = Path(".bisect-prefetch")
@@ -55,7 +63,7 @@ PROBE_STEPS = 2  # the first run: enough metric lines to read the format from
 CHECK_RUNS = 2
 DEFAULT_STEPS = 30  # the file's steps when the command has no steps argument
 DEFAULT_SEED = 1234
-LOG_FILES = ("stdout.log", "stderr.log", "metrics.jsonl")  # where a run's metric lines may be
+LOG_FILES = (STDOUT_FILE, STDERR_FILE, METRICS_FILE)  # where a run's metric lines may be
 STOP_CHECK_S = 0.5  # how often the first run's logs are read while it goes
 
 
@@ -71,6 +79,44 @@ def init(
 ) -> int:
     """Write the experiment file; exit code 0, or 1 when all-off runs already differ."""
     command = list(command)
+    path = _check_input(command, out=out, log=log, steps=steps, force=force)
+    console.print(f"init: {shlex.join(command)}", markup=False, soft_wrap=True)
+    # step 1: the arguments that set steps, seed and port
+    placeholders = _find_arguments(command, console)
+    # step 2: the metric lines (a short run, or the log given) and the prefetch graph
+    seed = placeholders.value(SEED)
+    base = {"name": experiment_name(command, out), "command": placeholders.argv,
+            "seed": DEFAULT_SEED if seed is None else seed}
+    found, graph_note, job_steps = (_read_log(log, console) if log is not None
+                                    else _first_run(base, placeholders, state_dir, console))
+    choice = _choose(found, console, log=log)
+    # step 3: the file, read back as aa reads it
+    experiment = _write_file(path, base, placeholders, choice, graph_note=graph_note,
+                             job_steps=job_steps, console=console)
+    # step 4: all-off A/A
+    if placeholders.found(STEPS) is None and job_steps is None:
+        console.print(f"-> all-off A/A: not run: mark the argument that sets the steps with "
+                      f"{{steps}} in {path} (see its TODO), then check with:", markup=False,
+                      soft_wrap=True)
+        console.print(f"  {_next(path, state_dir, 'aa', '--mask', 'all-off', '--runs', '2')}",
+                      markup=False, soft_wrap=True)
+        return 0
+    if placeholders.found(STEPS) is None:  # the command trains its own number of steps
+        steps = experiment.steps
+    result = _all_off_aa(experiment, steps=steps, log=log, state_dir=state_dir, console=console)
+    code = _verdict(result, path, state_dir, console)
+    if code:
+        return code
+    # step 5: what to run next
+    console.print("next: A/A with every edge on, then the bisection:", markup=False)
+    console.print(f"  {_next(path, state_dir, 'aa', '--runs', '3')}", markup=False, soft_wrap=True)
+    console.print(f"  {_next(path, state_dir, 'bisect')}", markup=False, soft_wrap=True)
+    return 0
+
+
+def _check_input(command: list[str], *, out: Path | None, log: Path | None, steps: int,
+                 force: bool) -> Path:
+    """The file to write, once the arguments were found sound (else one line, exit 2)."""
     if not command:
         raise BisectPrefetchError("give your training command after --, e.g. bisect-prefetch "
                                   "init -- torchrun --standalone --nproc_per_node=2 train.py")
@@ -83,10 +129,11 @@ def init(
         raise BisectPrefetchError(f"cannot write {path}: no directory {path.parent}")
     if log is not None and not log.is_file():
         raise BisectPrefetchError(f"log not found: {log}")
-    name = experiment_name(command, out)
-    console.print(f"init: {shlex.join(command)}", markup=False, soft_wrap=True)
+    return path
 
-    # step 1: the arguments that set steps, seed and port
+
+def _find_arguments(command: list[str], console: Console) -> Placeholders:
+    """Step 1, said: the arguments that set steps, seed and port."""
     console.print("finding the arguments that set steps, seed and port...", markup=False)
     placeholders = find_placeholders(command)
     console.print(f"-> {describe_placeholders(placeholders)}", markup=False, soft_wrap=True)
@@ -94,61 +141,46 @@ def init(
         console.print(f"-> msrun: each worker logs to its own file under the run dir "
                       f"(--log_dir={{rank_log_dir}}); metrics are read from {WORKER_LOGS}",
                       markup=False, soft_wrap=True)
+    return placeholders
 
-    # step 2: the metric lines (a short run, or the log given) and the prefetch graph
-    seed = placeholders.value(SEED)
-    base = {"name": name, "command": placeholders.argv,
-            "seed": DEFAULT_SEED if seed is None else seed}
-    if log is not None:
-        console.print(f"reading {log} with every parser ({', '.join(FORMATS)})...", markup=False)
-        found, graph_note, job_steps = readings([log]), "", None
-        if not found:
-            raise BisectPrefetchError(
-                f"no parser reads {log}: no {', '.join(FORMATS)} metric line with a number found "
-                "(write metrics: {format: regex, pattern: ...} by hand)")
-    else:
-        found, graph_note, job_steps = _first_run(base, placeholders, state_dir, console)
-    choice = _choose(found, console, log=log)
 
-    # step 3: the file, read back as aa reads it
-    try:  # checked as YAML reads it back before anything is written (init_file)
+def _read_log(log: Path, console: Console) -> tuple[list[Reading], str, int | None]:
+    """Step 2 from a log given with --log: its readings (no graph seen, no steps known)."""
+    console.print(f"reading {log} with every parser ({', '.join(FORMATS)})...", markup=False)
+    found = readings([log])
+    if not found:
+        raise BisectPrefetchError(
+            f"no parser reads {log}: no {', '.join(FORMATS)} metric line with a number found "
+            "(write metrics: {format: regex, pattern: ...} by hand)")
+    return found, "", None
+
+
+def _write_file(path: Path, base: dict, placeholders: Placeholders, choice: MetricsChoice, *,
+                graph_note: str, job_steps: int | None, console: Console) -> Experiment:
+    """Step 3: the file, checked as YAML reads it back before it is written, then loaded."""
+    try:
         text = render_experiment(
-            name=name, placeholders=placeholders, metrics=choice, graph_note=graph_note,
+            name=base["name"], placeholders=placeholders, metrics=choice, graph_note=graph_note,
             steps=placeholders.value(STEPS) or job_steps or DEFAULT_STEPS, seed=base["seed"],
             job_steps=job_steps)
     except ValueError as exc:
         raise BisectPrefetchError(f"init would write a file that does not read back as "
                                   f"written, so it writes none: {exc}") from None
     write_text(path, text, console)
-    experiment = load_experiment(path)
+    return load_experiment(path)
 
-    # step 4: all-off A/A
-    if placeholders.found(STEPS) is None and job_steps is None:
-        console.print(f"-> all-off A/A: not run: mark the argument that sets the steps with "
-                      f"{{steps}} in {path} (see its TODO), then check with:", markup=False,
-                      soft_wrap=True)
-        console.print(f"  {_next(path, state_dir, 'aa', '--mask', 'all-off', '--runs', '2')}",
-                      markup=False, soft_wrap=True)
-        return 0
-    if placeholders.found(STEPS) is None:  # the command trains its own number of steps
-        steps = experiment.steps
+
+def _all_off_aa(experiment: Experiment, *, steps: int, log: Path | None, state_dir: Path,
+                console: Console) -> AAResult:
+    """Step 4's runs: CHECK_RUNS runs with every prefetch edge off, as `aa` would run them."""
     console.print(f"checking that {CHECK_RUNS} runs of {steps} step(s) with every prefetch edge "
                   "off are identical (all-off A/A)...", markup=False)
     with open_state(experiment, state_dir, console=console) as opened:
         if log is not None:  # the graph no run has shown yet (aa reuses this run)
             opened.graph()
         with RunProgress(console) as progress:
-            result = run_group(opened.runner, mask=frozenset(), runs=CHECK_RUNS, steps=steps,
-                               guard=GUARD_NONE, name="all-off", progress=progress)
-    code = _verdict(result, path, state_dir, console)
-    if code:
-        return code
-
-    # step 5: what to run next
-    console.print("next: A/A with every edge on, then the bisection:", markup=False)
-    console.print(f"  {_next(path, state_dir, 'aa', '--runs', '3')}", markup=False, soft_wrap=True)
-    console.print(f"  {_next(path, state_dir, 'bisect')}", markup=False, soft_wrap=True)
-    return 0
+            return run_group(opened.runner, mask=frozenset(), runs=CHECK_RUNS, steps=steps,
+                             guard=GUARD_NONE, name="all-off", progress=progress)
 
 
 def experiment_name(command: Sequence[str], out: Path | None) -> str:
@@ -206,7 +238,7 @@ def _first_run(base: dict, p: Placeholders, state_dir: Path,
     and the steps it trained when it ended by itself with no steps argument to set them."""
     try:  # the metrics are what this run finds out: any format does until then
         probe = Experiment.model_validate({**base, "steps": PROBE_STEPS,
-                                           "metrics": {"format": "jsonl", "files": "stdout.log"}})
+                                           "metrics": {"format": "jsonl", "files": STDOUT_FILE}})
     except ValidationError as exc:
         raise BisectPrefetchError(f"cannot run this command: {exc.errors()[0]['msg']}") from None
     # With a steps argument the job ends by itself after PROBE_STEPS; one more step shows
@@ -229,7 +261,7 @@ def _first_run(base: dict, p: Placeholders, state_dir: Path,
         raise BisectPrefetchError(
             f"your command trained past step {PROBE_STEPS} with {mark.flag} {PROBE_STEPS}: that "
             "argument does not seem to set its training steps; mark the one that does with "
-            f"{{steps}} in the command and run init again; its output: {run_dir / 'stdout.log'}")
+            f"{{steps}} in the command and run init again; its output: {run_dir / STDOUT_FILE}")
     failed = not stop.fired and run.exit_code not in (0, None) and run.outcome != TIMEOUT
     if failed or not found:
         why = first_error_line(run_dir)
@@ -241,17 +273,17 @@ def _first_run(base: dict, p: Placeholders, state_dir: Path,
             what = ("your command printed no metric line any parser reads "
                     f"({', '.join(FORMATS)})")
         raise BisectPrefetchError(f"{what}{': ' + why if why else ''}; its output: "
-                                  f"{run_dir / 'stdout.log'}, {run_dir / 'stderr.log'}")
+                                  f"{run_dir / STDOUT_FILE}, {run_dir / STDERR_FILE}")
     said = engine_says(run_dir)  # the adapter named why it found no graph
     if said is not None:
         raise BisectPrefetchError(f"your command ran, but {said}; its output: "
-                                  f"{run_dir / 'stderr.log'}")
+                                  f"{run_dir / STDERR_FILE}")
     graph_note = _graph_note(run_dir)
     if not graph_note:
         raise BisectPrefetchError(
             "your command ran, but the adapter found no FSDP unit in it (no prefetch graph "
             "recorded): bisect-prefetch works on jobs that shard with FSDP2's fully_shard or "
-            f"hyper-parallel; its output: {run_dir / 'stderr.log'}")
+            f"hyper-parallel; its output: {run_dir / STDERR_FILE}")
     console.print(f"-> ran {run.wall_s or 0:.1f}s ({found[0].steps} step(s) read); {graph_note}",
                   markup=False, soft_wrap=True)
     ended = not stop.fired and run.exit_code == 0 and p.found(STEPS) is None
@@ -285,7 +317,7 @@ def _choose(found: list[Reading], console: Console, *, log: Path | None) -> Metr
     files, todo = None, ""
     if log is not None:
         if best.fmt == "jsonl":
-            files = "stdout.log"
+            files = STDOUT_FILE
             todo = ("the runs read these lines from the job's stdout; if your job writes them to "
                     "a file, write it under the run dir ({run_dir} in the command) and set "
                     "files: to its glob")
@@ -295,7 +327,7 @@ def _choose(found: list[Reading], console: Console, *, log: Path | None) -> Metr
             printing = {r.path for r in found if r.fmt == best.fmt and r.path.parent == best.path.parent}
             # Every worker's log where each rank prints its lines, else the one that does.
             files = WORKER_LOGS if len(printing) > 1 else f"{RANK_LOG_DIR}/{best.path.name}"
-        elif best.path.name != ("metrics.jsonl" if best.fmt == "jsonl" else "stdout.log"):
+        elif best.path.name != (METRICS_FILE if best.fmt == "jsonl" else STDOUT_FILE):
             files = best.path.name
         found_in = f"the job's {best.path.name} (init's short run)"
     return MetricsChoice(format=best.fmt, names=best.names, files=files, found_in=found_in,

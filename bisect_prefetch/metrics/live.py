@@ -291,7 +291,7 @@ class LiveMetrics:
         return done + (self.digests.offset if self.digests is not None else 0)
 
     def _files(self) -> list[Path]:
-        """The files the run's metrics are read from afterwards (see Runner._load)."""
+        """The files the run's metrics are read from afterwards (see runs/run_judge.RunJudge.load)."""
         if self.config.files:
             return metric_files(self.run_dir, self.config.format, self.config.files)
         if self.config.format == "jsonl":

@@ -15,7 +15,13 @@ from bisect_prefetch.errors import BisectPrefetchError
 from bisect_prefetch.metrics.console import ANSI_RE, CONSOLE_FORMATS, parse_console
 from bisect_prefetch.metrics.lines import jsonl_reader, parse_jsonl_line, parse_lines, regex_reader
 from bisect_prefetch.metrics.trajectory import ParseResult, Trajectory, bounded_lines
-from bisect_prefetch.vocab import METRIC_FORMATS, METRICS_FILE, METRICS_PREFIX, RANK_FILE_SUFFIX
+from bisect_prefetch.vocab import (
+    METRIC_FORMATS,
+    METRICS_FILE,
+    METRICS_PREFIX,
+    RANK_FILE_SUFFIX,
+    STDOUT_FILE,
+)
 
 FORMATS = METRIC_FORMATS
 # Several files are parsed in worker processes only when there is this much to read.
@@ -35,7 +41,7 @@ def rank_from_path(path: Path) -> int | None:
     file in MindFormers' rank_<rank>/ log directory, or torchrun's per-rank stdout.log under
     attempt_<n>/<rank>/ (--log-dir with --redirects: one node, so local rank = rank)."""
     path = Path(path)
-    if (path.name == "stdout.log" and path.parent.name.isdigit()
+    if (path.name == STDOUT_FILE and path.parent.name.isdigit()
             and TORCHRUN_ATTEMPT_RE.match(path.parent.parent.name)):
         return int(path.parent.name)
     m = WORKER_LOG_RE.search(path.name) or RANK_DIR_RE.match(path.parent.name)
@@ -193,7 +199,7 @@ def run_files(path: str | Path, fmt: str | None = None) -> list[Path]:
         per_rank = _last_attempt([p for p in path.rglob(pattern) if rank_from_path(p) is not None])
         if per_rank:
             return sorted(per_rank, key=lambda p: (rank_from_path(p), str(p)))
-    stdout = path / "stdout.log"
+    stdout = path / STDOUT_FILE
     if stdout.is_file():
         return [stdout]
     raise BisectPrefetchError(

@@ -53,7 +53,7 @@ from bisect_prefetch.metrics.digests import (
     compare_digest_files,
     compare_digests,
 )
-from bisect_prefetch.vocab import VALUE_SUFFIX
+from bisect_prefetch.vocab import VALUE_SUFFIX, order_rank_file
 
 ROOT_UNIT = "root"  # the unit of parameters no named unit holds (FSDP2's root module)
 # Ranks run in lockstep within a step or two (collectives every step): reading this many
@@ -449,7 +449,7 @@ def _units_with_gradients(path: Path, step: int, units: list[str]) -> set[str]:
 def backward_order(run_dir: Path) -> list[str]:
     """Units in the order their backward pre-hooks ran, from a run's order record (rank 0's
     first recorded step with a backward); empty without one."""
-    for path in sorted(Path(run_dir).glob("order.rank*.jsonl")):
+    for path in sorted(Path(run_dir).glob(order_rank_file("*"))):
         try:
             with open(path, encoding="utf-8") as f:
                 for line in f:

@@ -30,20 +30,26 @@ from bisect_prefetch.report import plots
 from bisect_prefetch.report.stress import stress_line
 from bisect_prefetch.report.table import fmt_step, matrix_rows, matrix_summary
 from bisect_prefetch.runs.faults import fault_lines
-from bisect_prefetch.runs.merge import GRAPH_FILE
 from bisect_prefetch.runs.reuse import MANIFEST_FIELD
 from bisect_prefetch.runs.reuse import summary as manifest_summary
 from bisect_prefetch.runs.signals import describe_signals
 from bisect_prefetch.runs.step_time import compare_runs
 from bisect_prefetch.runs.store import JOURNAL, SUBMITTED, read_journal
 from bisect_prefetch.search.protocol import mask_name
-from bisect_prefetch.vocab import CONSISTENT, DIVERGED, RUN_OUTCOMES, USABLE_OUTCOMES
+from bisect_prefetch.vocab import (
+    BISECT_FILE,
+    CONSISTENT,
+    DIVERGED,
+    EXPLAIN_FILE,
+    GRAPH_FILE,
+    MATRIX_FILE,
+    PLOTS_DIR,
+    REPORT_FILE,
+    RUN_OUTCOMES,
+    RUNS_DIR,
+    USABLE_OUTCOMES,
+)
 
-REPORT_FILE = "report.html"
-PLOTS_DIR = "report"
-BISECT_FILE = "bisect.json"
-EXPLAIN_FILE = "explain.json"  # commands/explain.py: the first op that differs
-MATRIX_FILE = "matrix.json"
 MAX_PLOTTED_GROUPS = 12  # a long bisection has many groups; the diverged ones tell the story
 
 
@@ -126,7 +132,7 @@ def _find_graph(state_dir: Path, records: list[dict[str, Any]]):
     from bisect_prefetch.graph import PrefetchGraph
 
     for record in reversed(records):
-        path = state_dir / "runs" / str(record.get("run_id")) / "graph.json"
+        path = state_dir / RUNS_DIR / str(record.get("run_id")) / GRAPH_FILE
         if path.is_file():
             return PrefetchGraph.load(path)
     return None

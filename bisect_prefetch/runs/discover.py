@@ -19,6 +19,7 @@ from bisect_prefetch.experiment import Experiment
 from bisect_prefetch.runs.execute import Runner
 from bisect_prefetch.runs.merge import GRAPH_FILE, PROBE_FILE
 from bisect_prefetch.runs.workloads import has_prefetch_graph
+from bisect_prefetch.vocab import STDERR_FILE
 from bisect_prefetch.workloads import mindformers
 
 DISCOVERY_STEPS = 1
@@ -54,13 +55,13 @@ def discover_graph(runner: Runner, console: Console | None = None) -> graphs.Pre
     if not out.usable:
         raise BisectPrefetchError(
             f"graph discovery run {out.run_id} ended in {out.outcome} ({out.reason}); "
-            f"see {run_dir / 'stderr.log'}"
+            f"see {run_dir / STDERR_FILE}"
         )
     path = run_dir / GRAPH_FILE
     if not path.is_file():
         raise BisectPrefetchError(
             f"graph discovery run {out.run_id} recorded no prefetch graph: is the job using a "
-            f"supported FSDP engine with the adapter loaded? see {run_dir / 'stderr.log'}"
+            f"supported FSDP engine with the adapter loaded? see {run_dir / STDERR_FILE}"
         )
     graph = graphs.PrefetchGraph.load(path)
     if console is not None:

@@ -26,9 +26,8 @@ from pathlib import Path
 from typing import Any
 
 from bisect_prefetch.files import write_text_atomic
-from bisect_prefetch.vocab import ENV_LIBRARIES, ENV_VARIABLES
+from bisect_prefetch.vocab import ENV_FILE, ENV_LIBRARIES, ENV_VARIABLES, env_rank_file
 
-ENV_FILE = "env.json"
 _RANK_FILE = re.compile(r"env\.rank(\d+)\.json")
 
 
@@ -56,7 +55,7 @@ def fingerprint(env: Mapping[str, str], *, world_size: int) -> dict[str, Any]:
 def job_print(run_dir: Path) -> dict[str, Any] | None:
     """The job's ranks' prints merged: common fields once, differing ones under by_rank."""
     ranks: dict[int, dict[str, Any]] = {}
-    for path in Path(run_dir).glob("env.rank*.json"):
+    for path in Path(run_dir).glob(env_rank_file("*")):
         match = _RANK_FILE.fullmatch(path.name)
         if match is None:
             continue

@@ -19,6 +19,8 @@ import re
 from pathlib import Path
 from typing import Any
 
+from bisect_prefetch.vocab import RANK_LOG_DIR, STDERR_FILE, STDOUT_FILE
+
 _TIMED_OUT = r"\btime[ds]? ?out\b"  # timeout, timed out, times out
 # kind -> pattern over one line (case-insensitive). Order: most telling first. A name
 # must stand alone (NCCL\b), so an environment dump (NCCL_TIMEOUT=...) is no fault.
@@ -38,7 +40,6 @@ SIGNATURES: dict[str, str] = {
 _COMPILED = {kind: re.compile(pattern, re.IGNORECASE) for kind, pattern in SIGNATURES.items()}
 
 LOG_SUFFIXES = (".log", ".out", ".err", ".txt")
-RANK_LOG_DIR = "rank_logs"  # {rank_log_dir} of a run's command
 MAX_LINE = 300  # a recorded line is cut to this many characters
 _MAX_BYTES = 64 * 1024 * 1024  # the tail of a log this large is what matters
 
@@ -60,7 +61,7 @@ def match_line(line: str) -> str | None:
 def log_files(run_dir: Path) -> list[Path]:
     """Every log a run left: the job's own two first, then the ranks' logs in path order."""
     run_dir = Path(run_dir)
-    top = [run_dir / name for name in ("stderr.log", "stdout.log") if (run_dir / name).is_file()]
+    top = [run_dir / name for name in (STDERR_FILE, STDOUT_FILE) if (run_dir / name).is_file()]
     rest = sorted(
         p for p in run_dir.rglob("*")
         if p.is_file() and p not in top

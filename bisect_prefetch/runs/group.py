@@ -22,9 +22,10 @@ from typing import Any, Protocol
 
 from bisect_prefetch.metrics.compare import compare_group
 from bisect_prefetch.runs import envprint
-from bisect_prefetch.runs.execute import Runner, RunOutcome
+from bisect_prefetch.runs.execute import Runner
 from bisect_prefetch.runs.executors.base import LOST
 from bisect_prefetch.runs.merge import GRAPH_FILE
+from bisect_prefetch.runs.outcome import RunOutcome
 from bisect_prefetch.runs.signals import identical_wording
 from bisect_prefetch.runs.slots import RunRequest, keep_slots_busy
 from bisect_prefetch.runs.step_time import group_cost
@@ -214,9 +215,9 @@ def judge(runner: Runner, done: list[RunOutcome], *, mask: Mask | None, guard: s
         result.reason = (f"only {len(usable)} usable run(s) of {len(done)}; "
                          + ("; ".join(failed) or "nothing ran"))
         return result
-    trajectories = [runner.trajectory(run.run_id) for run in usable]
-    group = compare_group(trajectories, runner.names)
-    for metric in runner.names:
+    trajectories = [runner.judge.trajectory(run.run_id) for run in usable]
+    group = compare_group(trajectories, runner.judge.names)
+    for metric in runner.judge.names:
         pairs = [(p.metrics[metric], p) for p in group.pairs if metric in p.metrics]
         if not pairs:
             continue
@@ -267,7 +268,7 @@ def _digests_against_first(runner: Runner, usable: list[RunOutcome]) -> list[str
     problems = []
     for run in usable[1:]:
         if run.reference is None:
-            problems += runner.judge_digests(run, usable[0].run_id)
+            problems += runner.judge.digests(run, usable[0].run_id)
     return problems
 
 

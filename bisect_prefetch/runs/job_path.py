@@ -22,11 +22,11 @@ from pathlib import Path
 
 import bisect_prefetch
 from bisect_prefetch.errors import BisectPrefetchError
+from bisect_prefetch.vocab import ADAPTER_TREE
 
 PACKAGE = Path(bisect_prefetch.__file__).resolve().parent
 PACKAGE_PARENT = PACKAGE.parent
 ADAPTER_SITE = PACKAGE / "adapters" / "site"
-ADAPTER_TREE = "adapter"  # the tree's directory in a run dir
 
 # The package's files that run inside a job (adapters/ is copied whole, site/ apart).
 IN_JOB_FILES = ("__init__.py", "vocab.py")

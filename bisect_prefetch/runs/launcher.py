@@ -29,9 +29,17 @@ from bisect_prefetch.runs import reaper
 from bisect_prefetch.runs.job_path import tool_paths
 from bisect_prefetch.runs.plan import PLAN_ENV
 from bisect_prefetch.runs.procs import kill_job
-from bisect_prefetch.vocab import ERROR, OK, STOPPED_EARLY, TIMEOUT
+from bisect_prefetch.vocab import (
+    ERROR,
+    METRICS_FILE,
+    OK,
+    STATUS_FILE,
+    STDERR_FILE,
+    STDOUT_FILE,
+    STOPPED_EARLY,
+    TIMEOUT,
+)
 
-STATUS_FILE = "status.json"
 NO_METRICS = "no metrics written"  # a job that exited 0 before any metric value was read
 
 # Same in every run of a group unless the experiment sets them: on CPU the
@@ -153,11 +161,11 @@ def run_job(
     that exits 0 without any progress is an error (missing metrics).
     """
     check_command(spec.argv, spec.env)
-    progress_path = spec.progress_path or spec.run_dir / "metrics.jsonl"
+    progress_path = spec.progress_path or spec.run_dir / METRICS_FILE
     progress = progress or (lambda: _file_size(progress_path))
     try:
-        stdout = open(spec.run_dir / "stdout.log", "wb")
-        stderr = open(spec.run_dir / "stderr.log", "wb")
+        stdout = open(spec.run_dir / STDOUT_FILE, "wb")
+        stderr = open(spec.run_dir / STDERR_FILE, "wb")
     except OSError as exc:
         raise BisectPrefetchError(f"run dir {spec.run_dir} is not writable: {exc.strerror}") from None
     start = time.monotonic()

@@ -16,9 +16,8 @@ from typing import Any
 
 from bisect_prefetch.audit import read_probe
 from bisect_prefetch.files import write_text_atomic
+from bisect_prefetch.vocab import GRAPH_FILE, PROBE_FILE
 
-GRAPH_FILE = "graph.json"
-PROBE_FILE = "probe.json"
 REFUSED = "cannot switch masks inside a run"  # a run's error where its engine refused a schedule
 _RANK_FILE = re.compile(r"^(graph|probe)\.rank(\d+)\.json$")
 

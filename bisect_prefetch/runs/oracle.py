@@ -37,9 +37,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from bisect_prefetch.errors import BisectPrefetchError
-from bisect_prefetch.runs.execute import Runner, RunOutcome
+from bisect_prefetch.runs.execute import Runner
 from bisect_prefetch.runs.executors.base import LOST
 from bisect_prefetch.runs.merge import REFUSED
+from bisect_prefetch.runs.outcome import RunOutcome
 from bisect_prefetch.runs.slots import RunRequest, Slots
 from bisect_prefetch.search.oracle import Finished, RunResult
 from bisect_prefetch.search.segments import Schedule

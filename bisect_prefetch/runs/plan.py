@@ -16,9 +16,7 @@ from bisect_prefetch.adapters.stress import DEFAULT_GAP_MS as STRESS_DEFAULT_GAP
 from bisect_prefetch.adapters.stress import DEFAULT_MEASURE_STEPS as STRESS_MEASURE_STEPS
 from bisect_prefetch.experiment import Experiment
 from bisect_prefetch.files import write_text_atomic
-from bisect_prefetch.vocab import Mask
-
-PLAN_FILE = "plan.json"
+from bisect_prefetch.vocab import PLAN_FILE, Mask
 
 __all__ = ["PLAN_ENV", "PLAN_FILE", "build_plan", "plan_hash", "write_plan"]
 

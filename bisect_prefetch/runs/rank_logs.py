@@ -11,6 +11,7 @@ from pathlib import Path
 
 from bisect_prefetch.init_file import Placeholders
 from bisect_prefetch.runs.faults import RANK_LOG_DIR
+from bisect_prefetch.vocab import METRICS_FILE
 
 MSRUN = ("msrun", "mindspore.parallel.cluster.run")
 WORKER_LOGS = f"{RANK_LOG_DIR}/worker_*.log"  # msrun --log_dir: worker_<rank>.log each
@@ -40,5 +41,5 @@ def log_files(run_dir: Path, p: Placeholders, job_logs: Sequence[str]) -> list[P
     """Where a run's metric lines may be: msrun's per-worker logs (and metrics.jsonl), else
     the job's own ``job_logs`` in the run dir."""
     if p.launcher in MSRUN:
-        return [*sorted((run_dir / RANK_LOG_DIR).glob("worker_*.log")), run_dir / "metrics.jsonl"]
+        return [*sorted((run_dir / RANK_LOG_DIR).glob("worker_*.log")), run_dir / METRICS_FILE]
     return [run_dir / name for name in job_logs]

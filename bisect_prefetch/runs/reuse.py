@@ -16,7 +16,7 @@ for a journaled run, the first thing that changed since it finished, or None:
 - the run it was compared with is not reused.
 
 The experiment's fingerprint and the command's own files are part of the run key
-(runs/execute.py), so a run whose key matches already ran the same experiment.
+(runs/execute.Runner.key), so a run whose key matches already ran the same experiment.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from typing import Any
 
 from bisect_prefetch.adapters.manifest import dists_in
 from bisect_prefetch.runs.envprint import read_env
-from bisect_prefetch.vocab import ENV_VARIABLES
+from bisect_prefetch.vocab import ENV_VARIABLES, MANIFEST_FILES
 
 MANIFEST_FIELD = "manifest"  # the journal record's field
 _CONFLICT = "differs between ranks"
@@ -41,7 +41,7 @@ def collect(run_dir: Path) -> dict[str, Any] | None:
     """The run's manifest for its journal record: its processes' manifests merged, and the
     numerics variables it was started with (env.json). None when no process wrote one."""
     parts = []
-    for path in sorted(Path(run_dir).glob("manifest.*.json")):
+    for path in sorted(Path(run_dir).glob(MANIFEST_FILES)):
         try:
             data = json.loads(path.read_text())
         except (OSError, ValueError):

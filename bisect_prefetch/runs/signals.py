@@ -33,12 +33,17 @@ from typing import Any
 from bisect_prefetch.audit import read_probe
 from bisect_prefetch.metrics.precision import FULL, describe_precision, printed_precision
 from bisect_prefetch.metrics.trajectory import bounded_lines
-from bisect_prefetch.vocab import VALUE_SUFFIX
+from bisect_prefetch.vocab import (
+    SHARED_DIGESTS_FILE,
+    VALUE_SUFFIX,
+    order_rank_file,
+    probe_rank_file,
+)
 
 
 def _probes(run_dir: Path) -> dict[int, dict[str, Any]]:
     probes = {}
-    for path in Path(run_dir).glob("probe.rank*.json"):
+    for path in Path(run_dir).glob(probe_rank_file("*")):
         rank = path.name[len("probe.rank"):-len(".json")]
         if not rank.isdigit():
             continue
@@ -49,7 +54,7 @@ def _probes(run_dir: Path) -> dict[int, dict[str, Any]]:
 
 
 def _order_steps(run_dir: Path) -> int:
-    path = Path(run_dir) / "order.rank0.jsonl"
+    path = Path(run_dir) / order_rank_file(0)
     try:
         with open(path, "rb") as f:
             return sum(1 for line in bounded_lines(f) if line is not None and line.strip())
@@ -102,7 +107,7 @@ def run_signals(run_dir: Path, *, metric_files: Sequence[Path], fmt: str,
             "nothing_digested": _nothing_digested(probes, digest_ranks),
         }
     if digests is None:
-        digests = _digests_from_file(Path(run_dir) / "digests.jsonl")
+        digests = _digests_from_file(Path(run_dir) / SHARED_DIGESTS_FILE)
     notes: list[str] = []
     for probe in probes.values():
         for note in probe.get("step_notes") or []:

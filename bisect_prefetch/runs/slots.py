@@ -14,7 +14,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from bisect_prefetch.runs.execute import POLL_S, Runner, RunOutcome, StartedRun
+from bisect_prefetch.runs.execute import POLL_S, Runner, StartedRun
+from bisect_prefetch.runs.outcome import RunOutcome
 from bisect_prefetch.runs.store import RunKey
 
 

@@ -57,7 +57,7 @@ def open_state(experiment: Experiment, state_dir: str | Path, *,
         if console is not None and state.torn_line is not None:
             console.print("note: the journal's last line was torn by a kill and was dropped",
                           markup=False)
-        runner = Runner(experiment, state)
+        runner = Runner(experiment, state).open()
         runner.no_reuse_before = no_reuse_before
         if console is not None:
             runner.on_first_usable = lambda out, run_dir: _say_first_run(console, experiment,

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from bisect_prefetch.audit import read_probe
-from bisect_prefetch.vocab import USABLE_OUTCOMES
+from bisect_prefetch.vocab import USABLE_OUTCOMES, probe_rank_file
 
 WARMUP_STEPS = 2  # the first step builds and initializes; the second still warms caches
 MIN_WINDOW = 3  # steps every compared run must have timed for a cost figure
@@ -43,7 +43,7 @@ def run_step_time_ms(run_dir: Path) -> float | None:
 def run_step_times_ms(run_dir: Path) -> list[list[float]]:
     """[step, ms] for every step after warm-up: the slowest rank's time of that step."""
     per_step: dict[int, float] = {}
-    for path in Path(run_dir).glob("probe.rank*.json"):
+    for path in Path(run_dir).glob(probe_rank_file("*")):
         probe, _ = read_probe(path)
         if probe is None:
             continue  # unreadable: the run is an error, said by runs/merge.py

@@ -26,7 +26,7 @@ from typing import Any
 
 from bisect_prefetch.errors import BisectPrefetchError
 from bisect_prefetch.files import LOCK_MARKER, STATE_JOURNAL, STATE_LOCK, protect
-from bisect_prefetch.vocab import Mask
+from bisect_prefetch.vocab import RUNS_DIR, Mask
 
 JOURNAL_VERSION = 1
 JOURNAL = STATE_JOURNAL
@@ -184,7 +184,7 @@ class StateDir:
     def __init__(self, root: str | Path, name: str) -> None:
         self.path = Path(root).resolve() / name
         self.journal_path = self.path / JOURNAL
-        self.runs_path = self.path / "runs"
+        self.runs_path = self.path / RUNS_DIR
         protect(self.journal_path, f"the journal of {self.path}")
         protect(self.path / LOCK, f"the lock of {self.path}")
         self.torn_line: str | None = None

@@ -291,3 +291,16 @@ def test_mindformers_workload_refuses_commands_that_need_prefetch_edges(tmp_path
     message = _one_line_error(capsys, [command, str(experiment), "--state-dir", str(state)])
     assert message == f"error: {mindformers.NO_PREFETCH_GRAPH}"
     assert not state.exists()
+
+
+@pytest.mark.parametrize("args, said", [
+    (["--confidence", "1.5"], "error: --confidence must be between 0 and 1, got 1.5"),
+    (["--max-runs", "0"], "error: --max-runs must be at least 1, got 0"),
+])
+def test_bisect_checks_its_search_options_before_anything_runs(tmp_path, capsys, args, said):
+    # Said in the words of the search's one check, before the state dir is even made.
+    state = tmp_path / "state"
+    experiment = fake_job_experiment(tmp_path)
+    assert _one_line_error(capsys, ["bisect", str(experiment), "--state-dir", str(state),
+                                    *args]) == said
+    assert not state.exists()

@@ -20,8 +20,8 @@ import pytest
 from bisect_prefetch.commands import bisect as command
 from bisect_prefetch.commands import bisect_words
 from bisect_prefetch.errors import BisectPrefetchError
-from bisect_prefetch.runs.execute import RunOutcome
 from bisect_prefetch.runs.oracle import Earlier
+from bisect_prefetch.runs.outcome import RunOutcome
 from bisect_prefetch.search import verdict as v
 from bisect_prefetch.search.oracle import AnswersAtOnce, Finished, RunResult
 from bisect_prefetch.search.runlog import AFTER_DROP_ONLY_DIVERGED

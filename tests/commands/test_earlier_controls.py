@@ -215,8 +215,8 @@ def test_under_stress_auto_the_controls_come_before_the_calibration_runs(tmp_pat
     import io
 
     from bisect_prefetch.commands import bisect as bisect_command
-    from bisect_prefetch.runs.execute import RunOutcome
     from bisect_prefetch.runs.oracle import Earlier
+    from bisect_prefetch.runs.outcome import RunOutcome
     from tests.commands.test_stress import _simulated_experiment, _StressOracle
     from tests.conftest import console
 

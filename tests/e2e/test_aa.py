@@ -176,13 +176,13 @@ def test_environment_drift_is_reported_apart(tmp_path):
     experiment = load_experiment(_experiment(tmp_path))
     kwargs = {"mask": frozenset(), "runs": 2, "steps": 8, "guard": "none"}
     with StateDir(tmp_path / "state", "fake") as state:
-        first = run_group(Runner(experiment, state), **kwargs)
+        first = run_group(Runner(experiment, state).open(), **kwargs)
         assert first.verdict == "consistent" and first.environment_drift == []
         env_path = state.run_dir(first.runs[1].run_id) / ENV_FILE
         env = json.loads(env_path.read_text())
         env["orchestrator"]["variables"]["OMP_NUM_THREADS"] = "2"  # a job with no framework: no print of its own
         env_path.write_text(json.dumps(env))
-        again = run_group(Runner(experiment, state), **kwargs)
+        again = run_group(Runner(experiment, state).open(), **kwargs)
     assert len(again.environment_drift) == 1
     assert again.environment_drift[0].startswith("variables.OMP_NUM_THREADS:")
 

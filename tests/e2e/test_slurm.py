@@ -149,7 +149,7 @@ def test_a_job_cancelled_from_outside_is_retried_and_never_counted(slurm_cluster
     mask = frozenset({FAULT_EDGE})
     results = []
     with StateDir(tmp_path / "state", exp.name) as state:
-        oracle = RealOracle(Runner(exp, state), steps=20, guard="none", max_retries=1)
+        oracle = RealOracle(Runner(exp, state).open(), steps=20, guard="none", max_retries=1)
         oracle.run_golden()
         worker = threading.Thread(target=lambda: results.append(oracle.run(mask)))
         worker.start()
@@ -211,7 +211,7 @@ def test_a_failed_job_is_an_error_with_its_exit_code(slurm_cluster, tmp_path):
                     "timeout_s: 60\nexecutor: {kind: slurm}\n")
     exp = load_experiment(path)
     with StateDir(tmp_path / "state", exp.name) as state:
-        runner = Runner(exp, state)
+        runner = Runner(exp, state).open()
         out = runner.run(runner.key("aa", mask=None, guard="none", steps=2, index=0), label="x")
     assert out.outcome == "error" and out.exit_code == 3, out
     assert out.reason == "Slurm state FAILED, exit code 3"
@@ -354,7 +354,7 @@ def test_a_job_under_slurm_receives_exactly_the_argv_a_local_run_receives(slurm_
             f"steps: 2\ntimeout_s: 120\nexecutor: {{kind: {kind}}}\n")
         exp = load_experiment(path)
         with StateDir(root, exp.name) as state:
-            runner = Runner(exp, state)
+            runner = Runner(exp, state).open()
             out = runner.run(runner.key("aa", mask=None, guard="none", steps=2, index=0),
                              label=kind)
             assert out.outcome == "ok", out

@@ -29,7 +29,7 @@ from bisect_prefetch.metrics.localize import (
     unit_of,
     unit_step_differences,
 )
-from bisect_prefetch.runs.execute import RunOutcome
+from bisect_prefetch.runs.outcome import RunOutcome
 from bisect_prefetch.runs.plan import build_plan
 from tests.conftest import console
 

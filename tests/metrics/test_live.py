@@ -145,7 +145,7 @@ def test_a_real_job_is_stopped_at_its_first_differing_step(tmp_path, fmt):
     """))
     experiment = load_experiment(exp_path)
     with StateDir(tmp_path / "state", "live") as state:
-        runner = Runner(experiment, state)
+        runner = Runner(experiment, state).open()
         ref = runner.run(runner.key("golden", mask=None, guard="none", steps=30, index=0), label="golden")
         run = runner.run(runner.key("trial", mask=None, guard="none", steps=30, index=1), label="trial",
                          reference=ref.run_id)

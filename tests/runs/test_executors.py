@@ -105,7 +105,7 @@ def test_an_aa_group_runs_over_the_local_slots_at_once(tmp_path):
         experiment = with_executor(exp, kind="local", slots=slots)
         with StateDir(tmp_path / f"state{slots}", exp.name) as state:
             start = time.monotonic()
-            group = run_group(Runner(experiment, state), mask=frozenset(), runs=3, steps=40,
+            group = run_group(Runner(experiment, state).open(), mask=frozenset(), runs=3, steps=40,
                               guard="none")
             walls[slots] = time.monotonic() - start
             assert group.verdict == "consistent", group.reason

@@ -96,7 +96,7 @@ def test_oracle_trial_that_times_out_is_retried_then_unresolved(tmp_path):
     experiment = load_experiment(script_experiment(tmp_path, JOB, "hang-when-masked",
                                                    timeout_s=1, steps=4))
     with StateDir(tmp_path / "state", NAME) as state:
-        oracle = RealOracle(Runner(experiment, state), steps=4, guard="none", max_retries=1)
+        oracle = RealOracle(Runner(experiment, state).open(), steps=4, guard="none", max_retries=1)
         result = oracle.run(frozenset({"fwd:layers.0->layers.1"}))
         # The all-off golden run finished; the trial timed out twice and says nothing of drift.
         assert (result.outcome, result.diverged, result.completed) == ("timeout", None, False)
@@ -112,11 +112,11 @@ def test_report_counts_every_outcome_kind(tmp_path):
     kwargs = {"mask": frozenset(), "steps": 40, "guard": "none"}
     with StateDir(state_root, NAME) as state:
         crash = load_experiment(fake_job_experiment(tmp_path, "crash", file_name="crash.yaml"))
-        run_group(Runner(crash, state), runs=2, **kwargs)
+        run_group(Runner(crash, state).open(), runs=2, **kwargs)
         drifting = load_experiment(fake_job_experiment(tmp_path, steps=40))
         # All edges on: the second run drifts from its reference and is stopped early.
         on = {"mask": frozenset({"bwd:layers.1->layers.0"}), "steps": 40, "guard": "none"}
-        group = run_group(Runner(drifting, state), runs=2, **on)
+        group = run_group(Runner(drifting, state).open(), runs=2, **on)
         assert [r.outcome for r in group.runs] == ["ok", "stopped-early"]
         records = state.records()
     counts = "run outcomes: 1 ok, 2 error, 0 timeout, 1 stopped-early, 0 truncated"
@@ -181,7 +181,7 @@ def test_one_truncated_run_keeps_agreeing_runs_from_a_consistent_verdict(tmp_pat
 def test_the_search_retries_a_truncated_run_and_never_counts_it(tmp_path):
     experiment = load_experiment(script_experiment(tmp_path, JOB, "truncate", steps=20))
     with StateDir(tmp_path / "state", NAME) as state:
-        runner = Runner(experiment, state)
+        runner = Runner(experiment, state).open()
         key = runner.key("search", mask=frozenset(), guard="none", steps=20, index=0)
         out = runner.run(key, label="t")
         assert (out.outcome, out.usable) == ("truncated", False)

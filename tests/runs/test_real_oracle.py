@@ -37,7 +37,7 @@ def _experiment(tmp_path: Path, mode: str = "clean", timeout_s: float = 30):
 
 
 def _oracle(state: StateDir, experiment, **kw) -> RealOracle:
-    return RealOracle(Runner(experiment, state), steps=6, guard="none", **kw)
+    return RealOracle(Runner(experiment, state).open(), steps=6, guard="none", **kw)
 
 
 def test_runs_are_trials_against_one_golden_run(tmp_path):

@@ -11,8 +11,17 @@ import pytest
 from bisect_prefetch.adapters.plan import PLAN_ENV
 from bisect_prefetch.errors import BisectPrefetchError
 from bisect_prefetch.experiment import load_experiment
+from bisect_prefetch.runs.execute import Runner
 from bisect_prefetch.runs.state import open_state
-from tests.conftest import NAME, console, fake_job_experiment, job_processes
+from bisect_prefetch.runs.store import StateDir
+from tests.conftest import (
+    NAME,
+    console,
+    fake_job_experiment,
+    job_processes,
+    snapshot,
+    write_experiment,
+)
 
 
 def test_a_clean_state_dir_says_nothing_and_finds_the_static_graph(tmp_path):
@@ -57,3 +66,26 @@ def test_a_second_holder_is_refused(tmp_path):
         with pytest.raises(BisectPrefetchError, match="is in use by another bisect-prefetch"):
             with open_state(experiment, tmp_path / "state"):
                 pass
+
+
+def test_a_runner_does_nothing_until_it_is_opened(tmp_path):
+    """Making a Runner neither kills leftovers nor checks the command nor writes a file;
+    open() does all of that, and a run cannot be keyed before it."""
+    experiment = load_experiment(write_experiment(tmp_path, ["no-such-trainer-xyz"]))
+    with StateDir(tmp_path / "state", experiment.name) as state:
+        plan = state.runs_path / "0001-aa" / "plan.json"
+        leftover = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"],
+                                    env={PLAN_ENV: str(plan)})
+        try:
+            before = snapshot(state.path)
+            runner = Runner(experiment, state)
+            assert snapshot(state.path) == before
+            assert leftover.poll() is None  # still running: nothing was stopped
+            with pytest.raises(RuntimeError, match="open"):
+                runner.key("aa", mask=None, guard="none", steps=8, index=0)
+            with pytest.raises(BisectPrefetchError, match="command not found: no-such-trainer-xyz"):
+                runner.open()
+            assert runner.killed_leftovers == [leftover.pid]
+            assert leftover.wait(timeout=10) != 0
+        finally:
+            leftover.kill()
