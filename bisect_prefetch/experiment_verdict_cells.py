@@ -4,7 +4,7 @@ Each cause the verdict names is dropped alone (drop-only of its set), and all of
 (drop-only of their union). Dropped alone, a cause leaves the others on, so the cell is expected
 to diverge when there are others; with every cause dropped, the runs are expected consistent.
 The sets come from `culprit_sets`, or from `minimal_set` in a bisect.json written before the
-search named several causes.
+search named several causes (its per-run chance then from `calibration`).
 """
 
 from __future__ import annotations
@@ -47,7 +47,9 @@ def read_culprit_sets(path: Path, experiment_name: str) -> list[CulpritSet]:
         sets = [_culprit_set(path, entry) for entry in _list(path, data["culprit_sets"])]
     else:
         edges = _edge_ids(path, data.get("minimal_set", []))
-        sets = [CulpritSet(edges, None)] if edges else []
+        calibration = data.get("calibration")
+        chance = calibration.get("per_run_chance") if isinstance(calibration, dict) else None
+        sets = [CulpritSet(edges, _chance(path, chance))] if edges else []
     if not sets or not all(s.edges for s in sets):
         raise BisectPrefetchError(
             f"cells_from {path}: the verdict ({data.get('verdict', 'none')}) names no culprit set, "
@@ -64,10 +66,13 @@ def _list(path: Path, value: Any) -> list:
 def _culprit_set(path: Path, entry: Any) -> CulpritSet:
     if not isinstance(entry, dict):
         raise BisectPrefetchError(f"cells_from {path}: a culprit set is not an object: {entry!r}")
-    chance = entry.get("per_run_chance")
+    return CulpritSet(_edge_ids(path, entry.get("edges")), _chance(path, entry.get("per_run_chance")))
+
+
+def _chance(path: Path, chance: Any) -> float | None:
     if chance is not None and not (isinstance(chance, (int, float)) and 0 < chance <= 1):
         raise BisectPrefetchError(f"cells_from {path}: per_run_chance {chance!r} is not in (0, 1]")
-    return CulpritSet(_edge_ids(path, entry.get("edges")), chance)
+    return chance
 
 
 def _edge_ids(path: Path, value: Any) -> list[str]:

@@ -78,16 +78,18 @@ def test_each_cause_dropped_alone_diverges_and_all_dropped_is_consistent(tmp_pat
 def test_a_single_set_verdict_checks_only_all_dropped_and_here_misses_a_cause(tmp_path, capsys):
     """Only `minimal_set` (no culprit_sets): one cell, every cause dropped, expected consistent;
     the stand-in has a second cause the verdict did not name, so the cell fails (exit 1)."""
-    verdict = {"experiment": "fake", "verdict": "culprit-found", "minimal_set": [FIRST]}
+    verdict = {"experiment": "fake", "verdict": "culprit-found", "minimal_set": [FIRST],
+               "calibration": {"per_run_chance": 0.6}}  # 0.4^4 <= 0.05 < 0.4^3: 4 runs
     matrix = write_files(tmp_path, verdict,
                          "cells:\n  - {name: all-on, mask: all-on, runs: 2, expect: diverged}\n")
     code, result, out = run(tmp_path, matrix, capsys)
     assert code == 1, out
     assert [(c["name"], c["mask_spec"], c["runs"], c["expect"], c["verdict"])
             for c in result["cells"]] == [
-        ("all-causes-dropped", [f"drop-only:{FIRST}"], 2, "consistent", "diverged"),
+        ("all-causes-dropped", [f"drop-only:{FIRST}"], 2, "consistent", "diverged"),  # stopped
         ("all-on", ["all-on"], 2, "diverged", "diverged")]
     assert result["failed"] == ["all-causes-dropped"]
+    assert "all-causes-dropped: mask drop-only:bwd:layers.1->layers.0, guard none, up to 4 runs" in out
 
 
 @pytest.mark.parametrize("verdict, words", [
