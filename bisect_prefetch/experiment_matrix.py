@@ -1,7 +1,9 @@
 """Matrix files: an experiment (named or embedded) and its cells, each an A/A group.
 
 A cell has dotted-key overrides, a mask, a guard, a run count and an expected
-verdict; every cell's overrides are checked when the file is loaded.
+verdict; every cell's overrides are checked when the file is loaded. Cells may
+also come from a bisection's verdict (`cells_from: bisect.json`,
+experiment_verdict_cells.py); they run before the file's own cells.
 """
 
 from __future__ import annotations
@@ -9,10 +11,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated, Any
 
-from pydantic import Field, model_validator
+from pydantic import Field, PrivateAttr, model_validator
 
 from bisect_prefetch.errors import BisectPrefetchError
 from bisect_prefetch.experiment_model import ExecutorConfig, Expectation, Experiment, Guard, _Strict
+from bisect_prefetch.experiment_verdict_cells import read_culprit_sets, verdict_cells
 from bisect_prefetch.experiment_yaml import (
     _read_yaml,
     _validate_experiment,
@@ -30,6 +33,11 @@ class Cell(_Strict):
     guard: Guard | None = None
     runs: Annotated[int, Field(ge=2)]
     expect: Expectation
+    _origin: str = PrivateAttr(default="")  # where a cell not written in the file came from
+
+    @property
+    def origin(self) -> str:
+        return self._origin
 
     def mask_specs(self) -> list[str]:
         return [self.mask] if isinstance(self.mask, str) else list(self.mask)
@@ -47,17 +55,24 @@ def expectation_met(expect: str, verdict: str) -> bool:
 
 class _MatrixFile(_Strict):
     experiment: str | dict[str, Any]
-    cells: Annotated[list[Cell], Field(min_length=1)]
+    cells: list[Cell] = Field(default_factory=list)
+    cells_from: Annotated[str, Field(min_length=1)] | None = None  # a bisect.json (module docstring)
     executor: ExecutorConfig | None = None  # replaces the experiment's, for every cell
 
     @model_validator(mode="after")
-    def _unique_names(self) -> _MatrixFile:
-        seen: set[str] = set()
-        for cell in self.cells:
-            if cell.name in seen:
-                raise ValueError(f"cell name {cell.name!r} is used twice")
-            seen.add(cell.name)
+    def _some_cells(self) -> _MatrixFile:
+        if not self.cells and self.cells_from is None:
+            raise ValueError("a matrix needs cells, or cells_from a bisect.json")
+        _check_unique_names(self.cells)
         return self
+
+
+def _check_unique_names(cells: list[Cell]) -> None:
+    seen: set[str] = set()
+    for cell in cells:
+        if cell.name in seen:
+            raise ValueError(f"cell name {cell.name!r} is used twice")
+        seen.add(cell.name)
 
 
 class Matrix:
@@ -84,9 +99,24 @@ def load_matrix(path: str | Path) -> Matrix:
         )
     if parsed.executor is not None:
         experiment = experiment.model_copy(update={"executor": parsed.executor})
-    for cell in parsed.cells:
+    cells = parsed.cells
+    if parsed.cells_from is not None:
+        cells = _cells_from(base_dir / parsed.cells_from, experiment.name) + cells
+        try:
+            _check_unique_names(cells)
+        except ValueError as exc:
+            raise BisectPrefetchError(f"{path}: {exc} (cells_from names its cells so)") from None
+    for cell in cells:
         try:
             with_overrides(experiment, cell.overrides)
         except BisectPrefetchError as exc:
             raise BisectPrefetchError(f"{path}: cell {cell.name!r}: {exc}") from None
-    return Matrix(experiment, parsed.cells)
+    return Matrix(experiment, cells)
+
+
+def _cells_from(verdict: Path, experiment_name: str) -> list[Cell]:
+    """The cells a bisect.json's causes make (experiment_verdict_cells.py)."""
+    cells = [Cell(**cell) for cell in verdict_cells(read_culprit_sets(verdict, experiment_name))]
+    for cell in cells:
+        cell._origin = f"cells_from {verdict}"
+    return cells

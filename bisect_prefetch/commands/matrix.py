@@ -60,6 +60,7 @@ class CellRequest:
     guard: str
     runs: int
     purpose: str  # run-store key part: runs of different cells never mix
+    origin: str = ""  # where the cell came from, when not from the matrix file's own cells
 
 
 GroupRunner = Callable[[CellRequest], dict[str, Any]]
@@ -173,6 +174,7 @@ def cell_request(matrix: Matrix, cell: Cell, stress: str | None = None) -> CellR
         guard=cell.guard or experiment.guard,
         runs=cell.runs,
         purpose=f"matrix:{cell.name}",
+        origin=cell.origin,
     )
 
 
@@ -249,7 +251,9 @@ def engine_group_runner(
             try:
                 mask = resolve_mask(request.mask, edge_ids)
             except BisectPrefetchError as exc:
-                raise BisectPrefetchError(f"cell {request.name!r}: {exc}") from None
+                origin = f" (a cell of {request.origin}: its edges are not in the graph)" if (
+                    request.origin) else ""
+                raise BisectPrefetchError(f"cell {request.name!r}{origin}: {exc}") from None
             group = stressed_groups(opened.runner, mode=experiment.stress.mode, mask=mask,
                                     runs=request.runs, steps=experiment.steps,
                                     guard=request.guard, purpose=request.purpose,

@@ -4,8 +4,10 @@ Its numbers follow the mask the way a prefetch fault would, without torch:
 - `bwd:layers.1->layers.0` enabled: from step 3 on, a random nudge (OS
   entropy, like a race), so two runs differ;
 - `fwd:layers.0->layers.1` enabled with mode `det`: every value shifted by a
-  constant (a mask that changes the math deterministically).
-Modes (argv[1]): clean, det, crash, crash-when-fwd, hang, rank-graphs-differ, wrong-plan-hash,
+  constant (a mask that changes the math deterministically);
+- mode `two-causes` (on a graph of 3 layers): `bwd:layers.2->layers.1` is a second cause,
+  the same nudge, enough alone.
+Modes (argv[1]): clean, det, two-causes, crash, crash-when-fwd, hang, rank-graphs-differ, wrong-plan-hash,
 graph-mode (a plan's schedule of several masks is refused, as under MindSpore graph mode).
 """
 
@@ -20,6 +22,7 @@ from bisect_prefetch.adapters.plan import plan_hash
 
 RANDOM_EDGE = "bwd:layers.1->layers.0"
 DETERMINISTIC_EDGE = "fwd:layers.0->layers.1"
+SECOND_RANDOM_EDGE = "bwd:layers.2->layers.1"
 
 
 def main() -> None:
@@ -50,7 +53,8 @@ def main() -> None:
     with open(os.path.join(out, "metrics.jsonl"), "a") as f:
         for step in range(1, plan["steps"] + 1):
             loss *= 0.9
-            if RANDOM_EDGE in mask and step >= 3:
+            racy = RANDOM_EDGE in mask or (mode == "two-causes" and SECOND_RANDOM_EDGE in mask)
+            if racy and step >= 3:
                 loss += 1e-9 * (1 + rng.random())
             value = loss + 0.5 if mode == "det" and DETERMINISTIC_EDGE in mask else loss
             for rank in (0, 1):

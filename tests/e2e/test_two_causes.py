@@ -1,0 +1,74 @@
+"""End to end: a user's own FSDP2 job with two independent causes of drift, each enough alone
+(tests/jobs/two_causes_job.py: its own one-ulp nudge on the backward prefetch into layers.4 and
+into layers.1; it imports nothing of ours and the tool is not told). `bisect` must name both,
+each as its own set, and only then say culprit-found; a matrix built from that verdict
+(`cells_from`) then checks it: each cause dropped alone still diverges, both dropped is
+consistent.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("torch")
+JOB = Path(__file__).resolve().parents[1] / "jobs" / "two_causes_job.py"
+CAUSES = {"bwd:layers.5->layers.4", "bwd:layers.2->layers.1"}
+pytestmark = pytest.mark.slow
+
+
+def cli(*args: str) -> list[str]:
+    return [sys.executable, "-m", "bisect_prefetch.cli", *args]
+
+
+def write_experiment(tmp_path: Path) -> Path:
+    # 8 backward edges; 6 steps of about 70 ms; a cause's per-run chance is about 0.8.
+    argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+            str(JOB), "--steps", "{steps}", "--seed", "{seed}"]
+    path = tmp_path / "two.yaml"
+    path.write_text(textwrap.dedent(f"""
+        name: two
+        command: {json.dumps(argv)}
+        metrics: {{format: torchtitan, names: [loss, grad_norm]}}
+        graph: {{source: runtime}}
+        steps: 6
+        seed: 1
+        timeout_s: 180
+        search: {{max_runs: 60}}
+    """))
+    return path
+
+
+def test_bisect_names_both_causes_and_a_matrix_of_its_sets_confirms_them(tmp_path):
+    experiment, state = write_experiment(tmp_path), tmp_path / "state"
+    done = subprocess.run(cli("bisect", str(experiment), "--state-dir", str(state),
+                              "--json", str(tmp_path / "bisect.json")),
+                          cwd=tmp_path, capture_output=True, text=True, timeout=1200)
+    assert done.returncode == 1, done.stdout + done.stderr
+    result = json.loads((tmp_path / "bisect.json").read_text())
+    sets = result.get("culprit_sets")
+    assert sets is not None, done.stdout  # the verdict names every cause it found
+    assert sorted(tuple(s["edges"]) for s in sets) == sorted((edge,) for edge in CAUSES), done.stdout
+    assert result["verdict"] == "culprit-found", done.stdout
+    assert result["minimal_set"] == sets[0]["edges"]
+    for found in sets:
+        assert found["keep_only_runs"], found  # each set diverged alone
+        assert found["per_run_chance"] is None or 0 < found["per_run_chance"] <= 1
+
+    # The verdict's sets as matrix cells: each dropped alone, then both.
+    matrix = tmp_path / "causes.yaml"
+    matrix.write_text(f"experiment: two.yaml\ncells_from: {state / 'two' / 'bisect.json'}\n")
+    checked = subprocess.run(cli("matrix", str(matrix), "--state-dir", str(state),
+                                 "--json", str(tmp_path / "matrix.json")),
+                             cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    cells = json.loads((tmp_path / "matrix.json").read_text())["cells"]
+    assert [(c["name"], c["expect"], c["verdict"]) for c in cells] == [
+        ("cause-1-dropped", "diverged", "diverged"), ("cause-2-dropped", "diverged", "diverged"),
+        ("all-causes-dropped", "consistent", "consistent")]
+    assert cells[2]["mask_spec"] == ["drop-only:" + ",".join(e for s in sets for e in s["edges"])]
