@@ -215,9 +215,9 @@ def _say_what_runs(b: Bisecting, *, hint: str, resume: bool) -> None:
 
 def _written_for_one_cause(path: Path) -> bool:
     """A bisect.json of a search for one cause (a version before several causes wrote no
-    `search`)."""
+    `search_kind`)."""
     try:
-        return json.loads(path.read_text()).get("search", ONE_CAUSE) == ONE_CAUSE
+        return json.loads(path.read_text()).get("search_kind", ONE_CAUSE) == ONE_CAUSE
     except (OSError, ValueError, AttributeError):
         return False
 

@@ -19,7 +19,7 @@ from bisect_prefetch.search.stress import StressChoice
 from bisect_prefetch.search.verdict import SearchResult
 
 REPRODUCE_RUNS = 4
-# bisect.json's `search`: which search wrote it (a resume replays the same one).
+# bisect.json's `search_kind`: which search wrote it (a resume replays the same one).
 ONE_CAUSE, EVERY_CAUSE = "one-cause", "every-cause"
 
 
@@ -133,7 +133,7 @@ class BisectRecord:
             "stress": self.stress,
             "signals": self.signals,
             "step_time": self.step_time,
-            "search": self.search,
+            "search_kind": self.search,
         }
 
 

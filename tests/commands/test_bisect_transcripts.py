@@ -659,15 +659,15 @@ def test_a_bisection_begun_before_several_causes_resumes_as_one_cause(tmp_path):
     assert run_command(tmp_path, simulation)[0] == "interrupted"
     saved = tmp_path / "state" / "sim" / "bisect.json"
     data = json.loads(saved.read_text())
-    assert data["search"] == "every-cause"
-    del data["search"], data["culprit_sets"]  # as a version before several causes wrote it
+    assert data["search_kind"] == "every-cause"
+    del data["search_kind"], data["culprit_sets"]  # as a version before several causes wrote it
     saved.write_text(json.dumps(data))
     simulation.interrupt_after = None
     code, text = run_command(tmp_path, simulation, resume=True)
     assert ("this bisection was begun by a version that searches for one cause: it replays as one "
             "(a new --state-dir searches for every cause)") in lines(text)
     data = json.loads((tmp_path / "out.json").read_text())
-    assert data["search"] == "one-cause" and data["culprit_sets"] == []
+    assert data["search_kind"] == "one-cause" and data["culprit_sets"] == []
     assert len(data["minimal_set"]) == 1 and "narrowed" not in text
     # A fresh state dir searches for every cause.
     _, again = run_command(tmp_path / "new", Simulation([CULPRIT, second], q=0.7))
