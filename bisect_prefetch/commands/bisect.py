@@ -2,7 +2,8 @@
 
 The command reads as its stages (`_bisect`), each printed as it happens:
 1. the graph and the audit's suspects (the search weighs them first);
-2. stress calibration (--stress auto): all-on with and without stress;
+2. stress calibration (--stress auto): all-on without and with stress, in pairs
+   until they settle whether stress raises the hazard;
 3. the golden run: the all-off reference every run is compared with;
 4. segment lengths (search.segments auto): how many masks a run holds;
 5. the search (its own stages live in search/protocol.py), driven by the one
@@ -69,7 +70,14 @@ from bisect_prefetch.runs.step_time import WARMUP_STEPS, startup_in_steps
 from bisect_prefetch.runs.workloads import require_prefetch_graph
 from bisect_prefetch.search.oracle import RunResult
 from bisect_prefetch.search.segments import Lengths, lengths_for
-from bisect_prefetch.search.stress import Hazard, StressChoice, choose_stress
+from bisect_prefetch.search.stress import (
+    SEQUENTIAL,
+    STOP_NOT_RAISED,
+    STOP_RAISED,
+    CalibrationRule,
+    Hazard,
+    StressChoice,
+)
 from bisect_prefetch.search.verdict import SearchResult
 from bisect_prefetch.vocab import (
     STRESS_AUTO,
@@ -82,8 +90,9 @@ from bisect_prefetch.vocab import (
 )
 
 PURPOSE = "search"
-# --stress auto: all-on runs with and without stress, interleaved, before the search.
-STRESS_CALIBRATION_RUNS = 4
+# --stress auto: all-on runs without and with stress, in pairs, before the search, until
+# the rule says the pairs have settled whether stress raises the hazard (search/stress.py).
+STRESS_CALIBRATION: CalibrationRule = SEQUENTIAL
 # A culprit is a finding (1); so is drift that is not prefetch's, and no answer. No drift: 0.
 EXIT_CODES = {VERDICT_FOUND: 1, VERDICT_NOT_PREFETCH: 1, VERDICT_NO_DRIFT: 0, VERDICT_INCONCLUSIVE: 1}
 
@@ -235,23 +244,37 @@ def _search_without_stress(b: Bisecting) -> SearchResult:
 
 
 def _calibrate_stress(b: Bisecting) -> None:
-    """All-on with and without stress, interleaved so both meet the same machine load; the
-    choice (search/stress.py), and each setting's runs with the run lines that said them."""
-    n = STRESS_CALIBRATION_RUNS
-    b.console.print(f"checking whether stress makes drift show more often: all-on, {n} runs "
-                    f"without stress and {n} with, interleaved...", markup=False)
+    """All-on without and with stress, a pair at a time so both meet the same machine load,
+    until the rule settles the choice (search/stress.py); each setting's runs with the run
+    lines that said them."""
+    rule = STRESS_CALIBRATION
+    b.console.print("checking whether stress makes drift show more often: all-on without and "
+                    f"with stress, a pair at a time, until settled (at most {rule.max_pairs} "
+                    "pairs)...", markup=False)
     all_on = Mask(b.opened.graph().edge_ids())
     runs: dict[bool, list[tuple[RunResult, int]]] = {False: [], True: []}
-    for _ in range(n):
+    choice: StressChoice | None = None
+    while choice is None:
         for on in (False, True):
             runs[on].append((b.oracle_of(on).run(all_on), b.numbers.said))
-    hazards = {on: Hazard.of([r.first_diff_step if r.diverged else None
-                              for r, _ in outcomes if r.completed], steps=b.experiment.steps)
-               for on, outcomes in runs.items()}
-    choice: StressChoice = choose_stress(hazards[False], hazards[True])
-    b.console.print(f"  -> {stress_choice_words(choice)}", markup=False, soft_wrap=True)
+        hazards = {on: Hazard.of([r.first_diff_step if r.diverged else None
+                                  for r, _ in outcomes if r.completed], steps=b.experiment.steps)
+                   for on, outcomes in runs.items()}
+        choice = rule.decide(hazards[False], hazards[True], pairs=len(runs[True]))
+    b.console.print(f"  -> {_calibration_stop_words(choice, rule)}: {stress_choice_words(choice)}",
+                    markup=False, soft_wrap=True)
     b.stress.choice, b.stress.used = choice, choice.use
     b.calibration = runs  # the chosen setting's count in its search (and without: stage 6)
+
+
+def _calibration_stop_words(choice: StressChoice, rule: CalibrationRule) -> str:
+    """How many pairs the calibration took and why it stopped there."""
+    pairs = f"{choice.pairs} pair{'s' if choice.pairs != 1 else ''}"
+    if choice.stop == STOP_RAISED:
+        return f"settled after {pairs} (chance it raises the hazard at least {rule.settled:g})"
+    if choice.stop == STOP_NOT_RAISED:
+        return f"settled after {pairs} (chance it raises the hazard at most {1 - rule.settled:g})"
+    return f"not settled after {pairs}, the most it runs; the likelier side taken"
 
 
 def _segment_lengths(b: Bisecting) -> Lengths | None:
