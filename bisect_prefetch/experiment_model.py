@@ -207,7 +207,7 @@ class Search(_Strict):
     # auto: several masks per run (search/segments.py), the mask changing at step
     # boundaries, so that a start-up is paid about once per divergence; segment length
     # and step cap from the start-up and step time the runs measure. off: one mask a run.
-    segments: Literal["auto", "off"] = "off"
+    segments: Literal["auto", "off"] = "auto"
 
     @field_validator("segments", mode="before")
     @classmethod

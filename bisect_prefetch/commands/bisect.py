@@ -43,6 +43,7 @@ from bisect_prefetch.commands.bisect_words import (
     lengths_words,
     render_result,
     say_after_verdict,
+    stage_title,
     stress_choice_words,
 )
 from bisect_prefetch.commands.common import (
@@ -80,6 +81,7 @@ from bisect_prefetch.search.stress import (
 )
 from bisect_prefetch.search.verdict import SearchResult
 from bisect_prefetch.vocab import (
+    STAGE_CALIBRATE,
     STRESS_AUTO,
     STRESS_ON,
     VERDICT_FOUND,
@@ -279,16 +281,43 @@ def _calibration_stop_words(choice: StressChoice, rule: CalibrationRule) -> str:
 
 def _segment_lengths(b: Bisecting) -> Lengths | None:
     """search.segments auto: segment length and step cap from the start-up and step time
-    this experiment's runs measured (the golden run's at least), and the golden run as
-    long as the longest run; None: one mask a run."""
+    this experiment's runs measured (the golden run's at least) and the per-run chance of
+    drift all-on, and the golden run as long as the longest run; None: one mask a run
+    (segments off, or not cheaper: search/segments.py)."""
     experiment, console, oracle = b.experiment, b.console, b.current.oracle
     if experiment.search.segments == "off":
         return None
     if unfit := segments_unfit(experiment):
         console.print(f"segments: {unfit}; one mask a run", markup=False)
         return None
-    # Measured on the runs before the search's own (and none longer than a run: not the
-    # golden run lengthened below), so that a resumed search cuts its runs the same way.
+    startup = startup_in_steps(_runs_before_the_search(b))
+    if startup is None:
+        console.print("segments: no run measured its start-up and step time (that takes "
+                      f"{WARMUP_STEPS + 1} steps or more); one mask a run", markup=False)
+        return None
+    chance = _all_on_chance(b) if startup > 0 else None
+    lengths = lengths_for(experiment.steps, startup, len(b.opened.graph().edge_ids()),
+                          chance=None if chance is None else chance.per_run_chance())
+    if lengths.cap_steps == experiment.steps:
+        drift = "" if chance is None else (
+            f" and drift shows in {chance.per_run_chance():.2f} of all-on runs ({chance.runs} "
+            f"run{'s' if chance.runs != 1 else ''})")
+        console.print(f"segments: a start-up costs {startup:.0f} steps' worth of time{drift}: "
+                      "one mask a run costs less (search/segments.py)", markup=False)
+        return None
+    console.print(lengths_words(lengths, startup), markup=False)
+    if lengths.cap_steps > oracle.golden_steps:
+        console.print(f"running the golden reference again, {lengths.cap_steps} steps: as "
+                      "long as the longest run...", markup=False)
+        oracle.run_golden(lengths.cap_steps)
+    return lengths
+
+
+def _runs_before_the_search(b: Bisecting) -> list[dict]:
+    """This experiment's runs before the search's own, none longer than a run (not the
+    golden run lengthened for segments), so that a resumed search cuts its runs the same
+    way."""
+    experiment = b.experiment
     tail, before = "@" + experiment.fingerprint(), []
     for record in b.opened.state.records():
         variant = str(record.get("variant", ""))
@@ -296,18 +325,30 @@ def _segment_lengths(b: Bisecting) -> Lengths | None:
             break
         if variant.endswith(tail) and record.get("steps", 0) <= experiment.steps:
             before.append(record)
-    startup = startup_in_steps(before)
-    if startup is None:
-        console.print("segments: no run measured its start-up and step time (that takes "
-                      f"{WARMUP_STEPS + 1} steps or more); one mask a run", markup=False)
+    return before
+
+
+def _all_on_chance(b: Bisecting) -> Hazard | None:
+    """The per-step hazard all-on, for the cost model of segments: the calibration's runs of
+    this setting, or else the search's first run (all-on, which it asks first anyway), run
+    here and recorded in the search. None: no all-on run completed."""
+    started = b.current
+    results = [result for result, _ in b.calibration.get(started.on, [])]
+    if not results:
+        all_on = Mask(started.search.edge_ids)
+        b.console.print(f"{stage_title(STAGE_CALIBRATE, 'all-on', (), None)} (and how often, "
+                        "for segments)...", markup=False)
+        results = [result := started.oracle.run(all_on)]
+        started.search.record(all_on, result)
+        b.numbers.recorded()
+        b.console.print(f"  -> diverged at run {b.numbers.said} (step {result.first_diff_step})"
+                        if result.diverged else "  -> clean (1 run)" if result.completed
+                        else f"  -> {result.outcome} (1 run)", markup=False)
+    completed = [r for r in results if r.completed]
+    if not completed:
         return None
-    lengths = lengths_for(experiment.steps, startup, len(b.opened.graph().edge_ids()))
-    console.print(lengths_words(lengths, startup), markup=False)
-    if lengths.cap_steps > oracle.golden_steps:
-        console.print(f"running the golden reference again, {lengths.cap_steps} steps: as "
-                      "long as the longest run...", markup=False)
-        oracle.run_golden(lengths.cap_steps)
-    return lengths
+    return Hazard.of([r.first_diff_step if r.diverged else None for r in completed],
+                     steps=b.experiment.steps)
 
 
 def audit_suspects(opened: OpenState, console: Console) -> list[str]:
