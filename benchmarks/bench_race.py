@@ -22,7 +22,8 @@ cost); each auto's ratio to off where both named the racing edge, or an upper bo
 where the unstressed one ran out of runs. The machine's load average is printed: timing decides a race.
 
 Run: ``python -m benchmarks.bench_race [--runs N] [--stress-runs N] [--aa-runs N]
-[--config FILE] [--compute-ms MS] [--bisect-max-runs N] [--json FILE]`` (``--compute-ms`` overrides the
+[--config FILE] [--compute-ms MS] [--bisect-max-runs N] [--bisections off,auto,auto-fixed]
+[--json FILE]`` (``--compute-ms`` overrides the
 config's ``workload.compute_ms``).
 """
 
@@ -51,6 +52,7 @@ from bisect_prefetch.vocab import Mask
 REPO = Path(__file__).resolve().parents[1]
 CONFIG = REPO / "configs" / "fsdp2-race.yaml"
 RACING_EDGE = "fwd:layers.1->layers.2"
+BISECTIONS = ("off", "auto", "auto-fixed")  # auto-fixed: --stress auto, the 4-pair calibration
 
 
 def _median(values: list[float]) -> float | None:
@@ -192,19 +194,23 @@ def _real_bisect(config: Path, compute_ms: float | None, stress: str,
             "calibration_pairs": (data["stress"]["chance_with"] or {}).get("runs")}
 
 
-def bisect_side_by_side(config: Path, compute_ms: float | None, max_runs_off: int) -> dict:
-    """The real bisections and each auto's ratio of runs x steps to off where it means
-    something: both named the racing edge, or the unstressed one ran out of runs
-    (inconclusive: its cost is a floor on what naming the edge takes, so the ratio is an
-    upper bound, "bound"). An unstressed search that said no-drift-reproduced missed the
-    race: no ratio."""
-    off = real_bisect(config, compute_ms, "off", max_runs_off)
-    out = {"off": off}
-    for name, rule in (("auto", SEQUENTIAL), ("auto-fixed", FIXED_PAIRS)):
-        auto = out[name] = real_bisect(config, compute_ms, "auto", None, rule)
+def bisect_side_by_side(config: Path, compute_ms: float | None, max_runs_off: int,
+                        which: tuple[str, ...] = BISECTIONS) -> dict:
+    """The real bisections (`which` of BISECTIONS) and each auto's ratio of runs x steps to
+    off where it means something: both named the racing edge, or the unstressed one ran
+    out of runs (inconclusive: its cost is a floor on what naming the edge takes, so the
+    ratio is an upper bound, "bound"). An unstressed search that said no-drift-reproduced
+    missed the race: no ratio."""
+    rules = {"auto": SEQUENTIAL, "auto-fixed": FIXED_PAIRS}
+    out = {}
+    if "off" in which:
+        out["off"] = real_bisect(config, compute_ms, "off", max_runs_off)
+    for name in (n for n in which if n in rules):
+        auto = out[name] = real_bisect(config, compute_ms, "auto", None, rules[name])
+        off = out.get("off")
         named = auto["minimal_set"] == [RACING_EDGE]
-        off_named = off["minimal_set"] == [RACING_EDGE]
-        bound = named and not off_named and off["verdict"] == "inconclusive"
+        off_named = off is not None and off["minimal_set"] == [RACING_EDGE]
+        bound = named and off is not None and not off_named and off["verdict"] == "inconclusive"
         out[f"{name}_ratio"] = (auto["runs_x_steps"] / off["runs_x_steps"]
                                 if named and (off_named or bound) else None)
         out[f"{name}_bound"] = bound
@@ -230,6 +236,8 @@ def main(argv: list[str] | None = None) -> None:
                         help="override workload.compute_ms (ms each layer's forward sleeps)")
     parser.add_argument("--bisect-max-runs", type=int, default=40,
                         help="trials for the real unstressed bisection (0: no real bisections)")
+    parser.add_argument("--bisections", default=",".join(BISECTIONS),
+                        help=f"which real bisections, of {','.join(BISECTIONS)}")
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args(argv)
     compute_ms = _experiment(args.config, args.compute_ms).workload.compute_ms
@@ -259,13 +267,14 @@ def main(argv: list[str] | None = None) -> None:
               + f"); step time x{cost['step_cost']:.2f}; accuracy "
               f"{cost['accuracy_without']:.2f} / {cost['accuracy_with']:.2f}", flush=True)
     if args.bisect_max_runs:
-        print("three real bisections side by side: --stress off, --stress auto, and --stress "
-              "auto with the fixed calibration (4 pairs)", flush=True)
+        which = tuple(n for n in args.bisections.split(",") if n in BISECTIONS)
+        print(f"real bisections side by side: {', '.join(which)} (auto-fixed: --stress auto "
+              "with the fixed calibration of 4 pairs)", flush=True)
         figures["real_bisect"] = real = bisect_side_by_side(args.config, args.compute_ms,
-                                                            args.bisect_max_runs)
-        for name in ("off", "auto", "auto-fixed"):
+                                                            args.bisect_max_runs, which)
+        for name in which:
             print(_bisect_words(name, real[name]), flush=True)
-        for name in ("auto", "auto-fixed"):
+        for name in (n for n in which if n != "off" and "off" in which):
             if real[f"{name}_ratio"] is not None:
                 print(f"real bisect runs x steps, {name} against off: x{real[f'{name}_ratio']:.2f}"
                       + (" at most (--stress off ran out of runs)" if real[f"{name}_bound"] else ""),
@@ -274,6 +283,9 @@ def main(argv: list[str] | None = None) -> None:
                 print(f"no ratio for {name}: --stress off said {real['off']['verdict']}, "
                       f"{name} {real[name]['verdict']} {','.join(real[name]['minimal_set'])}".rstrip(),
                       flush=True)
+        if "auto" in which and "auto-fixed" in which:
+            print(f"runs x steps, auto against auto-fixed: {real['auto']['runs_x_steps']} against "
+                  f"{real['auto-fixed']['runs_x_steps']}", flush=True)
     figures["load_average"] = [round(x, 2) for x in (load, os.getloadavg())[1]]
     if args.json is not None:
         args.json.write_text(json.dumps(figures, indent=1) + "\n")

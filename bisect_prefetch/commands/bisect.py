@@ -82,6 +82,7 @@ from bisect_prefetch.search.stress import (
 from bisect_prefetch.search.verdict import SearchResult
 from bisect_prefetch.vocab import (
     STAGE_CALIBRATE,
+    STAGE_CHECK_OFF,
     STRESS_AUTO,
     STRESS_ON,
     VERDICT_FOUND,
@@ -295,13 +296,17 @@ def _segment_lengths(b: Bisecting) -> Lengths | None:
         console.print("segments: no run measured its start-up and step time (that takes "
                       f"{WARMUP_STEPS + 1} steps or more); one mask a run", markup=False)
         return None
-    chance = _all_on_chance(b) if startup > 0 else None
+    chance, background = _leading_checks(b) if startup > 0 else (None, False)
+    if b.current.search.done:
+        return None  # nothing left to cut (the search ended on its first checks)
     lengths = lengths_for(experiment.steps, startup, len(b.opened.graph().edge_ids()),
-                          chance=None if chance is None else chance.per_run_chance())
+                          chance=None if chance is None else chance.per_run_chance(),
+                          background=background)
     if lengths.cap_steps == experiment.steps:
         drift = "" if chance is None else (
             f" and drift shows in {chance.per_run_chance():.2f} of all-on runs ({chance.runs} "
             f"run{'s' if chance.runs != 1 else ''})")
+        drift += "; all-off drifted too" if background else ""
         console.print(f"segments: a start-up costs {startup:.0f} steps' worth of time{drift}: "
                       "one mask a run costs less (search/segments.py)", markup=False)
         return None
@@ -328,27 +333,33 @@ def _runs_before_the_search(b: Bisecting) -> list[dict]:
     return before
 
 
-def _all_on_chance(b: Bisecting) -> Hazard | None:
-    """The per-step hazard all-on, for the cost model of segments: the calibration's runs of
-    this setting, or else the search's first run (all-on, which it asks first anyway), run
-    here and recorded in the search. None: no all-on run completed."""
+def _leading_checks(b: Bisecting) -> tuple[Hazard | None, bool]:
+    """What the cost model of segments needs from the runs: the per-step hazard all-on and
+    whether all-off drifted too. From the calibration's runs of this setting and the
+    search's own first asks, all-on and (after a divergence) all-off, run here one mask a
+    run as it asks them and recorded in it (full runs either way). The hazard is None
+    where no all-on run completed."""
     started = b.current
-    results = [result for result, _ in b.calibration.get(started.on, [])]
-    if not results:
-        all_on = Mask(started.search.edge_ids)
-        b.console.print(f"{stage_title(STAGE_CALIBRATE, 'all-on', (), None)} (and how often, "
-                        "for segments)...", markup=False)
-        results = [result := started.oracle.run(all_on)]
-        started.search.record(all_on, result)
+    search, all_on = started.search, Mask(started.search.edge_ids)
+    results: dict[bool, list[RunResult]] = {True: [r for r, _ in b.calibration.get(started.on, [])],
+                                            False: []}
+    while (ask := search.pending) is not None and ask.stage in (STAGE_CALIBRATE, STAGE_CHECK_OFF):
+        on = ask.mask == all_on
+        if on and results[True]:
+            break  # the calibration's runs tell how often drift shows all-on
+        b.console.print(f"{stage_title(ask.stage, 'all-on' if on else 'all-off', ask.target, ask.context)}"
+                        + (" (and how often, for segments)" if on else "") + "...", markup=False)
+        result = started.oracle.run(ask.mask)
+        search.record(ask.mask, result)
         b.numbers.recorded()
+        results[on].append(result)
         b.console.print(f"  -> diverged at run {b.numbers.said} (step {result.first_diff_step})"
                         if result.diverged else "  -> clean (1 run)" if result.completed
                         else f"  -> {result.outcome} (1 run)", markup=False)
-    completed = [r for r in results if r.completed]
-    if not completed:
-        return None
-    return Hazard.of([r.first_diff_step if r.diverged else None for r in completed],
-                     steps=b.experiment.steps)
+    completed = [r for r in results[True] if r.completed]
+    hazard = Hazard.of([r.first_diff_step if r.diverged else None for r in completed],
+                       steps=b.experiment.steps) if completed else None
+    return hazard, any(r.diverged for r in results[False])
 
 
 def audit_suspects(opened: OpenState, console: Console) -> list[str]:

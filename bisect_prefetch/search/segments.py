@@ -51,7 +51,9 @@ golden run adds at most that share of the search's runs); where no C costs less
 than one mask a run, one mask a run. Where drift shows in most runs (q high) few
 trials are clean and few controls are needed: a long golden run is spent and
 segments save few start-ups, so one mask a run wins unless a start-up is dear. A
-start-up that costs nothing gets one mask a run. A search segment is a full run's
+start-up that costs nothing gets one mask a run, and so does drift without prefetch
+(all-off drifted): a golden run many runs long would drift itself, and such a search
+ends soon (not-prefetch) or must measure that drift run by run. A search segment is a full run's
 steps (SEGMENT_SHARE): shorter segments were measured to cost steps and save no
 start-ups under the search's unknown q. bench_search: docs/segments.md.
 """
@@ -117,14 +119,15 @@ class Lengths:
 
 
 def lengths_for(steps_per_run: int, startup_steps: float, edges: int = EXPECTED_EDGES,
-                chance: float | None = None) -> Lengths:
+                chance: float | None = None, background: bool = False) -> Lengths:
     """The cost model (module docstring): segment length and step cap for runs of
     `steps_per_run` steps whose start-up costs `startup_steps` steps' worth of time, on a
     graph of `edges` edges, at a per-run chance of drift `chance` (None: CHANCE); a cap of
-    one run (one mask a run) wherever segments would not cost less."""
+    one run (one mask a run) wherever segments would not cost less, and where all-off
+    drifted too (`background`)."""
     segment = min(steps_per_run, max(MIN_SEGMENT_STEPS, round(SEGMENT_SHARE * steps_per_run)))
     one_mask = Lengths(steps_per_run, segment, steps_per_run)
-    if startup_steps <= 0:
+    if startup_steps <= 0 or background:
         return one_mask
     q = min(max(CHANCE if chance is None else chance, 0.05), 0.95)
     controls = max(1.0, math.log(CONTROL_ALPHA / 2) / math.log(1 - q))  # K, in runs

@@ -520,24 +520,26 @@ running the golden reference (all-off, full length)...
 checking that all-on diverges (and how often, for segments)...
     run 1 (4 edges on): diverged at step 18 [0.2s]
   -> diverged at run 1 (step 18)
+checking that all-off is consistent...
+    run 2 (0 edges on): clean over 20 steps [0.2s]
+  -> clean (1 run)
 segments: a start-up costs 40 steps' worth of time; a run holds up to 3 masks of 20 steps each (search/segments.py)
 running the golden reference again, 60 steps: as long as the longest run...
-    run 2 (3 segments, 0 edges on first): diverged at step 26 [0.2s]
-  -> checking that all-off is consistent: clean (1 run)
-    run 3 (3 segments, 3 edges on first): clean over 60 steps [0.2s]
-  -> testing forward-off: diverged at run 2 (step 6)
+    run 3 (3 segments, 2 edges on first): diverged at step 6 [0.2s]
+    run 4 (3 segments, 3 edges on first): clean over 60 steps [0.2s]
+  -> testing forward-off: diverged at run 3 (step 6)
   -> testing drop-only:bwd:layers.2->layers.1: clean (2 runs)
-    run 4 (3 segments, 1 edges on first): diverged at step 19 [0.2s]
+    run 5 (3 segments, 1 edges on first): diverged at step 19 [0.2s]
   -> checking that the leading set is enough: keep-only:bwd:layers.2->layers.1 should diverge: clean (1 run)
-    run 5 (3 segments, 3 edges on first): clean over 60 steps [0.2s]
-  -> testing keep-only:bwd:layers.2->layers.1: diverged at run 4 (step 19)
-    run 6 (2 segments, 3 edges on first): clean over 40 steps [0.2s]
+    run 6 (3 segments, 3 edges on first): clean over 60 steps [0.2s]
+  -> testing keep-only:bwd:layers.2->layers.1: diverged at run 5 (step 19)
+    run 7 (2 segments, 3 edges on first): clean over 40 steps [0.2s]
   -> double checking the answer: drop-only:bwd:layers.2->layers.1 should be consistent: clean (5 runs)
 
 verdict: culprit-found
 minimal set: bwd:layers.2->layers.1
-confidence: 0.977   runs: 6 (12 trials, several masks a run)   steps: 223
-  - keep-only:bwd:layers.2->layers.1 diverged (run 4, step 19): the set is enough for drift
+confidence: 0.977   runs: 7 (12 trials, several masks a run)   steps: 223
+  - keep-only:bwd:layers.2->layers.1 diverged (run 5, step 19): the set is enough for drift
   - drop-only:bwd:layers.2->layers.1: 7 runs, all consistent: removing the set removes drift
   - all-off and drop-only:bwd:layers.2->layers.1 after the search: 9 runs (counting the golden run as 3: the steps runs matched), all consistent: drift without
 prefetch at a per-run chance of 0.283 or more is ruled out at 95%; as strong as the answer's (0.4), it would have shown at 99.0%
@@ -556,7 +558,7 @@ evidence
 per-run chance 0.75 (95% interval 0.194-0.994), per-step hazard 0.0476, from 4 runs that enabled the set
 reproduce: bisect-prefetch aa TMP/exp.yaml --runs=4 '--mask=keep-only:bwd:layers.2->layers.1'
 explain: bisect-prefetch explain TMP/exp.yaml '--mask=keep-only:bwd:layers.2->layers.1'
-runs launched 8, reused from the journal 0; report: TMP/state/sim/report.html
+runs launched 9, reused from the journal 0; report: TMP/state/sim/report.html
 wrote TMP/out.json
 """
 
@@ -654,7 +656,7 @@ def test_segments(tmp_path):
     assert lines(text) == lines(SEGMENTS)
     assert code == 1
     data = json.loads((tmp_path / "out.json").read_text())
-    assert data["segments"]["used"] and (data["segments"]["startups"], data["runs_used"]) == (6, 12)
+    assert data["segments"]["used"] and (data["segments"]["startups"], data["runs_used"]) == (7, 12)
     assert [len(d["schedule"]) for d in data["run_details"] if "schedule" in d] == [3, 3, 3, 3, 2]
 
 
@@ -662,10 +664,13 @@ def test_segments_where_one_mask_a_run_costs_less(tmp_path):
     """A cheap start-up and drift in most all-on runs: a long golden run would be spent and
     few start-ups saved, so segments auto runs one mask a run, and says why."""
     code, text = run_command(tmp_path, Simulation([CULPRIT], startup_steps=5), segments="auto")
-    assert lines(text)[2:6] == [
+    assert lines(text)[2:9] == [
         "checking that all-on diverges (and how often, for segments)...",
         "    run 1 (4 edges on): diverged at step 18 [0.2s]",
         "  -> diverged at run 1 (step 18)",
+        "checking that all-off is consistent...",
+        "    run 2 (0 edges on): clean over 20 steps [0.2s]",
+        "  -> clean (1 run)",
         "segments: a start-up costs 5 steps' worth of time and drift shows in 0.81 of all-on "
         "runs (1 run): one mask a run costs less (search/segments.py)"]
     assert code == 1

@@ -176,6 +176,8 @@ def test_the_cost_model_picks_one_mask_a_run_where_drift_shows_in_most_runs():
     assert caps == sorted(caps, reverse=True) and caps[0] > caps[-1]
     assert caps[-1] == 30  # one mask a run
     assert lengths_for(30, 1000, edges=14, chance=0.95).cap_steps > 30  # a dear start-up pays
+    # Drift without prefetch: a long golden run would drift itself.
+    assert lengths_for(30, 1000, edges=14, chance=0.3, background=True).cap_steps == 30
     # No chance measured: the one the cost model assumes (CHANCE, 0.3).
     assert lengths_for(30, 40, edges=14).cap_steps == lengths_for(30, 40, edges=14, chance=0.3).cap_steps
 
