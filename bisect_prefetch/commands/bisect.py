@@ -73,6 +73,7 @@ from bisect_prefetch.search.oracle import RunResult
 from bisect_prefetch.search.segments import Lengths, lengths_for
 from bisect_prefetch.search.stress import (
     SEQUENTIAL,
+    STOP_BOTH,
     STOP_NOT_RAISED,
     STOP_RAISED,
     CalibrationRule,
@@ -277,6 +278,9 @@ def _calibration_stop_words(choice: StressChoice, rule: CalibrationRule) -> str:
         return f"settled after {pairs} (chance it raises the hazard at least {rule.settled:g})"
     if choice.stop == STOP_NOT_RAISED:
         return f"settled after {pairs} (chance it raises the hazard at most {1 - rule.settled:g})"
+    if choice.stop == STOP_BOTH:
+        return (f"settled after {pairs} (drift shows in most runs either way; the likelier "
+                "side taken)")
     return f"not settled after {pairs}, the most it runs; the likelier side taken"
 
 

@@ -15,8 +15,11 @@ setting that lowers the hazard (or is not shown to raise it) is never used.
 
 When to stop (`CalibrationRule.decide`, after each pair): with P the posterior chance
 that stress raises the per-step hazard, stop once P >= 0.95 (use stress) or
-P <= 0.05 (do not), after at least one pair; at 4 pairs stop whatever P says and
-use stress only where P > 1/2. A pair is all the evidence needs where stress opens a
+P <= 0.05 (do not), after at least one pair; stop too once drift shows in most runs
+either way (each setting's per-run chance above 1/2 at the lower end of its 95%
+interval: a search at either setting needs few runs, so more pairs cannot pay for
+themselves), and at 4 pairs whatever P says; at those two stops stress is used only
+where P > 1/2. A pair is all the evidence needs where stress opens a
 race the unstressed run does not show: a stressed run that diverges at step 3 beside
 an unstressed one clean for 20 steps gives P = 0.98. Two settings with equal hazards
 keep P near 1/2 and run to the cap, as the fixed calibration (`FIXED_PAIRS`: always 4
@@ -102,6 +105,7 @@ class Hazard:
 # Why a calibration stopped (StressChoice.stop).
 STOP_RAISED = "raised"  # stress settled to raise the hazard
 STOP_NOT_RAISED = "not-raised"  # settled not to
+STOP_BOTH = "both-drift"  # drift shows in most runs either way: the more likely side
 STOP_CAP = "cap"  # the pairs ran out first: the more likely side is taken
 
 
@@ -139,6 +143,7 @@ class CalibrationRule:
     settled: float = 0.95  # stop once P(raised) >= settled or <= 1 - settled
     min_pairs: int = 1
     max_pairs: int = 4
+    most_runs: float = 0.5  # stop once both settings' per-run chance is above it (95% low end)
 
     def decide(self, without: Hazard, with_stress: Hazard, pairs: int) -> StressChoice | None:
         """The choice once `pairs` pairs have run, or None: run another pair."""
@@ -149,6 +154,8 @@ class CalibrationRule:
             return replace(choice, stop=STOP_RAISED)
         if choice.chance_raised <= 1 - self.settled:
             return replace(choice, stop=STOP_NOT_RAISED)
+        if min(h.per_run_interval()[0] for h in (without, with_stress)) > self.most_runs:
+            return replace(choice, stop=STOP_BOTH)
         return choice if pairs >= self.max_pairs else None
 
 

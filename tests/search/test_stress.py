@@ -9,6 +9,7 @@ import statistics
 from bisect_prefetch.search.stress import (
     FIXED_PAIRS,
     SEQUENTIAL,
+    STOP_BOTH,
     STOP_CAP,
     STOP_NOT_RAISED,
     STOP_RAISED,
@@ -48,11 +49,21 @@ def test_a_late_divergence_is_not_enough_alone():
     assert choice.use and choice.pairs == 2 and choice.stop == STOP_RAISED
 
 
+def test_drift_in_most_runs_either_way_settles_after_a_pair():
+    # the race under heavy load: it shows without stress too, at steps 2 and 5
+    choice = _settle(SEQUENTIAL, [2, 5, 3, 2], [2, 2, 1, 3])
+    assert choice.pairs == 1 and choice.stop == STOP_BOTH
+    assert choice.use == (choice.chance_raised > 0.5)
+    # a late divergence without stress is no such evidence: the pairs go on
+    assert SEQUENTIAL.decide(Hazard.of([12], steps=STEPS), Hazard.of([3], steps=STEPS),
+                             pairs=1) is None
+
+
 def test_nothing_shown_runs_to_the_cap_and_stress_is_not_used():
     choice = _settle(SEQUENTIAL, [None] * 6, [None] * 6)
     assert (choice.use, choice.pairs, choice.stop) == (False, 4, STOP_CAP)
-    # equal hazards never settle: the cap, then the likelier side
-    choice = _settle(SEQUENTIAL, [5, 9, 4, 12], [6, 8, 5, 11])
+    # equal, moderate hazards never settle: the cap, then the likelier side
+    choice = _settle(SEQUENTIAL, [None, 9, None, 12], [None, 8, None, 11])
     assert choice.pairs == 4 and choice.stop == STOP_CAP
 
 
