@@ -5,7 +5,8 @@ The command reads as its stages (`_bisect`), each printed as it happens:
 2. stress calibration (--stress auto): all-on without and with stress, in pairs
    until they settle whether stress raises the hazard;
 3. the golden run: the all-off reference every run is compared with;
-4. segment lengths (search.segments auto): how many masks a run holds;
+4. segment lengths (search.segments auto): the search's first checks (all-on, all-off)
+   one mask a run, then how many masks a run holds, or one where that costs less;
 5. the search (its own stages live in search/protocol.py), driven by the one
    loop of commands/bisect_loop.py through the oracle's slots;
 6. no drift under stress -> the same search without it.
