@@ -12,15 +12,18 @@ identical (digests).
 Printed: per setting, runs, divergences, the per-run chance (95% Clopper-Pearson
 interval), the median first differing step, the median step time; the A/A counts; and
 what a bisection of the 7 edges would cost at these figures (simulate, same seeds),
-in runs x steps, with and without stress. Then two real bisections of the same
-experiment side by side, `--stress off` (at most ``--bisect-max-runs`` trials) and
-`--stress auto`: verdict, confidence, trials, and the training steps every run they
-launched took (golden, calibration and discovery runs included: the cluster's cost);
-their ratio where both named the racing edge, or an upper bound where the unstressed one
-ran out of runs. The machine's load average is printed: timing decides a race.
+in runs x steps, with and without stress. Then three real bisections of the same
+experiment side by side, `--stress off` (at most ``--bisect-max-runs`` trials),
+`--stress auto` (its calibration stops once the pairs settle it) and `--stress auto`
+with the fixed calibration it had before (4 pairs whatever they show; selectable here
+only): verdict, confidence, trials, calibration pairs, and the training steps every run
+they launched took (golden, calibration and discovery runs included: the cluster's
+cost); each auto's ratio to off where both named the racing edge, or an upper bound
+where the unstressed one ran out of runs. The machine's load average is printed: timing decides a race.
 
 Run: ``python -m benchmarks.bench_race [--runs N] [--stress-runs N] [--aa-runs N]
-[--config FILE] [--compute-ms MS] [--bisect-max-runs N] [--json FILE]`` (``--compute-ms`` overrides the
+[--config FILE] [--compute-ms MS] [--bisect-max-runs N] [--bisections off,auto,auto-fixed]
+[--json FILE]`` (``--compute-ms`` overrides the
 config's ``workload.compute_ms``).
 """
 
@@ -37,17 +40,19 @@ from pathlib import Path
 import yaml
 
 from bisect_prefetch.cli import main as cli_main
+from bisect_prefetch.commands import bisect as bisect_command
 from bisect_prefetch.experiment import load_experiment, with_overrides
 from bisect_prefetch.runs.execute import Runner
 from bisect_prefetch.runs.store import StateDir
 from bisect_prefetch.search.simulate import simulate
 from bisect_prefetch.search.stats import clopper_pearson
-from bisect_prefetch.search.stress import Hazard
+from bisect_prefetch.search.stress import FIXED_PAIRS, SEQUENTIAL, CalibrationRule, Hazard
 from bisect_prefetch.vocab import Mask
 
 REPO = Path(__file__).resolve().parents[1]
 CONFIG = REPO / "configs" / "fsdp2-race.yaml"
 RACING_EDGE = "fwd:layers.1->layers.2"
+BISECTIONS = ("off", "auto", "auto-fixed")  # auto-fixed: --stress auto, the 4-pair calibration
 
 
 def _median(values: list[float]) -> float | None:
@@ -154,9 +159,20 @@ def bisect_cost(figures: dict) -> dict | None:
 
 
 def real_bisect(config: Path, compute_ms: float | None, stress: str,
-                max_runs: int | None) -> dict:
+                max_runs: int | None, calibration: CalibrationRule = SEQUENTIAL) -> dict:
     """`bisect-prefetch bisect CONFIG --stress STRESS` as a user runs it, in a fresh state
-    dir; its verdict and every training step its runs took (from its journal)."""
+    dir; its verdict and every training step its runs took (from its journal).
+    calibration: the stress calibration's stopping rule (the command's own, or the fixed
+    one it had before: no option of the command, so it is set on its module here)."""
+    bisect_command.STRESS_CALIBRATION = calibration
+    try:
+        return _real_bisect(config, compute_ms, stress, max_runs)
+    finally:
+        bisect_command.STRESS_CALIBRATION = SEQUENTIAL
+
+
+def _real_bisect(config: Path, compute_ms: float | None, stress: str,
+                 max_runs: int | None) -> dict:
     spec = yaml.safe_load(config.read_text())
     if compute_ms is not None:
         spec["workload"]["compute_ms"] = compute_ms
@@ -174,28 +190,39 @@ def real_bisect(config: Path, compute_ms: float | None, stress: str,
             "confidence": data["confidence"], "trials": data["runs_used"],
             "runs_launched": len(records),
             "runs_x_steps": sum(r.get("steps_done", 0) for r in records),
-            "wall_s": round(wall, 1), "stress_used": data["stress"].get("used")}
+            "wall_s": round(wall, 1), "stress_used": data["stress"].get("used"),
+            "calibration_pairs": (data["stress"]["chance_with"] or {}).get("runs")}
 
 
-def bisect_side_by_side(config: Path, compute_ms: float | None, max_runs_off: int) -> dict:
-    """Both real bisections and the ratio of their runs x steps where it means something:
-    both named the racing edge, or the unstressed one ran out of runs (inconclusive: its
-    cost is a floor on what naming the edge takes, so the ratio is an upper bound, "bound").
-    An unstressed search that said no-drift-reproduced missed the race: no ratio."""
-    off = real_bisect(config, compute_ms, "off", max_runs_off)
-    auto = real_bisect(config, compute_ms, "auto", None)
-    named = auto["minimal_set"] == [RACING_EDGE]
-    off_named = off["minimal_set"] == [RACING_EDGE]
-    bound = named and not off_named and off["verdict"] == "inconclusive"
-    ratio = auto["runs_x_steps"] / off["runs_x_steps"] if named and (off_named or bound) else None
-    return {"off": off, "auto": auto, "ratio": ratio, "bound": bound}
+def bisect_side_by_side(config: Path, compute_ms: float | None, max_runs_off: int,
+                        which: tuple[str, ...] = BISECTIONS) -> dict:
+    """The real bisections (`which` of BISECTIONS) and each auto's ratio of runs x steps to
+    off where it means something: both named the racing edge, or the unstressed one ran
+    out of runs (inconclusive: its cost is a floor on what naming the edge takes, so the
+    ratio is an upper bound, "bound"). An unstressed search that said no-drift-reproduced
+    missed the race: no ratio."""
+    rules = {"auto": SEQUENTIAL, "auto-fixed": FIXED_PAIRS}
+    out = {}
+    if "off" in which:
+        out["off"] = real_bisect(config, compute_ms, "off", max_runs_off)
+    for name in (n for n in which if n in rules):
+        auto = out[name] = real_bisect(config, compute_ms, "auto", None, rules[name])
+        off = out.get("off")
+        named = auto["minimal_set"] == [RACING_EDGE]
+        off_named = off is not None and off["minimal_set"] == [RACING_EDGE]
+        bound = named and off is not None and not off_named and off["verdict"] == "inconclusive"
+        out[f"{name}_ratio"] = (auto["runs_x_steps"] / off["runs_x_steps"]
+                                if named and (off_named or bound) else None)
+        out[f"{name}_bound"] = bound
+    return out
 
 
 def _bisect_words(name: str, b: dict) -> str:
     found = ",".join(b["minimal_set"]) or "-"
-    return (f"bisect --stress {name:<4}: {b['verdict']} {found}, confidence {b['confidence']:.3f}, "
+    return (f"bisect --stress {name:<10}: {b['verdict']} {found}, confidence {b['confidence']:.3f}, "
             f"{b['trials']} trials, {b['runs_launched']} runs launched, "
-            f"{b['runs_x_steps']} runs x steps, {b['wall_s']:.0f} s")
+            + (f"{b['calibration_pairs']} calibration pairs, " if b["calibration_pairs"] else "")
+            + f"{b['runs_x_steps']} runs x steps, {b['wall_s']:.0f} s")
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -209,6 +236,8 @@ def main(argv: list[str] | None = None) -> None:
                         help="override workload.compute_ms (ms each layer's forward sleeps)")
     parser.add_argument("--bisect-max-runs", type=int, default=40,
                         help="trials for the real unstressed bisection (0: no real bisections)")
+    parser.add_argument("--bisections", default=",".join(BISECTIONS),
+                        help=f"which real bisections, of {','.join(BISECTIONS)}")
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args(argv)
     compute_ms = _experiment(args.config, args.compute_ms).workload.compute_ms
@@ -238,19 +267,25 @@ def main(argv: list[str] | None = None) -> None:
               + f"); step time x{cost['step_cost']:.2f}; accuracy "
               f"{cost['accuracy_without']:.2f} / {cost['accuracy_with']:.2f}", flush=True)
     if args.bisect_max_runs:
-        print("two real bisections side by side: --stress off, then --stress auto", flush=True)
+        which = tuple(n for n in args.bisections.split(",") if n in BISECTIONS)
+        print(f"real bisections side by side: {', '.join(which)} (auto-fixed: --stress auto "
+              "with the fixed calibration of 4 pairs)", flush=True)
         figures["real_bisect"] = real = bisect_side_by_side(args.config, args.compute_ms,
-                                                            args.bisect_max_runs)
-        for name in ("off", "auto"):
+                                                            args.bisect_max_runs, which)
+        for name in which:
             print(_bisect_words(name, real[name]), flush=True)
-        if real["ratio"] is not None:
-            print(f"real bisect runs x steps, auto against off: x{real['ratio']:.2f}"
-                  + (" at most (--stress off ran out of runs)" if real["bound"] else ""),
-                  flush=True)
-        else:
-            print(f"no ratio: --stress off said {real['off']['verdict']}, --stress auto "
-                  f"{real['auto']['verdict']} {','.join(real['auto']['minimal_set'])}".rstrip(),
-                  flush=True)
+        for name in (n for n in which if n != "off" and "off" in which):
+            if real[f"{name}_ratio"] is not None:
+                print(f"real bisect runs x steps, {name} against off: x{real[f'{name}_ratio']:.2f}"
+                      + (" at most (--stress off ran out of runs)" if real[f"{name}_bound"] else ""),
+                      flush=True)
+            else:
+                print(f"no ratio for {name}: --stress off said {real['off']['verdict']}, "
+                      f"{name} {real[name]['verdict']} {','.join(real[name]['minimal_set'])}".rstrip(),
+                      flush=True)
+        if "auto" in which and "auto-fixed" in which:
+            print(f"runs x steps, auto against auto-fixed: {real['auto']['runs_x_steps']} against "
+                  f"{real['auto-fixed']['runs_x_steps']}", flush=True)
     figures["load_average"] = [round(x, 2) for x in (load, os.getloadavg())[1]]
     if args.json is not None:
         args.json.write_text(json.dumps(figures, indent=1) + "\n")

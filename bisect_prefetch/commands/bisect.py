@@ -2,9 +2,11 @@
 
 The command reads as its stages (`_bisect`), each printed as it happens:
 1. the graph and the audit's suspects (the search weighs them first);
-2. stress calibration (--stress auto): all-on with and without stress;
+2. stress calibration (--stress auto): all-on without and with stress, in pairs
+   until they settle whether stress raises the hazard;
 3. the golden run: the all-off reference every run is compared with;
-4. segment lengths (search.segments auto): how many masks a run holds;
+4. segment lengths (search.segments auto): the search's first checks (all-on, all-off)
+   one mask a run, then how many masks a run holds, or one where that costs less;
 5. the search (its own stages live in search/protocol.py), driven by the one
    loop of commands/bisect_loop.py through the oracle's slots;
 6. no drift under stress -> the same search without it.
@@ -43,6 +45,7 @@ from bisect_prefetch.commands.bisect_words import (
     lengths_words,
     render_result,
     say_after_verdict,
+    stage_title,
     stress_choice_words,
 )
 from bisect_prefetch.commands.common import (
@@ -71,9 +74,19 @@ from bisect_prefetch.runs.step_time import WARMUP_STEPS, startup_in_steps
 from bisect_prefetch.runs.workloads import require_prefetch_graph
 from bisect_prefetch.search.oracle import RunResult
 from bisect_prefetch.search.segments import Lengths, lengths_for
-from bisect_prefetch.search.stress import Hazard, StressChoice, choose_stress
+from bisect_prefetch.search.stress import (
+    SEQUENTIAL,
+    STOP_BOTH,
+    STOP_NOT_RAISED,
+    STOP_RAISED,
+    CalibrationRule,
+    Hazard,
+    StressChoice,
+)
 from bisect_prefetch.search.verdict import SearchResult
 from bisect_prefetch.vocab import (
+    STAGE_CALIBRATE,
+    STAGE_CHECK_OFF,
     STRESS_AUTO,
     STRESS_ON,
     VERDICT_FOUND,
@@ -84,8 +97,9 @@ from bisect_prefetch.vocab import (
 )
 
 PURPOSE = "search"
-# --stress auto: all-on runs with and without stress, interleaved, before the search.
-STRESS_CALIBRATION_RUNS = 4
+# --stress auto: all-on runs without and with stress, in pairs, before the search, until
+# the rule says the pairs have settled whether stress raises the hazard (search/stress.py).
+STRESS_CALIBRATION: CalibrationRule = SEQUENTIAL
 # A culprit is a finding (1); so is drift that is not prefetch's, and no answer. No drift: 0.
 EXIT_CODES = {VERDICT_FOUND: 1, VERDICT_NOT_PREFETCH: 1, VERDICT_NO_DRIFT: 0, VERDICT_INCONCLUSIVE: 1}
 
@@ -252,37 +266,85 @@ def _search_without_stress(b: Bisecting) -> SearchResult:
 
 
 def _calibrate_stress(b: Bisecting) -> None:
-    """All-on with and without stress, interleaved so both meet the same machine load; the
-    choice (search/stress.py), and each setting's runs with the run lines that said them."""
-    n = STRESS_CALIBRATION_RUNS
-    b.console.print(f"checking whether stress makes drift show more often: all-on, {n} runs "
-                    f"without stress and {n} with, interleaved...", markup=False)
+    """All-on without and with stress, a pair at a time so both meet the same machine load,
+    until the rule settles the choice (search/stress.py); each setting's runs with the run
+    lines that said them."""
+    rule = STRESS_CALIBRATION
+    b.console.print("checking whether stress makes drift show more often: all-on without and "
+                    f"with stress, a pair at a time, until settled (at most {rule.max_pairs} "
+                    "pairs)...", markup=False)
     all_on = Mask(b.opened.graph().edge_ids())
     runs: dict[bool, list[tuple[RunResult, int]]] = {False: [], True: []}
-    for _ in range(n):
+    choice: StressChoice | None = None
+    while choice is None:
         for on in (False, True):
             runs[on].append((b.oracle_of(on).run(all_on), b.numbers.said))
-    hazards = {on: Hazard.of([r.first_diff_step if r.diverged else None
-                              for r, _ in outcomes if r.completed], steps=b.experiment.steps)
-               for on, outcomes in runs.items()}
-    choice: StressChoice = choose_stress(hazards[False], hazards[True])
-    b.console.print(f"  -> {stress_choice_words(choice)}", markup=False, soft_wrap=True)
+        hazards = {on: Hazard.of([r.first_diff_step if r.diverged else None
+                                  for r, _ in outcomes if r.completed], steps=b.experiment.steps)
+                   for on, outcomes in runs.items()}
+        choice = rule.decide(hazards[False], hazards[True], pairs=len(runs[True]))
+    b.console.print(f"  -> {_calibration_stop_words(choice, rule)}: {stress_choice_words(choice)}",
+                    markup=False, soft_wrap=True)
     b.stress.choice, b.stress.used = choice, choice.use
     b.calibration = runs  # the chosen setting's count in its search (and without: stage 6)
 
 
+def _calibration_stop_words(choice: StressChoice, rule: CalibrationRule) -> str:
+    """How many pairs the calibration took and why it stopped there."""
+    pairs = f"{choice.pairs} pair{'s' if choice.pairs != 1 else ''}"
+    if choice.stop == STOP_RAISED:
+        return f"settled after {pairs} (chance it raises the hazard at least {rule.settled:g})"
+    if choice.stop == STOP_NOT_RAISED:
+        return f"settled after {pairs} (chance it raises the hazard at most {1 - rule.settled:g})"
+    if choice.stop == STOP_BOTH:
+        return (f"settled after {pairs} (drift shows in most runs either way; the likelier "
+                "side taken)")
+    return f"not settled after {pairs}, the most it runs; the likelier side taken"
+
+
 def _segment_lengths(b: Bisecting) -> Lengths | None:
     """search.segments auto: segment length and step cap from the start-up and step time
-    this experiment's runs measured (the golden run's at least), and the golden run as
-    long as the longest run; None: one mask a run."""
+    this experiment's runs measured (the golden run's at least) and the per-run chance of
+    drift all-on, and the golden run as long as the longest run; None: one mask a run
+    (segments off, or not cheaper: search/segments.py)."""
     experiment, console, oracle = b.experiment, b.console, b.current.oracle
     if experiment.search.segments == "off":
         return None
     if unfit := segments_unfit(experiment):
         console.print(f"segments: {unfit}; one mask a run", markup=False)
         return None
-    # Measured on the runs before the search's own (and none longer than a run: not the
-    # golden run lengthened below), so that a resumed search cuts its runs the same way.
+    startup = startup_in_steps(_runs_before_the_search(b))
+    if startup is None:
+        console.print("segments: no run measured its start-up and step time (that takes "
+                      f"{WARMUP_STEPS + 1} steps or more); one mask a run", markup=False)
+        return None
+    chance, background = _leading_checks(b) if startup > 0 else (None, False)
+    if b.current.search.done:
+        return None  # nothing left to cut (the search ended on its first checks)
+    lengths = lengths_for(experiment.steps, startup, len(b.opened.graph().edge_ids()),
+                          chance=None if chance is None else chance.per_run_chance(),
+                          background=background)
+    if lengths.cap_steps == experiment.steps:
+        drift = "" if chance is None else (
+            f" and drift shows in {chance.per_run_chance():.2f} of all-on runs ({chance.runs} "
+            f"run{'s' if chance.runs != 1 else ''})")
+        drift += "; all-off drifted too" if background else ""
+        console.print(f"segments: a start-up costs {startup:.0f} steps' worth of time{drift}: "
+                      "one mask a run costs less (search/segments.py)", markup=False)
+        return None
+    console.print(lengths_words(lengths, startup), markup=False)
+    if lengths.cap_steps > oracle.golden_steps:
+        console.print(f"running the golden reference again, {lengths.cap_steps} steps: as "
+                      "long as the longest run...", markup=False)
+        oracle.run_golden(lengths.cap_steps)
+    return lengths
+
+
+def _runs_before_the_search(b: Bisecting) -> list[dict]:
+    """This experiment's runs before the search's own, none longer than a run (not the
+    golden run lengthened for segments), so that a resumed search cuts its runs the same
+    way."""
+    experiment = b.experiment
     tail, before = "@" + experiment.fingerprint(), []
     for record in b.opened.state.records():
         variant = str(record.get("variant", ""))
@@ -290,18 +352,36 @@ def _segment_lengths(b: Bisecting) -> Lengths | None:
             break
         if variant.endswith(tail) and record.get("steps", 0) <= experiment.steps:
             before.append(record)
-    startup = startup_in_steps(before)
-    if startup is None:
-        console.print("segments: no run measured its start-up and step time (that takes "
-                      f"{WARMUP_STEPS + 1} steps or more); one mask a run", markup=False)
-        return None
-    lengths = lengths_for(experiment.steps, startup, len(b.opened.graph().edge_ids()))
-    console.print(lengths_words(lengths, startup), markup=False)
-    if lengths.cap_steps > oracle.golden_steps:
-        console.print(f"running the golden reference again, {lengths.cap_steps} steps: as "
-                      "long as the longest run...", markup=False)
-        oracle.run_golden(lengths.cap_steps)
-    return lengths
+    return before
+
+
+def _leading_checks(b: Bisecting) -> tuple[Hazard | None, bool]:
+    """What the cost model of segments needs from the runs: the per-step hazard all-on and
+    whether all-off drifted too. From the calibration's runs of this setting and the
+    search's own first asks, all-on and (after a divergence) all-off, run here one mask a
+    run as it asks them and recorded in it (full runs either way). The hazard is None
+    where no all-on run completed."""
+    started = b.current
+    search, all_on = started.search, Mask(started.search.edge_ids)
+    results: dict[bool, list[RunResult]] = {True: [r for r, _ in b.calibration.get(started.on, [])],
+                                            False: []}
+    while (ask := search.pending) is not None and ask.stage in (STAGE_CALIBRATE, STAGE_CHECK_OFF):
+        on = ask.mask == all_on
+        if on and results[True]:
+            break  # the calibration's runs tell how often drift shows all-on
+        b.console.print(f"{stage_title(ask.stage, 'all-on' if on else 'all-off', ask.target, ask.context)}"
+                        + (" (and how often, for segments)" if on else "") + "...", markup=False)
+        result = started.oracle.run(ask.mask)
+        search.record(ask.mask, result)
+        b.numbers.recorded()
+        results[on].append(result)
+        b.console.print(f"  -> diverged at run {b.numbers.said} (step {result.first_diff_step})"
+                        if result.diverged else "  -> clean (1 run)" if result.completed
+                        else f"  -> {result.outcome} (1 run)", markup=False)
+    completed = [r for r in results[True] if r.completed]
+    hazard = Hazard.of([r.first_diff_step if r.diverged else None for r in completed],
+                       steps=b.experiment.steps) if completed else None
+    return hazard, any(r.diverged for r in results[False])
 
 
 def audit_suspects(opened: OpenState, console: Console) -> list[str]:

@@ -31,21 +31,31 @@ evidence) and a notice says so. A failed run tells nothing: its first segment
 takes the failure, the rest are cancelled.
 
 Cost model (`lengths_for`). A search costs start-ups x S (a start-up's time in
-steps, measured) + steps. Start-ups are about the divergences plus the runs that
-reach the step cap C: R/C of them for runs of R steps in all. The golden run
-must be as long as the longest run, C steps, but it is one more all-off run:
-the steps of it that later runs matched count as background controls
-(RunLog.golden_runs), of which a search needs about CONTROL_RUNS (at q = 0.3).
-So a cap up to CONTROL_RUNS runs costs no steps, and S x R/C + max(0, C -
-CONTROL_RUNS runs) is least at C = max(CONTROL_RUNS runs, sqrt(S x R)); past
-CONTROL_RUNS, the golden run may add at most GOLDEN_SHARE of the search's steps.
-R is what one mask a run needs at q = 0.3 on 67 edges, less the controls:
-CHECK_RUNS runs of checks whatever the graph, and SEARCH_RUNS of search scaled by
-the bits that name one set or pair of the graph's edges against 67 edges'. C is
-rounded to whole runs; a start-up that costs nothing gets one mask a run. A
-search segment is a full run's steps (SEGMENT_SHARE): shorter segments were
-measured to cost steps and save no start-ups under the search's unknown q.
-bench_search: docs/segments.md.
+steps, measured) + steps, and segments are used only where the model says they
+cost less than one mask a run; elsewhere the cap is one run (cap == steps_per_run:
+one mask a run). Both ways run the same trials, a full run's steps each, so only
+what differs is counted, in runs of T steps at a per-run chance q (measured on
+all-on runs; CHANCE where none was):
+- K = ln(alpha/2) / ln(1 - q) background control runs (about 10 at q = 0.3);
+- M other trials: CHECK_RUNS of checks and SEARCH_RUNS of search at q = 0.3 on 67
+  edges, the search scaled by the bits that name one set or pair of the graph's
+  edges, all scaled by the bits a run tells at q against 0.3 (Z-channel capacity);
+- one mask a run: a start-up for each of the M + K - 1 runs besides the golden one,
+  and K - 1 control runs' steps;
+- a cap of C runs: the golden run again at C runs (a start-up and C x T steps),
+  which stands in for C control runs, so max(0, K - C) control runs are left; of
+  the M + K - C trials a run holds E = (1 - (1-p)^C) / p, a trial diverging at
+  p = q/2 (a trial's mask enables the culprit about half the time), each start-up.
+C is the cheapest in 2..CONTROL_RUNS + GOLDEN_SHARE x (M + K) (past the controls the
+golden run adds at most that share of the search's runs); where no C costs less
+than one mask a run, one mask a run. Where drift shows in most runs (q high) few
+trials are clean and few controls are needed: a long golden run is spent and
+segments save few start-ups, so one mask a run wins unless a start-up is dear. A
+start-up that costs nothing gets one mask a run, and so does drift without prefetch
+(all-off drifted): a golden run many runs long would drift itself, and such a search
+ends soon (not-prefetch) or must measure that drift run by run. A search segment is a full run's
+steps (SEGMENT_SHARE): shorter segments were measured to cost steps and save no
+start-ups under the search's unknown q. bench_search: docs/segments.md.
 """
 
 from __future__ import annotations
@@ -58,6 +68,7 @@ from bisect_prefetch.errors import BisectPrefetchError
 from bisect_prefetch.search.oracle import RunResult
 from bisect_prefetch.search.causes import Search
 from bisect_prefetch.search.runlog import Ask, matched_steps
+from bisect_prefetch.search.stats import z_channel_capacity
 from bisect_prefetch.vocab import (
     DROP_ONLY,
     KEEP_ONLY,
@@ -81,6 +92,9 @@ CONTROL_RUNS = 10
 CHECK_RUNS = 7
 SEARCH_RUNS = 33
 EXPECTED_EDGES = 67
+CHANCE = 0.3  # the per-run chance the cost model assumes where no all-on run measured one
+CONTROL_ALPHA = 0.05  # the background controls' strength: K = ln(alpha/2) / ln(1 - q) runs
+MASK_SHARE = 0.5  # the share of trials whose mask enables the culprit
 GOLDEN_SHARE = 0.1  # the golden run's steps past CONTROL_RUNS: at most this share of the search's
 FULL_LENGTH_STAGES = (STAGE_CALIBRATE, STAGE_CHECK_OFF, STAGE_LEADING, KEEP_ONLY, DROP_ONLY, STAGE_REDUCE)
 SEGMENTS_MODES = ("auto", "off")
@@ -104,16 +118,38 @@ class Lengths:
         return self.steps_per_run if ask.stage in FULL_LENGTH_STAGES else self.segment_steps
 
 
-def lengths_for(steps_per_run: int, startup_steps: float, edges: int = EXPECTED_EDGES) -> Lengths:
-    """The cost model: segment length and step cap for runs of `steps_per_run` steps whose
-    start-up costs `startup_steps` steps' worth of time, on a graph of `edges` edges."""
+def lengths_for(steps_per_run: int, startup_steps: float, edges: int = EXPECTED_EDGES,
+                chance: float | None = None, background: bool = False) -> Lengths:
+    """The cost model (module docstring): segment length and step cap for runs of
+    `steps_per_run` steps whose start-up costs `startup_steps` steps' worth of time, on a
+    graph of `edges` edges, at a per-run chance of drift `chance` (None: CHANCE); a cap of
+    one run (one mask a run) wherever segments would not cost less, and where all-off
+    drifted too (`background`)."""
     segment = min(steps_per_run, max(MIN_SEGMENT_STEPS, round(SEGMENT_SHARE * steps_per_run)))
-    if startup_steps <= 0:
-        return Lengths(steps_per_run, segment, steps_per_run)
-    runs = CHECK_RUNS + SEARCH_RUNS * _set_bits(edges) / _set_bits(EXPECTED_EDGES)  # R, in runs
-    best = max(CONTROL_RUNS, math.sqrt(startup_steps * runs / steps_per_run))  # C, in runs
-    cap = math.floor(min(best + 0.5, CONTROL_RUNS + GOLDEN_SHARE * (runs + CONTROL_RUNS)))
+    one_mask = Lengths(steps_per_run, segment, steps_per_run)
+    if startup_steps <= 0 or background:
+        return one_mask
+    q = min(max(CHANCE if chance is None else chance, 0.05), 0.95)
+    controls = max(1.0, math.log(CONTROL_ALPHA / 2) / math.log(1 - q))  # K, in runs
+    trials = ((CHECK_RUNS + SEARCH_RUNS * _set_bits(edges) / _set_bits(EXPECTED_EDGES))
+              * z_channel_capacity(CHANCE) / z_channel_capacity(q))  # M, in runs
+    most = max(2, math.floor(CONTROL_RUNS + GOLDEN_SHARE * (trials + controls)))
+    costs = {cap: _segments_cost(cap, steps_per_run, startup_steps, q, controls, trials)
+             for cap in range(2, most + 1)}
+    cap = min(costs, key=costs.__getitem__)
+    one_mask_cost = startup_steps * (trials + controls - 1) + steps_per_run * (controls - 1)
+    if costs[cap] >= one_mask_cost:
+        return one_mask
     return Lengths(steps_per_run, segment, cap * steps_per_run)
+
+
+def _segments_cost(cap: int, steps: int, startup: float, q: float, controls: float,
+                   trials: float) -> float:
+    """What a cap of `cap` runs costs beyond the trials' own steps (module docstring)."""
+    left = max(0.0, controls - cap)  # control runs the golden run does not stand in for
+    diverging = MASK_SHARE * q * trials / (trials + left)  # p, a trial's chance to end a run
+    per_run = (1 - (1 - diverging) ** cap) / diverging  # E, trials a run holds
+    return startup * (trials + left) / per_run + steps * left + startup + cap * steps
 
 
 def _set_bits(edges: int) -> float:

@@ -365,7 +365,8 @@ def _simulate(
     if segments not in SEGMENTS_MODES:
         raise BisectPrefetchError(f"--segments must be one of {', '.join(SEGMENTS_MODES)}, got {segments!r}")
     edge_ids = from_policy(policy, layers).edge_ids()
-    lengths = lengths_for(steps, startup_cost, len(edge_ids)) if segments == "auto" else None
+    lengths = (lengths_for(steps, startup_cost, len(edge_ids), chance=per_run_chance(hazard, steps),
+                           background=background > 0) if segments == "auto" else None)
     units = HintPrior(edge_ids).units
     q = per_run_chance(hazard, steps)
     alpha = 1.0 - confidence

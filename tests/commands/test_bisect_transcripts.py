@@ -178,6 +178,7 @@ def run_command(tmp_path, simulation, *, resume=False, max_runs=200, **options):
 CULPRIT_FOUND = """\
 bisecting sim: 20 steps a run, seed 1, guard none, confidence 0.95, at most 200 runs
 running the golden reference (all-off, full length)...
+segments: no run measured its start-up and step time (that takes 3 steps or more); one mask a run
 checking that all-on diverges...
     run 1 (4 edges on): diverged at step 18 [0.2s]
   -> diverged at run 1 (step 18)
@@ -238,6 +239,7 @@ wrote TMP/out.json
 NO_DRIFT = """\
 bisecting sim: 20 steps a run, seed 1, guard none, confidence 0.95, at most 16 runs
 running the golden reference (all-off, full length)...
+segments: no run measured its start-up and step time (that takes 3 steps or more); one mask a run
 checking that all-on diverges...
     run 1 (4 edges on): clean over 20 steps [0.2s]
   -> clean (1 run)
@@ -288,6 +290,7 @@ wrote TMP/out.json
 NOT_PREFETCH = """\
 bisecting sim: 20 steps a run, seed 1, guard none, confidence 0.95, at most 200 runs
 running the golden reference (all-off, full length)...
+segments: no run measured its start-up and step time (that takes 3 steps or more); one mask a run
 checking that all-on diverges...
     run 1 (4 edges on): diverged at step 15 [0.2s]
   -> diverged at run 1 (step 15)
@@ -326,6 +329,7 @@ wrote TMP/out.json
 INCONCLUSIVE = """\
 bisecting sim: 20 steps a run, seed 1, guard none, confidence 0.95, at most 4 runs
 running the golden reference (all-off, full length)...
+segments: no run measured its start-up and step time (that takes 3 steps or more); one mask a run
 checking that all-on diverges...
     run 1 (4 edges on): clean over 20 steps [0.2s]
     run 2 (4 edges on): diverged at step 17 [0.2s]
@@ -357,6 +361,7 @@ wrote TMP/out.json
 INTERRUPTED = """\
 bisecting sim: 20 steps a run, seed 1, guard none, confidence 0.95, at most 200 runs
 running the golden reference (all-off, full length)...
+segments: no run measured its start-up and step time (that takes 3 steps or more); one mask a run
 checking that all-on diverges...
     run 1 (4 edges on): diverged at step 18 [0.2s]
   -> diverged at run 1 (step 18)
@@ -375,6 +380,7 @@ RESUMED = """\
 bisecting sim: 20 steps a run, seed 1, guard none, confidence 0.95, at most 200 runs
 resuming: 4 finished run(s) in the journal are reused
 running the golden reference (all-off, full length)...
+segments: no run measured its start-up and step time (that takes 3 steps or more); one mask a run
 checking that all-on diverges...
     run 1 (4 edges on): diverged at step 18 [from the journal]
   -> diverged at run 1 (step 18)
@@ -437,6 +443,7 @@ wrote TMP/out.json
 TWO_SLOTS = """\
 bisecting sim: 20 steps a run, seed 1, guard none, confidence 0.95, at most 200 runs
 running the golden reference (all-off, full length)...
+segments: no run measured its start-up and step time (that takes 3 steps or more); one mask a run
 checking that all-on diverges...
 testing forward-off...
     run 1 (2 edges on): diverged at step 6 [0.2s]
@@ -510,27 +517,32 @@ wrote TMP/out.json
 SEGMENTS = """\
 bisecting sim: 20 steps a run, seed 1, guard none, confidence 0.95, at most 200 runs
 running the golden reference (all-off, full length)...
-segments: a start-up costs 40 steps' worth of time; a run holds up to 10 masks of 20 steps each (search/segments.py)
-running the golden reference again, 200 steps: as long as the longest run...
-    run 1 (10 segments, 4 edges on first): diverged at step 18 [0.2s]
-    run 2 (10 segments, 0 edges on first): diverged at step 26 [0.2s]
-  -> checking that all-on diverges: diverged at run 1 (step 18)
-  -> checking that all-off is consistent: clean (1 run)
-    run 3 (10 segments, 3 edges on first): diverged at step 79 [0.2s]
-  -> testing forward-off: diverged at run 2 (step 6)
+checking that all-on diverges (and how often, for segments)...
+    run 1 (4 edges on): diverged at step 18 [0.2s]
+  -> diverged at run 1 (step 18)
+checking that all-off is consistent...
+    run 2 (0 edges on): clean over 20 steps [0.2s]
+  -> clean (1 run)
+segments: a start-up costs 40 steps' worth of time; a run holds up to 3 masks of 20 steps each (search/segments.py)
+running the golden reference again, 60 steps: as long as the longest run...
+    run 3 (3 segments, 2 edges on first): diverged at step 6 [0.2s]
+    run 4 (3 segments, 3 edges on first): clean over 60 steps [0.2s]
+  -> testing forward-off: diverged at run 3 (step 6)
   -> testing drop-only:bwd:layers.2->layers.1: clean (2 runs)
+    run 5 (3 segments, 1 edges on first): diverged at step 19 [0.2s]
   -> checking that the leading set is enough: keep-only:bwd:layers.2->layers.1 should diverge: clean (1 run)
-    run 4 (5 segments, 3 edges on first): clean over 100 steps [0.2s]
-  -> testing keep-only:bwd:layers.2->layers.1: diverged at run 3 (step 19)
+    run 6 (3 segments, 3 edges on first): clean over 60 steps [0.2s]
+  -> testing keep-only:bwd:layers.2->layers.1: diverged at run 5 (step 19)
+    run 7 (2 segments, 3 edges on first): clean over 40 steps [0.2s]
   -> double checking the answer: drop-only:bwd:layers.2->layers.1 should be consistent: clean (5 runs)
 
 verdict: culprit-found
 minimal set: bwd:layers.2->layers.1
-confidence: 0.983   runs: 4 (12 trials, several masks a run)   steps: 223
-  - keep-only:bwd:layers.2->layers.1 diverged (run 3, step 19): the set is enough for drift
+confidence: 0.977   runs: 7 (12 trials, several masks a run)   steps: 223
+  - keep-only:bwd:layers.2->layers.1 diverged (run 5, step 19): the set is enough for drift
   - drop-only:bwd:layers.2->layers.1: 7 runs, all consistent: removing the set removes drift
-  - all-off and drop-only:bwd:layers.2->layers.1 after the search: 11 runs (counting the golden run as 5: the steps runs matched), all consistent: drift without
-prefetch at a per-run chance of 0.238 or more is ruled out at 95%; as strong as the answer's (0.4), it would have shown at 99.6%
+  - all-off and drop-only:bwd:layers.2->layers.1 after the search: 9 runs (counting the golden run as 3: the steps runs matched), all consistent: drift without
+prefetch at a per-run chance of 0.283 or more is ruled out at 95%; as strong as the answer's (0.4), it would have shown at 99.0%
 evidence
 ┏━━━━━━━━━━━━━┳━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━┳━━━━━━━┳━━━━━━┳━━━━━━━━━━┳━━━━━━━━━━━━━━━━━━━━━━━┳━━━━━━━━━━┓
 ┃ stage       ┃ mask                             ┃ edges ┃ runs ┃ diverged ┃ first differing steps ┃ verdict  ┃
@@ -546,7 +558,7 @@ evidence
 per-run chance 0.75 (95% interval 0.194-0.994), per-step hazard 0.0476, from 4 runs that enabled the set
 reproduce: bisect-prefetch aa TMP/exp.yaml --runs=4 '--mask=keep-only:bwd:layers.2->layers.1'
 explain: bisect-prefetch explain TMP/exp.yaml '--mask=keep-only:bwd:layers.2->layers.1'
-runs launched 6, reused from the journal 0; report: TMP/state/sim/report.html
+runs launched 9, reused from the journal 0; report: TMP/state/sim/report.html
 wrote TMP/out.json
 """
 
@@ -685,8 +697,27 @@ def test_segments(tmp_path):
     assert lines(text) == lines(SEGMENTS)
     assert code == 1
     data = json.loads((tmp_path / "out.json").read_text())
-    assert data["segments"]["used"] and (data["segments"]["startups"], data["runs_used"]) == (4, 12)
-    assert [len(d["schedule"]) for d in data["run_details"] if "schedule" in d] == [10, 10, 10, 5]
+    assert data["segments"]["used"] and (data["segments"]["startups"], data["runs_used"]) == (7, 12)
+    assert [len(d["schedule"]) for d in data["run_details"] if "schedule" in d] == [3, 3, 3, 3, 2]
+
+
+def test_segments_where_one_mask_a_run_costs_less(tmp_path):
+    """A cheap start-up and drift in most all-on runs: a long golden run would be spent and
+    few start-ups saved, so segments auto runs one mask a run, and says why."""
+    code, text = run_command(tmp_path, Simulation([CULPRIT], startup_steps=5), segments="auto")
+    assert lines(text)[2:9] == [
+        "checking that all-on diverges (and how often, for segments)...",
+        "    run 1 (4 edges on): diverged at step 18 [0.2s]",
+        "  -> diverged at run 1 (step 18)",
+        "checking that all-off is consistent...",
+        "    run 2 (0 edges on): clean over 20 steps [0.2s]",
+        "  -> clean (1 run)",
+        "segments: a start-up costs 5 steps' worth of time and drift shows in 0.81 of all-on "
+        "runs (1 run): one mask a run costs less (search/segments.py)"]
+    assert code == 1
+    data = json.loads((tmp_path / "out.json").read_text())
+    assert not data["segments"]["used"] and data["segments"]["startups"] == data["runs_used"]
+    assert data["minimal_set"] == [CULPRIT]
 
 
 def test_a_second_bisection_without_resume_is_refused(tmp_path):

@@ -238,6 +238,8 @@ def test_bisect_stress_auto_uses_stress_where_it_raises_the_chance(tmp_path):
     assert code == 1 and data["verdict"] == "culprit-found"
     assert data["minimal_set"] == [culprit]
     assert "checking whether stress makes drift show more often" in text
+    # the first pair settles it: a stressed divergence at step 1 beside a clean run
+    assert "  -> settled after 1 pair (chance it raises the hazard at least 0.95): " in text
     assert "stress raises the per-run chance from" in text and "; using it" in text
     assert data["stress"]["mode"] == "auto" and data["stress"]["used"] is True
     assert data["stress"]["chance_with"]["per_run_chance"] > data["stress"]["chance_without"][
@@ -272,6 +274,22 @@ def test_no_drift_under_stress_is_checked_without_stress(tmp_path):
     assert data["verdict"] == "no-drift-reproduced"
     assert "searching again without stress" in out.getvalue()
     assert data["stress"]["unstressed_search"]["verdict"] == "no-drift-reproduced"
+
+
+def test_a_calibration_that_sees_no_drift_stops_at_its_cap_and_says_so(tmp_path):
+    experiment = _simulated_experiment(tmp_path, layers=2, last_line="search: {max_runs: 12}")
+    out = io.StringIO()
+    bisect_command.bisect(
+        experiment, confidence=None, max_runs=None, resume=False, state_dir=tmp_path / "state",
+        console=console(out), json_out=tmp_path / "out.json", stress="auto",
+        oracle_for=lambda opened, on_run, stress=False: _StressOracle(
+            opened, on_run, culprit="none", hazard=0.0, stress=stress))
+    text = out.getvalue()
+    assert "  -> not settled after 4 pairs, the most it runs; the likelier side taken: stress " \
+           "does not raise the per-run chance" in text
+    data = json.loads((tmp_path / "out.json").read_text())
+    assert data["stress"]["used"] is False
+    assert data["stress"]["chance_with"]["runs"] == data["stress"]["chance_without"]["runs"] == 4
 
 
 def test_no_drift_without_stress_says_how_to_look_harder(tmp_path):

@@ -168,6 +168,20 @@ def test_the_cost_model_caps_runs_by_the_startup_and_keeps_checks_a_full_run():
         Lengths(10, 5, 8)
 
 
+def test_the_cost_model_picks_one_mask_a_run_where_drift_shows_in_most_runs():
+    """make demo's runs (30 steps, 14 edges, a start-up of 40 steps): the more often drift
+    shows, the fewer clean trials ride in a run and the fewer controls the golden run
+    stands in for, so the cap shrinks, to one run where segments would cost more."""
+    caps = [lengths_for(30, 40, edges=14, chance=q).cap_steps for q in (0.05, 0.3, 0.5, 0.8, 0.95)]
+    assert caps == sorted(caps, reverse=True) and caps[0] > caps[-1]
+    assert caps[-1] == 30  # one mask a run
+    assert lengths_for(30, 1000, edges=14, chance=0.95).cap_steps > 30  # a dear start-up pays
+    # Drift without prefetch: a long golden run would drift itself.
+    assert lengths_for(30, 1000, edges=14, chance=0.3, background=True).cap_steps == 30
+    # No chance measured: the one the cost model assumes (CHANCE, 0.3).
+    assert lengths_for(30, 40, edges=14).cap_steps == lengths_for(30, 40, edges=14, chance=0.3).cap_steps
+
+
 def test_the_golden_run_counts_as_controls_only_through_the_steps_runs_matched():
     b = search()
     b.golden(5 * STEPS)
