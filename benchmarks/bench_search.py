@@ -31,7 +31,12 @@ from benchmarks.baselines import BASELINES
 from bisect_prefetch.graph import from_policy
 from bisect_prefetch.search.hints import HintPrior, edge_ends
 from bisect_prefetch.search.simulate import METHODS, runs_by_step_mean, simulate
-from bisect_prefetch.search.stats import binary_entropy, hazard_for_chance, per_run_chance, z_channel_capacity
+from bisect_prefetch.search.stats import (
+    binary_entropy,
+    hazard_for_chance,
+    per_run_chance,
+    z_channel_capacity,
+)
 
 POLICY, LAYERS, STEPS, SEED = "mindformers", 32, 100, 20260601
 CHAIN_Q = per_run_chance(0.05, 30)  # the hazard of issue 35's measurements, over 30 steps

@@ -20,8 +20,8 @@ from bisect_prefetch.commands.bisect_words import (
     verdict_line,
 )
 from bisect_prefetch.runs.outcome import RunOutcome
-from bisect_prefetch.search.oracle import Oracle, RunResult
 from bisect_prefetch.search.causes import Search
+from bisect_prefetch.search.oracle import Oracle, RunResult
 from bisect_prefetch.search.runlog import Ask, mask_name
 from bisect_prefetch.search.segments import Lengths, Schedule, plan_run, record_run
 from bisect_prefetch.search.verdict import SearchResult

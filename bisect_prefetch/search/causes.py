@@ -54,7 +54,13 @@ from bisect_prefetch.search.posterior import CLEARLY_ABOVE, EdgePosterior, sub_p
 from bisect_prefetch.search.protocol import Bisection
 from bisect_prefetch.search.runlog import Ask, Block
 from bisect_prefetch.search.verdict import SearchResult
-from bisect_prefetch.vocab import VERDICT_FOUND, VERDICT_INCONCLUSIVE, VERDICT_NO_DRIFT, VERDICT_NOT_PREFETCH, Mask
+from bisect_prefetch.vocab import (
+    VERDICT_FOUND,
+    VERDICT_INCONCLUSIVE,
+    VERDICT_NO_DRIFT,
+    VERDICT_NOT_PREFETCH,
+    Mask,
+)
 
 # Why a stage searches where it does (Stage.why; the notices say it).
 EVERY_EDGE = "every-edge"  # the first stage

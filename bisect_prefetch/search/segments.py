@@ -65,8 +65,8 @@ import math
 from dataclasses import dataclass, replace
 
 from bisect_prefetch.errors import BisectPrefetchError
-from bisect_prefetch.search.oracle import RunResult
 from bisect_prefetch.search.causes import Search
+from bisect_prefetch.search.oracle import RunResult
 from bisect_prefetch.search.runlog import Ask, matched_steps
 from bisect_prefetch.search.stats import z_channel_capacity
 from bisect_prefetch.vocab import (

@@ -43,9 +43,9 @@ import numpy as np
 
 from bisect_prefetch.errors import BisectPrefetchError
 from bisect_prefetch.graph import from_policy
+from bisect_prefetch.search.causes import CauseSearch, Search
 from bisect_prefetch.search.hints import HintPrior, edge_ends
 from bisect_prefetch.search.oracle import AnswersAtOnce, RunResult
-from bisect_prefetch.search.causes import CauseSearch, Search
 from bisect_prefetch.search.protocol import Bisection
 from bisect_prefetch.search.runlog import BACKGROUND_CONTROL
 from bisect_prefetch.search.segments import (
@@ -69,7 +69,6 @@ from bisect_prefetch.vocab import (
     VERDICT_NOT_PREFETCH,
     Mask,
 )
-
 
 # The tool's search, and (for comparison) its one-cause search alone (protocol.Bisection).
 METHODS = ("search", "one-cause")
