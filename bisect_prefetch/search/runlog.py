@@ -192,8 +192,7 @@ class RunLog:
         if last is not None and last.stage == stage and last.enabled == mask:
             return last
         block = Block(stage, mask_name(mask, self.graph_ids), len(mask), self.numbered_from + self.runs_used,
-                      enabled=mask,
-                      target=ask.target if ask else (), context=ask.context if ask else None)
+                      enabled=mask, target=ask.target if ask else (), context=ask.context if ask else None)
         self.events.append(block)
         return block
 
@@ -269,9 +268,8 @@ class RunLog:
     def first_divergence(self, mask: Mask) -> tuple[int, RunResult]:
         """The first diverged run of exactly this mask: (1-based run number in the command, result);
         an earlier search's run (causes.py) where this search ran none."""
-        earlier = [(n, m, r) for n, m, r in self.earlier_runs]
         own = [(self.numbered_from + i + 1, m, r) for i, (m, r) in enumerate(self.history)]
-        return next((n, r) for n, m, r in earlier + own if m == mask and r.diverged)
+        return next((n, r) for n, m, r in self.earlier_runs + own if m == mask and r.diverged)
 
     def clean_with_without(self, rest: set[str], edge: str) -> int:
         """Clean runs that enabled every edge of `rest` but not `edge`."""

@@ -351,18 +351,8 @@ def _simulate(
     cost. `all_off_runs`: as the experiment's search.all_off_runs (a count, or
     "auto"). `method`: one of METHODS, or a baseline callable (benchmarks/baselines.py).
     """
-    if method not in METHODS and not callable(method):
-        raise BisectPrefetchError(f"unknown method {method!r} (the simulator runs the search)")
-    if trials < 1:
-        raise BisectPrefetchError(f"--trials must be at least 1, got {trials}")
-    if slots < 1:
-        raise BisectPrefetchError(f"--slots must be at least 1, got {slots}")
-    if hint_accuracy is not None and not 0.0 <= hint_accuracy <= 1.0:
-        raise BisectPrefetchError(f"--hint-accuracy must be in [0, 1], got {hint_accuracy}")
-    if not 0.0 <= background < 1.0:
-        raise BisectPrefetchError(f"--background must be in [0, 1), got {background}")
-    if segments not in SEGMENTS_MODES:
-        raise BisectPrefetchError(f"--segments must be one of {', '.join(SEGMENTS_MODES)}, got {segments!r}")
+    _check_options(method=method, trials=trials, slots=slots, hint_accuracy=hint_accuracy,
+                   background=background, segments=segments)
     edge_ids = from_policy(policy, layers).edge_ids()
     lengths = (lengths_for(steps, startup_cost, len(edge_ids), chance=per_run_chance(hazard, steps),
                            background=background > 0) if segments == "auto" else None)
@@ -386,23 +376,68 @@ def _simulate(
             )
         else:
             outcome = method(edge_ids, oracle, q=q, alpha=alpha)
-        results.append({
-            "trial": trial,
-            "culprits": truth,
-            "verdict": outcome.verdict,
-            "minimal_set": outcome.minimal_set,
-            "culprit_sets": outcome.culprit_sets,
-            "correct": is_correct(outcome, truth, together=together, background=background),
-            "confidence": outcome.confidence,
-            "runs": outcome.runs,
-            "steps": outcome.steps,
-            "rounds": outcome.rounds,
-            "startups": outcome.startups,
-            "golden_steps": outcome.golden_steps,
-            # Cluster time in steps: every start-up, the golden reference's included.
-            "cost": outcome.steps + outcome.golden_steps + startup_cost * outcome.startups,
-            "runs_by_step": outcome.runs_by_step,
-        })
+        correct = is_correct(outcome, truth, together=together, background=background)
+        results.append(_trial_record(trial, truth, outcome, correct, startup_cost))
+    return {
+        **_scores(results),
+        "slots": slots,
+        "hint_accuracy": hint_accuracy,
+        "all_off_runs": all_off_runs,
+        "background": background,
+        "segments": segments,
+        "segment_steps": lengths.segment_steps if lengths else steps,
+        "cap_steps": lengths.cap_steps if lengths else steps,
+        "startup_cost": startup_cost,
+        "method": method if isinstance(method, str) else method.__name__,
+        "policy": policy,
+        "layers": layers,
+        "edges": len(edge_ids),
+        "per_run_chance": q,
+        "seed": seed,
+        "results": results,
+    }
+
+
+def _check_options(*, method, trials: int, slots: int, hint_accuracy: float | None, background: float,
+                   segments: str) -> None:
+    if method not in METHODS and not callable(method):
+        raise BisectPrefetchError(f"unknown method {method!r} (the simulator runs the search)")
+    if trials < 1:
+        raise BisectPrefetchError(f"--trials must be at least 1, got {trials}")
+    if slots < 1:
+        raise BisectPrefetchError(f"--slots must be at least 1, got {slots}")
+    if hint_accuracy is not None and not 0.0 <= hint_accuracy <= 1.0:
+        raise BisectPrefetchError(f"--hint-accuracy must be in [0, 1], got {hint_accuracy}")
+    if not 0.0 <= background < 1.0:
+        raise BisectPrefetchError(f"--background must be in [0, 1), got {background}")
+    if segments not in SEGMENTS_MODES:
+        raise BisectPrefetchError(f"--segments must be one of {', '.join(SEGMENTS_MODES)}, got {segments!r}")
+
+
+def _trial_record(trial: int, truth: list[str], outcome: Outcome, correct: bool, startup_cost: float) -> dict:
+    """One trial of the simulate JSON's results."""
+    return {
+        "trial": trial,
+        "culprits": truth,
+        "verdict": outcome.verdict,
+        "minimal_set": outcome.minimal_set,
+        "culprit_sets": outcome.culprit_sets,
+        "correct": correct,
+        "confidence": outcome.confidence,
+        "runs": outcome.runs,
+        "steps": outcome.steps,
+        "rounds": outcome.rounds,
+        "startups": outcome.startups,
+        "golden_steps": outcome.golden_steps,
+        # Cluster time in steps: every start-up, the golden reference's included.
+        "cost": outcome.steps + outcome.golden_steps + startup_cost * outcome.startups,
+        "runs_by_step": outcome.runs_by_step,
+    }
+
+
+def _scores(results: Sequence[dict]) -> dict:
+    """The trials scored: accuracy, what they claimed, and medians of what they cost."""
+    trials = len(results)
     runs = [r["runs"] for r in results]
     claims = [r["confidence"] for r in results if r["confidence"] is not None]
     return {
@@ -413,26 +448,11 @@ def _simulate(
         "steps_median": _percentile([r["steps"] for r in results], 50),
         "claimed_confidence": float(np.mean(claims)) if claims else None,
         VERDICT_INCONCLUSIVE: sum(r["verdict"] == VERDICT_INCONCLUSIVE for r in results) / trials,
-        "slots": slots,
         "rounds_median": _percentile([r["rounds"] for r in results], 50),
         "rounds_p90": _percentile([r["rounds"] for r in results], 90),
-        "hint_accuracy": hint_accuracy,
-        "all_off_runs": all_off_runs,
-        "background": background,
-        "segments": segments,
-        "segment_steps": lengths.segment_steps if lengths else steps,
-        "cap_steps": lengths.cap_steps if lengths else steps,
-        "startup_cost": startup_cost,
         "startups_median": _percentile([r["startups"] for r in results], 50),
         "cost_median": _percentile([r["cost"] for r in results], 50),
         "runs_by_step_mean": runs_by_step_mean(results),
-        "method": method if isinstance(method, str) else method.__name__,
-        "policy": policy,
-        "layers": layers,
-        "edges": len(edge_ids),
-        "per_run_chance": q,
-        "seed": seed,
-        "results": results,
     }
 
 
