@@ -77,8 +77,7 @@ class Stage:
 
     universe: Mask
     search: Bisection
-    why: str
-    within: Mask | None = None  # NARROWED: the diverged mask it searches inside
+    why: str  # EVERY_EDGE, PEELED or NARROWED (its universe is then the diverged mask)
 
 
 @dataclass(frozen=True)
@@ -198,8 +197,8 @@ class CauseSearch:
         self._advance()
 
     # -- stages -------------------------------------------------------------------------
-    def _start(self, universe: Mask, why: str, *, within: Mask | None = None,
-               calibration_runs: int | None = None, drift: float | None = None) -> None:
+    def _start(self, universe: Mask, why: str, *, calibration_runs: int | None = None,
+               drift: float | None = None) -> None:
         """A new stage over `universe`, with every earlier run it could have seen as evidence;
         drift: the per-run chance of the drift it looks for, which clean all-off runs must
         first rule out as background drift."""
@@ -224,7 +223,7 @@ class CauseSearch:
         if self.stages:
             self._finished += self.stage.search.events
             self._orphans += self.stage.search.in_flight
-        self.stages.append(Stage(universe, search, why, within))
+        self.stages.append(Stage(universe, search, why))
         self._notices_seen = len(search.notices)
         self.notices += search.notices
 
@@ -298,7 +297,7 @@ class CauseSearch:
         # The drift the masks that diverged without the mask's edges showed: background drift
         # that strong would show in all-off runs.
         shown = {m for m in diverged if not m & within}
-        self._start(within, NARROWED, within=within, drift=self._rate([r for m, r in runs if m in shown]))
+        self._start(within, NARROWED, drift=self._rate([r for m, r in runs if m in shown]))
         return True
 
     @staticmethod
@@ -328,8 +327,8 @@ class CauseSearch:
                 return
             self._conclude(result)
         elif stage.why == NARROWED and not _out_of_runs(result):
-            self._set_aside.append(stage.within)
-            self.notices.append({"event": "narrowing-found-nothing", "mask": sorted(stage.within),
+            self._set_aside.append(stage.universe)
+            self.notices.append({"event": "narrowing-found-nothing", "mask": sorted(stage.universe),
                                  "verdict": result.verdict})
             self._start(left, PEELED if self.causes else EVERY_EDGE,
                         calibration_runs=self._peel_runs() if self.causes else None)

@@ -262,32 +262,29 @@ def assert_runs_named_by_their_lines(text: str) -> None:
         assert said.get(run) == step, (run, step)
 
 
-def test_no_drift_under_stress_is_checked_without_stress(tmp_path):
+def _bisect_without_drift(tmp_path, stress: str) -> tuple[str, dict]:
+    """bisect of a simulated job that never drifts, with --stress `stress`: its text and JSON."""
     experiment = _simulated_experiment(tmp_path, layers=2, last_line="search: {max_runs: 12}")
     out = io.StringIO()
     bisect_command.bisect(
         experiment, confidence=None, max_runs=None, resume=False, state_dir=tmp_path / "state",
-        console=console(out), json_out=tmp_path / "out.json", stress="on",
+        console=console(out), json_out=tmp_path / "out.json", stress=stress,
         oracle_for=lambda opened, on_run, stress=False: _StressOracle(
             opened, on_run, culprit="none", hazard=0.0, stress=stress))
-    data = json.loads((tmp_path / "out.json").read_text())
+    return out.getvalue(), json.loads((tmp_path / "out.json").read_text())
+
+
+def test_no_drift_under_stress_is_checked_without_stress(tmp_path):
+    text, data = _bisect_without_drift(tmp_path, "on")
     assert data["verdict"] == "no-drift-reproduced"
-    assert "searching again without stress" in out.getvalue()
+    assert "searching again without stress" in text
     assert data["stress"]["unstressed_search"]["verdict"] == "no-drift-reproduced"
 
 
 def test_a_calibration_that_sees_no_drift_stops_at_its_cap_and_says_so(tmp_path):
-    experiment = _simulated_experiment(tmp_path, layers=2, last_line="search: {max_runs: 12}")
-    out = io.StringIO()
-    bisect_command.bisect(
-        experiment, confidence=None, max_runs=None, resume=False, state_dir=tmp_path / "state",
-        console=console(out), json_out=tmp_path / "out.json", stress="auto",
-        oracle_for=lambda opened, on_run, stress=False: _StressOracle(
-            opened, on_run, culprit="none", hazard=0.0, stress=stress))
-    text = out.getvalue()
+    text, data = _bisect_without_drift(tmp_path, "auto")
     assert "  -> not settled after 4 pairs, the most it runs; the likelier side taken: stress " \
            "does not raise the per-run chance" in text
-    data = json.loads((tmp_path / "out.json").read_text())
     assert data["stress"]["used"] is False
     assert data["stress"]["chance_with"]["runs"] == data["stress"]["chance_without"]["runs"] == 4
 
