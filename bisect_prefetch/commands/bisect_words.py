@@ -22,7 +22,13 @@ from bisect_prefetch.runs.oracle import Earlier
 from bisect_prefetch.runs.outcome import RunOutcome
 from bisect_prefetch.runs.step_time import fix_cost_line
 from bisect_prefetch.search import verdict as v
-from bisect_prefetch.search.runlog import AFTER_DROP_ONLY_DIVERGED, BACKGROUND_CONTROL, Block
+from bisect_prefetch.search.runlog import (
+    AFTER_DROP_ONLY_DIVERGED,
+    BACKGROUND_CONTROL,
+    BACKGROUND_PARITY,
+    NO_CAUSE_HERE,
+    Block,
+)
 from bisect_prefetch.search.segments import Lengths
 from bisect_prefetch.search.stress import Hazard, StressChoice
 from bisect_prefetch.search.verdict import SearchResult
@@ -73,11 +79,19 @@ def stage_title(stage: str, mask: str, target: Sequence[str], context: str | Non
     parts of search/protocol.py: 1 calibrate, 2 check-off, 3 reduce, 4 the double check
     of an answer, 5 search and the leading set)."""
     names = ",".join(target)
-    if stage == STAGE_CALIBRATE:  # 1
+    if stage == STAGE_CALIBRATE:  # 1, and all-on in 4's checks of an answer of none
+        if context == NO_CAUSE_HERE:
+            return "no cause left among these edges? checking that all-on stays consistent"
+        if context == BACKGROUND_PARITY:
+            return ("drift without prefetch, or several causes? checking that all-on diverges "
+                    "no more often than all-off")
         return "checking that all-on diverges"
     if stage == STAGE_CHECK_OFF:  # 2, and the all-off runs of 4's double check
         if context == AFTER_DROP_ONLY_DIVERGED:
             return "drop-only still diverges: checking that all-off is consistent"
+        if context == BACKGROUND_PARITY:
+            return ("drift without prefetch, or several causes? checking that all-off diverges "
+                    "as often as the other runs")
         if context == BACKGROUND_CONTROL:
             return "ruling out drift without prefetch as strong as the answer's: checking that all-off is consistent"
         return "checking that all-off is consistent"

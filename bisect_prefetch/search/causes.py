@@ -20,8 +20,14 @@ settles. So the causes are found one at a time, each by a one-cause search
    background drift. It asks first for clean all-off runs that would show background
    drift as strong as that drift (`_all_off_for`); each set keeps the prior it has in
    the whole graph, a peeled stage's times DISJOINT_CAUSES, the rest is "no cause
-   here" (posterior.sub_prior), which settles it once it holds the confidence; and
-   keep-only of its answer must diverge twice.
+   here" (posterior.sub_prior), which settles it once it holds the confidence and (a
+   peeled stage) all-on of its edges, drop-only of the union, stayed clean often enough
+   to show a cause as strong as the weakest found (`_peel_runs`); and keep-only of its
+   answer must diverge twice.
+   The first stage's not-prefetch waits, too: two causes, whose diverged runs share no
+   edge, look like drift without prefetch to the one-cause model, so all-off must be
+   shown to diverge about as often as the other runs (checks.py); if it diverges far
+   less often, the drift is prefetch's and step 2 narrows.
 5. The end. A peeled stage whose answer's drop-only (drop-only of the union of every
    cause) is consistent, that finds no drift, or whose drift is background: culprit-
    found, naming every cause. A narrowed stage that finds nothing (its divergence was
@@ -55,6 +61,7 @@ from bisect_prefetch.search.protocol import Bisection
 from bisect_prefetch.search.runlog import Ask, Block
 from bisect_prefetch.search.verdict import SearchResult
 from bisect_prefetch.vocab import (
+    DEFAULT_CONFIDENCE,
     VERDICT_FOUND,
     VERDICT_INCONCLUSIVE,
     VERDICT_NO_DRIFT,
@@ -100,7 +107,7 @@ class CauseSearch:
         search.result()   # .culprit_sets: every cause found
     """
 
-    def __init__(self, edge_ids: Sequence[str], *, confidence: float = 0.95, max_runs: int | None = None,
+    def __init__(self, edge_ids: Sequence[str], *, confidence: float = DEFAULT_CONFIDENCE, max_runs: int | None = None,
                  calibration_runs: int | None = None, all_off_runs: int | str = "auto",
                  steps_per_run: int | None = None, max_errors: int = 3, suspects: Sequence[str] = ()) -> None:
         self.edge_ids = list(edge_ids)
@@ -233,10 +240,10 @@ class CauseSearch:
         here", which settles the stage (the drift left is background drift); keep-only of
         its answer must diverge twice."""
         if why == EVERY_EDGE:
-            return {}
+            return {"background_parity": True}
         share = DISJOINT_CAUSES if why == PEELED else 1.0
         return {"prior": sub_prior(edges, len(self.edge_ids), share), "none_settles": True,
-                "keep_only_divergences": 2}
+                "none_after": self._peel_runs() if why == PEELED else 0, "keep_only_divergences": 2}
 
     def _all_off_for(self, drift: float | None) -> int:
         """Clean all-off runs that show background drift of this per-run chance with chance

@@ -14,6 +14,11 @@ that the answer's one keep-only divergence was background drift: keep-only must
 diverge again, then all-off runs until the posterior tells them apart. With
 all_off_runs="auto", all-off runs last until background drift as strong as the
 answer's would have shown with chance 1 - alpha/2 (`background_controls`).
+
+An answer of none (`not_prefetch`), in the search for every cause (causes.py): all-off
+runs until all-off is shown to diverge about as often as the other runs, or far less
+often (several causes, not drift without prefetch); in a later cause's search, all-on
+of its edges must stay clean `none_after` times before "no cause here" stands.
 """
 
 from __future__ import annotations
@@ -22,10 +27,18 @@ import math
 from collections.abc import Callable
 
 from bisect_prefetch.search.evidence import Evidence
+from bisect_prefetch.search.posterior import CLEARLY_ABOVE
 from bisect_prefetch.search.reduce_step import CHECK_IN_FLIGHT
-from bisect_prefetch.search.runlog import AFTER_DROP_ONLY_DIVERGED, BACKGROUND_CONTROL, Ask
+from bisect_prefetch.search.runlog import (
+    AFTER_DROP_ONLY_DIVERGED,
+    BACKGROUND_CONTROL,
+    BACKGROUND_PARITY,
+    NO_CAUSE_HERE,
+    Ask,
+)
+from bisect_prefetch.search.stats import chance_below
 from bisect_prefetch.search.verdict import Found, NotPrefetch
-from bisect_prefetch.vocab import DROP_ONLY, KEEP_ONLY, STAGE_CHECK_OFF
+from bisect_prefetch.vocab import DROP_ONLY, KEEP_ONLY, STAGE_CALIBRATE, STAGE_CHECK_OFF
 
 # Clean drop-only runs of the answer a culprit-found verdict needs at least: the answer's
 # own keep-only divergence may have been background drift, and drop-only then still
@@ -62,8 +75,8 @@ class Checks:
 
     def double_check(self, edges: tuple[int, ...]) -> Check:
         """What the double check of this answer needs next."""
-        if not edges:
-            return NotPrefetch()  # drift without prefetch explains the runs and all-off diverged
+        if not edges:  # drift without prefetch explains the runs and all-off diverged
+            return self.not_prefetch()
         log, ev = self.log, self.ev
         off_mask, drop = log.all_off, log.drop_only(edges)
         if log.tally(drop).divergences:
@@ -87,6 +100,46 @@ class Checks:
         if needed > 0 and not log.unresolved(drop):
             return log.ask(drop, DROP_ONLY, edges) if log.in_flight_of(drop) < needed else SEARCH_ON
         return self.background_controls(edges)
+
+    def not_prefetch(self) -> Check:
+        """An answer of none: drift without prefetch (all-off diverged), or, in a later cause's
+        search, no cause among its edges."""
+        settings = self.ev.settings
+        if settings.none_settles:
+            return self._no_cause_here()
+        return self._background_parity() if settings.background_parity else NotPrefetch()
+
+    def _background_parity(self) -> Check:
+        """Drift without prefetch, or several causes (the one-cause model takes them for it)?
+        Under drift without prefetch every mask diverges as often as all-off: runs until the chance that all-off diverges less than 1/CLEARLY_ABOVE as often as the
+        runs that enabled edges is within alpha (not-prefetch) or beyond 1 - alpha (the
+        drift is prefetch's: the answer is withdrawn, the search goes on and causes.py
+        narrows it). The other runs are all-on runs where they are the fewer."""
+        log, alpha, model = self.log, self.ev.alpha, self.ev.model
+        off = (model.off_divergences, model.off_exposure)
+        on = (model.divergences - model.off_divergences, model.exposure - model.off_exposure)
+        below = chance_below(off, on, CLEARLY_ABOVE)
+        if below <= alpha or log.unresolved(log.all_off) or log.unresolved(log.all_on):
+            return NotPrefetch(doubt=below)
+        if below >= 1 - alpha:
+            return WITHDRAW
+        fewer_on = sum(on) + log.in_flight_of(log.all_on) < sum(off) + log.in_flight_of(log.all_off)
+        mask, stage = (log.all_on, STAGE_CALIBRATE) if fewer_on else (log.all_off, STAGE_CHECK_OFF)
+        if log.in_flight_of(mask) < CHECK_IN_FLIGHT:
+            return log.ask(mask, stage, (), BACKGROUND_PARITY)
+        return None
+
+    def _no_cause_here(self) -> Check:
+        """A later cause's search settles on "no cause among these edges" once all-on (every
+        cause found off) stayed clean `none_after` times: a cause left there would show."""
+        log, needed = self.log, self.ev.settings.none_after
+        if confirmed(self.ev) != ():
+            return WITHDRAW
+        if log.tally(log.all_on).clean >= needed or log.unresolved(log.all_on):
+            return NotPrefetch()
+        if log.tally(log.all_on).clean + log.in_flight_of(log.all_on) < needed:
+            return log.ask(log.all_on, STAGE_CALIBRATE, (), NO_CAUSE_HERE)
+        return None
 
     def _all_off_until(self, edges: tuple[int, ...], needed: int, *, waiting: str | None) -> Check:
         """All-off runs after drop-only diverged, until `needed` stayed clean (or all-off is unresolved)."""

@@ -49,6 +49,12 @@ class Settings:
     # A later cause's search (causes.py): "no cause among these edges" settles it once it holds
     # the confidence, without an all-off divergence (the drift left is background drift).
     none_settles: bool = False
+    # ... and only once all-on (every cause found off) stayed clean this many times.
+    none_after: int = 0
+    # The search for every cause (causes.py): not-prefetch once all-off is shown to diverge
+    # about as often as the other runs (checks.py), since several causes, which the one-cause
+    # model cannot hold, look like drift without prefetch to it.
+    background_parity: bool = False
 
     @property
     def alpha(self) -> float:

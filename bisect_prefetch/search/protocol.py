@@ -29,7 +29,9 @@ first part whose condition holds:
 4. double check ("double checking the answer"), once a set reaches the
    confidence and keep-only of it diverged: drop-only and the background
    controls (checks.py). not-prefetch: drift without prefetch (none) reaches the
-   confidence and all-off has diverged.
+   confidence and all-off has diverged (the search for every cause: and all-off
+   diverges about as often as the other runs; a later cause's search: "no cause
+   here" once all-on stayed clean `none_after` times).
 5. search ("testing MASK"): the most informative mask (planning.py); once the
    leading set holds KEEP_AT of the posterior, keep-only of it, a stage of its own
    (leading-set: "checking that the leading set is enough"; its divergence settles
@@ -67,6 +69,7 @@ from bisect_prefetch.search.reduce_step import CHECK_IN_FLIGHT, ReduceStep
 from bisect_prefetch.search.runlog import Ask, RunLog, mask_name, matched_steps  # noqa: F401 (mask_name: re-exported)
 from bisect_prefetch.search.verdict import SearchResult
 from bisect_prefetch.vocab import (
+    DEFAULT_CONFIDENCE,
     STAGE_CALIBRATE,
     STAGE_CHECK_OFF,
     STAGE_LEADING,
@@ -98,16 +101,19 @@ class Bisection:
     a run of several masks (`propose(ask)`, `plan_trials`).
     """
 
-    def __init__(self, edge_ids: Sequence[str], *, confidence: float = 0.95, max_runs: int | None = None,
+    def __init__(self, edge_ids: Sequence[str], *, confidence: float = DEFAULT_CONFIDENCE, max_runs: int | None = None,
                  calibration_runs: int | None = None, all_off_runs: int | str = "auto",
                  steps_per_run: int | None = None, max_errors: int = 3, suspects: Sequence[str] = (),
                  all_off_first: int = 1, keep_only_divergences: int = 1,
-                 prior: dict[str, float] | None = None, none_settles: bool = False) -> None:
+                 prior: dict[str, float] | None = None, none_settles: bool = False, none_after: int = 0,
+                 background_parity: bool = False) -> None:
         """For a later cause's search (causes.py), which tells the drift the causes found left
         from background drift: all_off_first: clean all-off runs step 2 asks for at least;
         keep_only_divergences: of keep-only of the leading set before it is confirmed; prior:
         of none, single and pair (posterior.sub_prior); none_settles: "no cause here"
-        concludes (not-prefetch) without an all-off divergence."""
+        concludes (not-prefetch) without an all-off divergence, once all-on stayed clean
+        none_after times; background_parity: not-prefetch once all-off diverges about as often
+        as the runs that enabled edges (checks.py)."""
         if not edge_ids:
             raise BisectPrefetchError("the graph has no prefetch edges to bisect")
         if len(set(edge_ids)) != len(edge_ids):
@@ -115,7 +121,8 @@ class Bisection:
         self.settings = Settings.of(confidence=confidence, max_runs=max_runs,
                                     calibration_runs=calibration_runs, all_off_runs=all_off_runs)
         self.settings = replace(self.settings, all_off_runs=max(all_off_first, self.settings.all_off_runs),
-                                keep_only_divergences=keep_only_divergences, none_settles=none_settles)
+                                keep_only_divergences=keep_only_divergences, none_settles=none_settles,
+                                none_after=none_after, background_parity=background_parity)
         self.edge_ids = list(edge_ids)
         self.log = RunLog(self.edge_ids, steps_per_run=steps_per_run, max_errors=max_errors)
         self.model = EdgePosterior(len(self.edge_ids), prior)

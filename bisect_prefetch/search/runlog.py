@@ -24,6 +24,8 @@ from bisect_prefetch.vocab import DROP_ONLY, KEEP_ONLY, STAGE_EXTRA, Mask
 # Why a check-off stage runs again late in the search (Ask.context, Block.context).
 AFTER_DROP_ONLY_DIVERGED = "drop-only-diverged"
 BACKGROUND_CONTROL = "background-control"  # all_off_runs="auto": ruling out background drift
+BACKGROUND_PARITY = "background-parity"  # not-prefetch, or several causes? (checks.py)
+NO_CAUSE_HERE = "no-cause-here"  # a later cause's search: all-on clean, no cause left (checks.py)
 
 
 @dataclass(frozen=True)

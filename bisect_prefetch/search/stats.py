@@ -79,6 +79,26 @@ def upper_bound_none_seen(n: int, confidence: float = 0.95) -> float:
     return 1.0 - (1.0 - confidence) ** (1.0 / n)
 
 
+# -- comparing two per-run chances ----------------------------------------------
+_RATE_GRID = (np.arange(2000) + 0.5) / 2000
+
+
+def _beta_weights(divergences: float, clean: float) -> np.ndarray:
+    """The posterior of a per-run chance on _RATE_GRID, from a uniform prior."""
+    log = divergences * np.log(_RATE_GRID) + clean * np.log1p(-_RATE_GRID)
+    weight = np.exp(log - log.max())
+    return weight / weight.sum()
+
+
+def chance_below(low: tuple[float, float], high: tuple[float, float], factor: float = 1.0) -> float:
+    """P(a < b / factor) for per-run chances a and b, each from its (divergences, clean runs)
+    under a uniform prior: e.g. that all-off diverges less than half as often as all-on."""
+    a, b = _beta_weights(*low), _beta_weights(*high)
+    below = np.concatenate([[0.0], np.cumsum(a)])  # below[i]: P(a < _RATE_GRID[i] - half a cell)
+    cut = np.searchsorted(_RATE_GRID, _RATE_GRID / factor)
+    return float((b * below[cut]).sum())
+
+
 # -- sizing clean verdicts -----------------------------------------------------
 def runs_for_clean_verdict(q: float, alpha: float) -> int:
     """Smallest n with (1-q)^n <= alpha: n >= ln(alpha) / ln(1-q)."""

@@ -185,7 +185,7 @@ class NoDriftReproduced:
 
 @dataclass(frozen=True)
 class NotPrefetch:
-    pass
+    doubt: float = 0.0  # the chance that all-off diverges far less often after all (checks.py)
 
 
 @dataclass(frozen=True)
@@ -215,7 +215,8 @@ class Conclusions:
         if isinstance(finish, NotPrefetch):
             off = self.log.tally(self.log.all_off)
             fact = AllOffDiverged(off.clean + off.divergences, off.divergences, self.model.background())
-            return self._result(VERDICT_NOT_PREFETCH, (), self.model.probability_of(()), [fact])
+            confidence = self.model.probability_of(()) * (1.0 - finish.doubt)
+            return self._result(VERDICT_NOT_PREFETCH, (), confidence, [fact])
         stopped = self._stopped(finish.reason, budget=budget, reducing=reducing)
         return self._result(VERDICT_INCONCLUSIVE, (), self.model.top().probability, [stopped], finished=finished)
 

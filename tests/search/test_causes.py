@@ -9,9 +9,18 @@ import pytest
 from bisect_prefetch.graph import from_policy
 from bisect_prefetch.search import verdict as v
 from bisect_prefetch.search.causes import NARROWED, PEELED, CauseSearch
+from bisect_prefetch.search.oracle import RunResult
+from bisect_prefetch.search.posterior import sub_prior
 from bisect_prefetch.search.protocol import Bisection
+from bisect_prefetch.search.runlog import BACKGROUND_PARITY
 from bisect_prefetch.search.simulate import Outcome, SimulatedOracle, _simulate, is_correct
-from bisect_prefetch.vocab import VERDICT_FOUND, VERDICT_INCONCLUSIVE
+from bisect_prefetch.vocab import (
+    OK,
+    STOPPED_EARLY,
+    VERDICT_FOUND,
+    VERDICT_INCONCLUSIVE,
+    VERDICT_NOT_PREFETCH,
+)
 
 EDGES = from_policy("fsdp2-chain", 8).edge_ids()  # 14 edges
 A, B, C = "bwd:layers.5->layers.4", "bwd:layers.2->layers.1", "fwd:layers.3->layers.4"
@@ -133,3 +142,71 @@ def test_slots_and_segments_find_every_cause(options):
                        **options)
     assert result["accuracy"] >= 0.85
     assert all(r["verdict"] == VERDICT_FOUND for r in result["results"])
+
+
+DIVERGED = RunResult(STOPPED_EARLY, True, 5, 5)
+CLEAN = RunResult(OK, False, None, STEPS)
+
+
+def drive_by_rule(search, diverges, limit=400):
+    """Run the search to its verdict, each run's outcome from diverges(mask, how often that
+    mask ran before); the masks it ran, in order."""
+    search.golden(STEPS)
+    asked = []
+    while not search.done and len(asked) < limit:
+        mask = search.pending.mask
+        search.record(mask, DIVERGED if diverges(mask, asked.count(mask)) else CLEAN)
+        asked.append(mask)
+    return asked
+
+
+def test_two_causes_beside_one_all_off_divergence_are_not_taken_for_background_drift():
+    # All-off diverges once (background drift), then never; every mask enabling A or B
+    # diverges. To the one-cause model drift in masks that share no edge, beside all-off
+    # drift, is drift without prefetch: the one-cause search says not-prefetch. The search
+    # for every cause first checks that all-off diverges as often as the other runs (all-off
+    # and all-on runs, the fewer first).
+    def diverges(mask, before):
+        return bool(mask & {A, B}) or (not mask and before == 0)
+
+    one = Bisection(EDGES, steps_per_run=STEPS)
+    drive_by_rule(one, diverges)
+    assert one.result().verdict == VERDICT_NOT_PREFETCH
+    every = CauseSearch(EDGES, steps_per_run=STEPS)
+    asked = drive_by_rule(every, diverges)
+    result = every.result()
+    assert result.verdict == VERDICT_FOUND
+    assert sorted(s["edges"] for s in result.culprit_sets) == sorted([[A], [B]])
+    parity = [b for b in every.events if b.context == BACKGROUND_PARITY]
+    assert parity and all(b.enabled in (frozenset(), frozenset(EDGES)) for b in parity)
+    assert asked.count(frozenset()) >= 3
+
+
+def test_drift_in_every_mask_as_often_as_in_all_off_is_still_not_prefetch():
+    # Every third run diverges, whatever its mask: no prefetch edge matters.
+    count = iter(range(1000))
+
+    def diverges(mask, before):
+        return next(count) % 3 == 0
+
+    search = CauseSearch(EDGES, steps_per_run=STEPS)
+    drive_by_rule(search, diverges)
+    assert search.result().verdict == VERDICT_NOT_PREFETCH
+
+
+def test_no_cause_among_the_edges_left_settles_only_after_their_all_on_stayed_clean():
+    # A later cause's search, its prior mostly on "no cause here", after one divergence of
+    # all-on of its edges (drop-only of the cause found): that all-on must stay clean
+    # none_after times first, and where a cause is left it does not.
+    later = dict(steps_per_run=STEPS, prior=sub_prior(2, len(EDGES), 0.1), none_settles=True, none_after=3,
+                 keep_only_divergences=2)
+    edges = EDGES[:2]
+    clean = Bisection(edges, **later)
+    clean.reuse(frozenset(edges), DIVERGED, run=1)
+    asked = drive_by_rule(clean, lambda mask, before: False)
+    assert clean.result().verdict == VERDICT_NOT_PREFETCH
+    assert asked.count(frozenset(edges)) == 3
+    left = Bisection(edges, **later)
+    left.reuse(frozenset(edges), DIVERGED, run=1)
+    drive_by_rule(left, lambda mask, before: edges[1] in mask)
+    assert left.result().verdict == VERDICT_FOUND and left.result().minimal_set == [edges[1]]
