@@ -111,10 +111,11 @@ class Checks:
 
     def _background_parity(self) -> Check:
         """Drift without prefetch, or several causes (the one-cause model takes them for it)?
-        Under drift without prefetch every mask diverges as often as all-off: runs until the chance that all-off diverges less than 1/CLEARLY_ABOVE as often as the
-        runs that enabled edges is within alpha (not-prefetch) or beyond 1 - alpha (the
-        drift is prefetch's: the answer is withdrawn, the search goes on and causes.py
-        narrows it). The other runs are all-on runs where they are the fewer."""
+        Under drift without prefetch every mask diverges as often as all-off. Runs until the
+        chance that all-off diverges less than 1/CLEARLY_ABOVE as often as the runs that
+        enabled edges is within alpha (not-prefetch, its confidence counting that chance) or
+        beyond 1 - alpha (the drift is prefetch's: the answer is withdrawn, the search goes
+        on and causes.py narrows it): all-off runs, or all-on runs where those are fewer."""
         log, alpha, model = self.log, self.ev.alpha, self.ev.model
         off = (model.off_divergences, model.off_exposure)
         on = (model.divergences - model.off_divergences, model.exposure - model.off_exposure)

@@ -24,10 +24,10 @@ from bisect_prefetch.runs.oracle import Earlier
 from bisect_prefetch.runs.outcome import RunOutcome
 from bisect_prefetch.search import verdict as v
 from bisect_prefetch.search.oracle import AnswersAtOnce, Finished, RunResult
-from bisect_prefetch.search.runlog import AFTER_DROP_ONLY_DIVERGED
+from bisect_prefetch.search.runlog import AFTER_DROP_ONLY_DIVERGED, BACKGROUND_PARITY, NO_CAUSE_HERE
 from bisect_prefetch.search.simulate import SimulatedOracle
 from bisect_prefetch.search.stats import hazard_for_chance
-from bisect_prefetch.vocab import KEEP_ONLY, STAGE_CHECK_OFF, STAGE_LEADING
+from bisect_prefetch.vocab import KEEP_ONLY, STAGE_CALIBRATE, STAGE_CHECK_OFF, STAGE_LEADING
 from tests.conftest import console
 
 STEPS = 20
@@ -178,6 +178,7 @@ def run_command(tmp_path, simulation, *, resume=False, max_runs=200, **options):
 CULPRIT_FOUND = """\
 bisecting sim: 20 steps a run, seed 1, guard none, confidence 0.95, at most 200 runs
 running the golden reference (all-off, full length)...
+segments: no run measured its start-up and step time (that takes 3 steps or more); one mask a run
 checking that all-on diverges...
     run 1 (4 edges on): diverged at step 18 [0.2s]
   -> diverged at run 1 (step 18)
@@ -238,6 +239,7 @@ wrote TMP/out.json
 NO_DRIFT = """\
 bisecting sim: 20 steps a run, seed 1, guard none, confidence 0.95, at most 16 runs
 running the golden reference (all-off, full length)...
+segments: no run measured its start-up and step time (that takes 3 steps or more); one mask a run
 checking that all-on diverges...
     run 1 (4 edges on): clean over 20 steps [0.2s]
   -> clean (1 run)
@@ -288,6 +290,7 @@ wrote TMP/out.json
 NOT_PREFETCH = """\
 bisecting sim: 20 steps a run, seed 1, guard none, confidence 0.95, at most 200 runs
 running the golden reference (all-off, full length)...
+segments: no run measured its start-up and step time (that takes 3 steps or more); one mask a run
 checking that all-on diverges...
     run 1 (4 edges on): diverged at step 15 [0.2s]
   -> diverged at run 1 (step 15)
@@ -326,6 +329,7 @@ wrote TMP/out.json
 INCONCLUSIVE = """\
 bisecting sim: 20 steps a run, seed 1, guard none, confidence 0.95, at most 4 runs
 running the golden reference (all-off, full length)...
+segments: no run measured its start-up and step time (that takes 3 steps or more); one mask a run
 checking that all-on diverges...
     run 1 (4 edges on): clean over 20 steps [0.2s]
     run 2 (4 edges on): diverged at step 17 [0.2s]
@@ -357,6 +361,7 @@ wrote TMP/out.json
 INTERRUPTED = """\
 bisecting sim: 20 steps a run, seed 1, guard none, confidence 0.95, at most 200 runs
 running the golden reference (all-off, full length)...
+segments: no run measured its start-up and step time (that takes 3 steps or more); one mask a run
 checking that all-on diverges...
     run 1 (4 edges on): diverged at step 18 [0.2s]
   -> diverged at run 1 (step 18)
@@ -375,6 +380,7 @@ RESUMED = """\
 bisecting sim: 20 steps a run, seed 1, guard none, confidence 0.95, at most 200 runs
 resuming: 4 finished run(s) in the journal are reused
 running the golden reference (all-off, full length)...
+segments: no run measured its start-up and step time (that takes 3 steps or more); one mask a run
 checking that all-on diverges...
     run 1 (4 edges on): diverged at step 18 [from the journal]
   -> diverged at run 1 (step 18)
@@ -437,6 +443,7 @@ wrote TMP/out.json
 TWO_SLOTS = """\
 bisecting sim: 20 steps a run, seed 1, guard none, confidence 0.95, at most 200 runs
 running the golden reference (all-off, full length)...
+segments: no run measured its start-up and step time (that takes 3 steps or more); one mask a run
 checking that all-on diverges...
 testing forward-off...
     run 1 (2 edges on): diverged at step 6 [0.2s]
@@ -778,6 +785,12 @@ def test_stage_titles():
     # Before any answer is confirmed, keep-only of the leading set is a stage of its own.
     assert bisect_words.stage_title(STAGE_LEADING, "x", (A,), None) == (
         f"checking that the leading set is enough: keep-only:{A} should diverge")
+    # An answer of none: drift without prefetch or several causes; no cause left after one.
+    assert bisect_words.stage_title(STAGE_CHECK_OFF, "all-off", (), BACKGROUND_PARITY) == (
+        "drift without prefetch, or several causes? checking that all-off diverges as often as "
+        "the other runs")
+    assert bisect_words.stage_title(STAGE_CALIBRATE, "all-on", (), NO_CAUSE_HERE) == (
+        "no cause left among these edges? checking that all-on stays consistent")
 
 
 if __name__ == "__main__":

@@ -11,6 +11,7 @@ from bisect_prefetch.errors import BisectPrefetchError
 from bisect_prefetch.search.stats import (
     binary_entropy,
     binomial_at_least,
+    chance_below,
     clopper_pearson,
     error_share,
     hazard_estimate,
@@ -135,3 +136,13 @@ def test_z_channel_capacity_is_the_best_mutual_information_over_mask_shares():
         assert z_channel_capacity(q) == pytest.approx(best, abs=1e-6)
     assert z_channel_capacity(0.3) == pytest.approx(0.177, abs=5e-4)
     assert z_channel_capacity(0.1) == pytest.approx(0.0548, abs=5e-4)
+
+
+def test_chance_below_compares_two_per_run_chances():
+    # The same counts: as likely above as below; clearly apart: near 0 or 1.
+    assert chance_below((5, 5), (5, 5)) == pytest.approx(0.5, abs=0.01)
+    assert chance_below((0, 20), (20, 0), 2.0) > 0.999
+    assert chance_below((20, 0), (0, 20), 2.0) < 0.001
+    # Half as often is harder to show than less often, and more runs show it better.
+    assert chance_below((2, 8), (5, 5), 2.0) < chance_below((2, 8), (5, 5), 1.0)
+    assert chance_below((4, 16), (10, 10), 2.0) > chance_below((2, 8), (5, 5), 2.0)
