@@ -178,7 +178,6 @@ def run_command(tmp_path, simulation, *, resume=False, max_runs=200, **options):
 CULPRIT_FOUND = """\
 bisecting sim: 20 steps a run, seed 1, guard none, confidence 0.95, at most 200 runs
 running the golden reference (all-off, full length)...
-segments: no run measured its start-up and step time (that takes 3 steps or more); one mask a run
 checking that all-on diverges...
     run 1 (4 edges on): diverged at step 18 [0.2s]
   -> diverged at run 1 (step 18)
@@ -239,7 +238,6 @@ wrote TMP/out.json
 NO_DRIFT = """\
 bisecting sim: 20 steps a run, seed 1, guard none, confidence 0.95, at most 16 runs
 running the golden reference (all-off, full length)...
-segments: no run measured its start-up and step time (that takes 3 steps or more); one mask a run
 checking that all-on diverges...
     run 1 (4 edges on): clean over 20 steps [0.2s]
   -> clean (1 run)
@@ -290,7 +288,6 @@ wrote TMP/out.json
 NOT_PREFETCH = """\
 bisecting sim: 20 steps a run, seed 1, guard none, confidence 0.95, at most 200 runs
 running the golden reference (all-off, full length)...
-segments: no run measured its start-up and step time (that takes 3 steps or more); one mask a run
 checking that all-on diverges...
     run 1 (4 edges on): diverged at step 15 [0.2s]
   -> diverged at run 1 (step 15)
@@ -329,7 +326,6 @@ wrote TMP/out.json
 INCONCLUSIVE = """\
 bisecting sim: 20 steps a run, seed 1, guard none, confidence 0.95, at most 4 runs
 running the golden reference (all-off, full length)...
-segments: no run measured its start-up and step time (that takes 3 steps or more); one mask a run
 checking that all-on diverges...
     run 1 (4 edges on): clean over 20 steps [0.2s]
     run 2 (4 edges on): diverged at step 17 [0.2s]
@@ -361,7 +357,6 @@ wrote TMP/out.json
 INTERRUPTED = """\
 bisecting sim: 20 steps a run, seed 1, guard none, confidence 0.95, at most 200 runs
 running the golden reference (all-off, full length)...
-segments: no run measured its start-up and step time (that takes 3 steps or more); one mask a run
 checking that all-on diverges...
     run 1 (4 edges on): diverged at step 18 [0.2s]
   -> diverged at run 1 (step 18)
@@ -380,7 +375,6 @@ RESUMED = """\
 bisecting sim: 20 steps a run, seed 1, guard none, confidence 0.95, at most 200 runs
 resuming: 4 finished run(s) in the journal are reused
 running the golden reference (all-off, full length)...
-segments: no run measured its start-up and step time (that takes 3 steps or more); one mask a run
 checking that all-on diverges...
     run 1 (4 edges on): diverged at step 18 [from the journal]
   -> diverged at run 1 (step 18)
@@ -443,7 +437,6 @@ wrote TMP/out.json
 TWO_SLOTS = """\
 bisecting sim: 20 steps a run, seed 1, guard none, confidence 0.95, at most 200 runs
 running the golden reference (all-off, full length)...
-segments: no run measured its start-up and step time (that takes 3 steps or more); one mask a run
 checking that all-on diverges...
 testing forward-off...
     run 1 (2 edges on): diverged at step 6 [0.2s]

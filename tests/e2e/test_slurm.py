@@ -55,7 +55,9 @@ def journal(state: Path) -> list[dict]:
 
 
 def key_of(record: dict) -> tuple:
-    return (record["variant"], tuple(record["mask"] or ()), record["index"], record["attempt"])
+    # A run of several masks (segments) is keyed by its whole schedule, as the journal keys it.
+    schedule = tuple((first, tuple(mask)) for first, mask in record.get("schedule") or ())
+    return (record["variant"], tuple(record["mask"] or ()), schedule, record["index"], record["attempt"])
 
 
 def in_flight(records: list[dict]) -> list[dict]:
@@ -102,7 +104,8 @@ def test_bisect_through_slurm_resumes_after_sigkill_and_names_the_edge(slurm_clu
     submissions = [r for r in records if "submitted" in r]
     finished = [r for r in records if "submitted" not in r]
     # Every run was submitted once: no key and no job twice, and every run has one.
-    assert all(n == 1 for n in Counter(key_of(r) for r in submissions).values())
+    twice = [key for key, n in Counter(key_of(r) for r in submissions).items() if n > 1]
+    assert not twice, twice
     assert len({r["job_id"] for r in submissions}) == len(submissions)
     # A run in flight when the verdict came is cancelled, never journaled as finished.
     # So is a job of the killed orchestrator that the resumed search did not ask for again.
