@@ -16,8 +16,8 @@ all_off_runs="auto", all-off runs last until background drift as strong as the
 answer's would have shown with chance 1 - alpha/2 (`background_controls`).
 
 An answer of none (`not_prefetch`), in the search for every cause (causes.py): all-off
-runs until all-off is shown to diverge about as often as the other runs, or far less
-often (several causes, not drift without prefetch); in a later cause's search, all-on
+and all-on runs until all-off is shown to diverge about as often as the other runs, or far
+less often (several causes, not drift without prefetch); in a later cause's search, all-on
 of its edges must stay clean `none_after` times before "no cause here" stands.
 """
 
@@ -75,7 +75,7 @@ class Checks:
 
     def double_check(self, edges: tuple[int, ...]) -> Check:
         """What the double check of this answer needs next."""
-        if not edges:  # drift without prefetch explains the runs and all-off diverged
+        if not edges:  # none: drift without prefetch, or no cause among a later search's edges
             return self.not_prefetch()
         log, ev = self.log, self.ev
         off_mask, drop = log.all_off, log.drop_only(edges)
