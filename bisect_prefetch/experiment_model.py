@@ -205,13 +205,11 @@ class Search(_Strict):
     # drift without prefetch to be rare. Either way more all-off runs come whenever they
     # are the most informative question.
     all_off_runs: Annotated[int, Field(ge=1)] | Literal["auto"] = "auto"
-    # auto: several masks per run (search/segments.py), the mask changing at step
-    # boundaries, so that a start-up is paid about once per divergence, wherever the cost
-    # model says that costs less than one mask a run (from the start-up, step time and
-    # per-run chance the runs measure); elsewhere one mask a run. off (the default until a
-    # resumed search with segments stops submitting its golden run twice, docs/segments.md):
-    # one mask a run.
-    segments: Literal["auto", "off"] = "off"
+    # auto (the default): several masks per run (search/segments.py), the mask changing at
+    # step boundaries, so that a start-up is paid about once per divergence, wherever the
+    # cost model says that costs less than one mask a run (from the start-up, step time
+    # and per-run chance the runs measure); elsewhere one mask a run. off: one mask a run.
+    segments: Literal["auto", "off"] = "auto"
 
     @field_validator("segments", mode="before")
     @classmethod

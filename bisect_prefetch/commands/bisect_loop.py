@@ -20,7 +20,7 @@ from bisect_prefetch.commands.bisect_words import (
     verdict_line,
 )
 from bisect_prefetch.runs.outcome import RunOutcome
-from bisect_prefetch.search.causes import Search
+from bisect_prefetch.search.causes import STAGE_ENDED, Search
 from bisect_prefetch.search.oracle import Oracle, RunResult
 from bisect_prefetch.search.runlog import Ask, mask_name
 from bisect_prefetch.search.segments import Lengths, Schedule, plan_run, record_run
@@ -114,8 +114,11 @@ class Narrator:
     def recorded(self) -> None:
         """After a run was recorded: the stages it ended, and what its localization did to
         the search (once a unit)."""
+        new = self.search.notices[self.notices_said:]
+        if any(n.get("event") in STAGE_ENDED for n in new):
+            self.close()  # the stage the run ended: its verdict line before what comes next
         self.close(len(self.search.events) - 1)  # every block but the last is complete
-        for notice in self.search.notices[self.notices_said:]:
+        for notice in new:
             if "unit" not in notice or notice["unit"] not in self.units_said:  # a unit's hint once
                 self.console.print(f"  {notice_line(notice)}", markup=False, soft_wrap=True)
                 self.units_said.add(notice.get("unit"))

@@ -104,6 +104,8 @@ def stage_title(stage: str, mask: str, target: Sequence[str], context: str | Non
     if stage == STAGE_SEARCH:  # 5
         return f"testing {mask}"
     if stage == STAGE_LEADING:  # 5: no answer yet; the set most runs point at, alone
+        if not target:  # none leads: drift without prefetch would show all-off too
+            return "checking the leading answer, drift without prefetch: all-off should diverge"
         return f"checking that the leading set is enough: keep-only:{names} should diverge"
     return f"recorded run of {mask}"  # STAGE_EXTRA: a run the search did not ask for
 
@@ -126,9 +128,9 @@ def notice_line(notice: dict) -> str:
     if event == "hint-ignored":
         return f"a hint for {unit} from a run that did not diverge: ignored"
     if event == "narrowed":
-        return (f"two diverged runs share no edge, and all-off diverges far less often: more than "
-                f"one cause; searching inside the {notice['edges_on']} edges of the smallest diverged "
-                "mask first, every other edge off")
+        return ("two diverged runs share no edge, and all-off diverges far less often than the "
+                "runs without the leading set: more than one cause; searching inside the "
+                f"{notice['edges_on']} edges of the smallest diverged mask first, every other edge off")
     if event == "cause-found":
         return (f"cause {notice['number']}: {{{','.join(notice['edges'])}}}; drift may remain "
                 f"without it: searching the other {notice['left']} edges with every cause found off")

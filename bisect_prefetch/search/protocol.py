@@ -35,7 +35,9 @@ first part whose condition holds:
 5. search ("testing MASK"): the most informative mask (planning.py); once the
    leading set holds KEEP_AT of the posterior, keep-only of it, a stage of its own
    (leading-set: "checking that the leading set is enough"; its divergence settles
-   the search, its clean runs lower the set).
+   the search, its clean runs lower the set). In a later cause's search, where
+   none leads as "no cause here", its all-off runs stop after `all_off_runs` +
+   `none_after` clean ones: a single fluke divergence is no drift all-off shares.
 Out of runs (budget.py): inconclusive with the best guess so far, or
 culprit-found where only the drop-only check was cut short.
 
@@ -271,7 +273,11 @@ class Bisection:
         pairs = model.pairs_likely
         top = model.top(pairs=pairs)
         keep = log.keep_only(top.edges)
-        if (top.probability >= KEEP_AT and log.tally(keep).divergences < self.settings.keep_only_divergences
+        # In a later cause's search none leads as "no cause here": all-off shows it only
+        # against drift all-off would share, so it gets a few runs, not one until it diverges.
+        leading = (top.kind != "none" or not self.settings.none_settles
+                   or log.tally(keep).clean < self.settings.all_off_runs + self.settings.none_after)
+        if (leading and top.probability >= KEEP_AT and log.tally(keep).divergences < self.settings.keep_only_divergences
                 and log.in_flight_of(keep) < CHECK_IN_FLIGHT):
             if not log.unresolved(keep):
                 return log.ask(keep, STAGE_LEADING, top.edges)

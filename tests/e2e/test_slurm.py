@@ -28,7 +28,7 @@ from bisect_prefetch.experiment import load_experiment
 from bisect_prefetch.runs.execute import Runner
 from bisect_prefetch.runs.executors.slurm import SlurmExecutor, SlurmOptions
 from bisect_prefetch.runs.oracle import RealOracle
-from bisect_prefetch.runs.store import StateDir
+from bisect_prefetch.runs.store import RunKey, StateDir
 
 FAULT_EDGE = "bwd:layers.2->layers.1"
 
@@ -54,10 +54,10 @@ def journal(state: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
-def key_of(record: dict) -> tuple:
-    # A run of several masks (segments) is keyed by its whole schedule, as the journal keys it.
-    schedule = tuple((first, tuple(mask)) for first, mask in record.get("schedule") or ())
-    return (record["variant"], tuple(record["mask"] or ()), schedule, record["index"], record["attempt"])
+def key_of(record: dict) -> RunKey:
+    # The journal's own identity of a run: its steps too (the golden run is run again, longer,
+    # when segments need it as long as the longest run) and a run of several masks' schedule.
+    return RunKey.from_record(record)
 
 
 def in_flight(records: list[dict]) -> list[dict]:

@@ -182,6 +182,50 @@ def test_two_causes_beside_one_all_off_divergence_are_not_taken_for_background_d
     assert asked.count(frozenset()) >= 3
 
 
+def fluke_beside(cause, after):
+    """Every mask enabling cause diverges; so does, once, the first other mask that enables
+    edges after `after` runs (background drift). Returns the rule and the fluke's mask."""
+    fluke, runs = [], [0]
+
+    def diverges(mask, before):
+        runs[0] += 1
+        if cause in mask:
+            return True
+        if mask and not fluke and runs[0] > after:
+            fluke.append(mask)
+            return True
+        return False
+    return diverges, fluke
+
+
+def test_one_leading_cause_beside_a_fluke_is_searched_as_one_cause():
+    # A leads when the fluke diverges: the two diverged runs share no edge, yet the runs
+    # without A diverged once, not clearly more often than all-off. No narrowing: the
+    # search asks exactly what the one-cause search asks.
+    one = Bisection(EDGES, steps_per_run=STEPS)
+    one_asked = drive_by_rule(one, fluke_beside(A, after=4)[0])
+    every = CauseSearch(EDGES, steps_per_run=STEPS)
+    diverges, fluke = fluke_beside(A, after=4)
+    asked = drive_by_rule(every, diverges)
+    assert fluke and A not in fluke[0]
+    assert not [n for n in every.notices if n["event"] == "narrowed"]
+    assert every.result().verdict == VERDICT_FOUND and every.result().minimal_set == [A]
+    assert asked == one_asked
+
+
+def test_a_fluke_before_any_cause_leads_is_not_chased():
+    # The fluke comes first, so the search narrows; once A is found, the edges left hold
+    # only the fluke's one divergence. "No cause here" leads there, and all-off runs (its
+    # leading set) cannot show it: the search runs the edges left until it settles.
+    every = CauseSearch(EDGES, steps_per_run=STEPS)
+    diverges, fluke = fluke_beside(A, after=0)
+    asked = drive_by_rule(every, diverges)
+    assert fluke
+    assert [s["edges"] for s in every.result().culprit_sets] == [[A]]
+    assert every.result().verdict == VERDICT_FOUND
+    assert asked.count(frozenset()) < 20 and len(asked) < 120, len(asked)
+
+
 def test_drift_in_every_mask_as_often_as_in_all_off_is_still_not_prefetch():
     # Every third run diverges, whatever its mask: no prefetch edge matters.
     count = iter(range(1000))
