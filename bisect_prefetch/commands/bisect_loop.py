@@ -115,9 +115,10 @@ class Narrator:
         """After a run was recorded: the stages it ended, and what its localization did to
         the search (once a unit)."""
         new = self.search.notices[self.notices_said:]
-        if any(n.get("event") in STAGE_ENDED for n in new):
-            self.close()  # the stage the run ended: its verdict line before what comes next
-        self.close(len(self.search.events) - 1)  # every block but the last is complete
+        # Every block but the last is complete; all are once the run ended its stage, whose
+        # verdict line comes before the notice of what comes next.
+        ended = any(n.get("event") in STAGE_ENDED for n in new)
+        self.close(None if ended else len(self.search.events) - 1)
         for notice in new:
             if "unit" not in notice or notice["unit"] not in self.units_said:  # a unit's hint once
                 self.console.print(f"  {notice_line(notice)}", markup=False, soft_wrap=True)
