@@ -113,7 +113,14 @@ class Narrator:
 
     def recorded(self) -> None:
         """After a run was recorded: the stages it ended, and what its localization did to
-        the search (once a unit)."""
+        the search (once a unit); or that the golden run drifted, the search reading its
+        runs again (not said again)."""
+        if self.search.golden_drifted:
+            said = next(n for n in reversed(self.search.notices) if n["event"] == "golden-drifted")
+            self.console.print(f"  {notice_line(said)}", markup=False, soft_wrap=True)
+            self.closed, self.titled = len(self.search.events), []
+            self.notices_said = len(self.search.notices)
+            return
         new = self.search.notices[self.notices_said:]
         # Every block but the last is complete; all are once the run ended its stage, whose
         # verdict line comes before the notice of what comes next.
@@ -197,6 +204,11 @@ def run_bisection(search: Search, oracle: Oracle, *, console: Console,
                 break
             running -= 1
             arrived(heard.planned, heard.result)
+            if search.golden_drifted and not search.done:  # search/golden_drift.py
+                oracle.cancel()  # compared with the golden run that drifted
+                running = 0
+                oracle.replace_golden()
+                search.golden(oracle.golden_steps)
     finally:
         oracle.cancel()  # runs still in flight at the verdict (or an interrupt)
         narrator.close()  # an interrupted stage still gets its verdict line

@@ -107,6 +107,7 @@ class BisectRecord:
     segments: dict
     suspects: list[str]
     hints: list[dict]
+    golden_drifts: list[dict]  # golden runs that drifted: {"step", "runs"} (golden_drift.py)
     run_details: list[dict]  # each run, with where its gradients first differed
     stress: dict
     signals: dict | None  # what the runs measured (runs/signals.py)
@@ -129,6 +130,7 @@ class BisectRecord:
             "segments": self.segments,
             "suspects": self.suspects,
             "hints": self.hints,
+            "golden_drifts": self.golden_drifts,
             "run_details": self.run_details,
             "stress": self.stress,
             "signals": self.signals,

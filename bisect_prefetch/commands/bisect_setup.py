@@ -143,6 +143,8 @@ def bisect_record(b: Bisecting, experiment_path: Path, began: float) -> BisectRe
         segments=segments_json(b.experiment.search.segments, b.lengths, search),
         suspects=b.suspects,
         hints=[n for n in search.notices if n["event"].startswith("hint")],
+        golden_drifts=[{"step": n["step"], "runs": n["runs"]} for n in search.notices
+                       if n["event"] == "golden-drifted"],
         run_details=b.run_details, stress=stress,
         signals=next((r["signals"] for r in records if r.get("signals")), None),
         step_time=fix_costs(records, edge_ids=b.opened.graph().edge_ids(),

@@ -111,8 +111,9 @@ def stage_title(stage: str, mask: str, target: Sequence[str], context: str | Non
 
 
 def notice_line(notice: dict) -> str:
-    """What a localization hint (hints.py's events) or a divergence at a switch of masks
-    (segments.py) does to the search, in words."""
+    """What a localization hint (hints.py's events), a divergence at a switch of masks
+    (segments.py), a cause or narrowing (causes.py) or a golden run that drifted
+    (golden_drift.py) does to the search, in words."""
     event, unit = notice["event"], notice.get("unit")
     if event == "diverged-at-switch":
         before, after = (len(m) for m in notice["masks"])
@@ -137,6 +138,13 @@ def notice_line(notice: dict) -> str:
     if event == "narrowing-found-nothing":
         return (f"no cause inside those {len(notice['mask'])} edges ({notice['verdict']}): "
                 "back to every edge left")
+    if event == "golden-drifted":
+        step = notice["step"]
+        return (f"the golden run itself drifted at step {step}: {notice['runs']} runs first "
+                f"differed from it there, an all-off one among them, and none matched it past "
+                f"step {step - 1}. They count as clean through step {step - 1}, the golden run as "
+                "an all-off run that drifted, and the search reads every run again; running a "
+                "new golden reference...")
     if event == "suspect-ignored":
         return f"audit suspect {notice['edge']} is not an edge of the graph: ignored"
     return f"audit suspects: {', '.join(notice['edges'])}"

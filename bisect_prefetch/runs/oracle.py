@@ -26,7 +26,10 @@ moves copies earlier). This is checked, not assumed: every run's trajectory
 hash (over the steps up to its first difference) is kept, and a mask whose
 runs diverge from golden at the same step with the same numbers changes the
 math deterministically. From then on that mask's runs are compared within
-the mask, against a full-length run of the mask itself.
+the mask, against a full-length run of the mask itself. All-off is the
+golden run's own configuration: its runs differing alike show that the golden
+run drifted, which the search tells from the runs (search/golden_drift.py);
+`replace_golden` then runs a new one.
 """
 
 from __future__ import annotations
@@ -118,6 +121,7 @@ class RealOracle:
         self.schedule_refused: str | None = None  # why the job cannot switch masks inside a run
         self._requests: Counter = Counter()  # per mask, or per schedule of several
         self._golden: str | None = None
+        self._golden_replaced = 0  # golden runs that drifted (replace_golden)
         self._mask_reference: dict[Mask, str] = {}
         self._divergences: dict[Mask, list[tuple[int, str]]] = defaultdict(list)
         self._slots = Slots(runner)
@@ -150,6 +154,15 @@ class RealOracle:
         if self._golden is None:
             self._golden = self._full_run(Mask(), f"{self.purpose}-golden", steps=self.golden_steps)
         return self._golden
+
+    def replace_golden(self) -> None:
+        """The golden run drifted (search/golden_drift.py): a new one as long, compared with
+        nothing; what runs showed against the old one (masks that change the numbers) goes."""
+        self._golden_replaced += 1
+        self._golden = self._full_run(Mask(), f"{self.purpose}-golden{self._golden_replaced}",
+                                      steps=self.golden_steps)
+        self._mask_reference.clear()
+        self._divergences.clear()
 
     def _full_run(self, mask: Mask, purpose: str, *, steps: int | None = None) -> str:
         """A full-length run of mask compared with nothing, retried on error."""
@@ -261,6 +274,8 @@ class RealOracle:
 
     # -- masks that change the numbers ------------------------------------
     def _note_divergence(self, mask: Mask, out: RunOutcome) -> None:
+        if not mask:  # all-off is the golden run's configuration: runs of it that differ from
+            return    # it alike show that the golden run drifted (search/golden_drift.py)
         seen = self._divergences[mask]
         signature = (out.first_diff_step, out.trajectory_hash)
         if signature in seen and mask not in self._mask_reference:

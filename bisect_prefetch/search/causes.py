@@ -43,6 +43,10 @@ The whole answer's confidence: each cause's probability from the runs that enabl
 no other cause found (with the others off the one-cause model holds), times the last
 stage's own check that none is missing (`_confidence`).
 
+When the runs show that the golden run drifted itself (golden_drift.py), the search
+starts again from every run as a golden run that had not drifted would have judged it,
+and asks for nothing (`golden_drifted`) until its driver gives it a new golden run.
+
 The interface is Bisection's (the bisect loop, segments and the simulator drive
 either): propose, pending, record, cancel, done, result, events, notices.
 """
@@ -58,6 +62,7 @@ import numpy as np
 from bisect_prefetch.search import verdict as v
 from bisect_prefetch.search.checks import MIN_DROP_ONLY
 from bisect_prefetch.search.evidence import DISJOINT_CAUSES
+from bisect_prefetch.search.golden_drift import drift_step, drifted_golden, rejudged
 from bisect_prefetch.search.oracle import RunResult
 from bisect_prefetch.search.posterior import CLEARLY_ABOVE, EdgePosterior, sub_prior
 from bisect_prefetch.search.protocol import Bisection
@@ -122,6 +127,8 @@ class CauseSearch:
     def __init__(self, edge_ids: Sequence[str], *, confidence: float = DEFAULT_CONFIDENCE, max_runs: int | None = None,
                  calibration_runs: int | None = None, all_off_runs: int | str = "auto",
                  steps_per_run: int | None = None, max_errors: int = 3, suspects: Sequence[str] = ()) -> None:
+        self._arguments = dict(locals())  # to start again against a new golden run (golden_drift.py)
+        del self._arguments["self"]
         self.edge_ids = list(edge_ids)
         self.confidence = confidence
         self.max_runs = max_runs
@@ -143,6 +150,12 @@ class CauseSearch:
         self._alone: dict[tuple[str, ...], float] = {}  # each cause's probability with the others off
         self._narrow_seen = (0, 0)  # (stages, runs) when _narrow last looked
         self.stages: list[Stage] = []
+        # The runs compared with the current golden run (golden_drift.py reads them), the
+        # step it drifted at until a new one is given (`golden`), and whether a run of
+        # several masks was recorded (those are not read).
+        self._compared: list[tuple[Mask, RunResult]] = []
+        self.golden_drifted: int | None = None
+        self._segmented = False
         self._start(frozenset(self.edge_ids), EVERY_EDGE, calibration_runs=calibration_runs)
 
     # -- the loop (Bisection's interface) ----------------------------------------------------
@@ -157,7 +170,9 @@ class CauseSearch:
 
     @property
     def pending(self) -> Ask | None:
-        return None if self.done else self.stage.search.pending
+        """The next run to ask for; none while a golden run that drifted is not replaced
+        (every run would differ from it)."""
+        return None if self.done or self.golden_drifted else self.stage.search.pending
 
     def propose(self, ask: Ask | None = None) -> Ask | None:
         """Bisection.propose; a run planned ahead for a later stage (segments.plan_run plans on a
@@ -174,13 +189,16 @@ class CauseSearch:
         self.stage.search.plan_trials(share)
 
     def golden(self, steps: int) -> None:
+        """The golden run later runs are compared with (a new one after `golden_drifted`)."""
         self._golden_steps, self._matched = steps, 0
+        self._compared, self.golden_drifted = [], None
         self.stage.search.golden(steps)
 
     def reuse(self, mask: Mask, result: RunResult) -> None:
         """An earlier command's run (Bisection.reuse): evidence for every stage that may see it."""
         self.stage.search.reuse(mask, result)
         self._earlier.append((frozenset(mask), result))
+        self._compared.append((frozenset(mask), result))
         self._advance()
 
     def cancel(self, mask: Mask) -> None:
@@ -201,6 +219,11 @@ class CauseSearch:
         mask, number = frozenset(mask), self.runs_used + 1
         if matched is not None:
             self._matched = max(self._matched, matched)
+            self._segmented = True
+        self._compared.append((mask, result))
+        if (step := self._golden_drift()) is not None:
+            self._start_again(step, mask, result, hint=hint, startup=startup)
+            return
         orphan = next((a for a in self._orphans if a.mask == mask), None)
         if orphan is not None:
             self._orphans.remove(orphan)
@@ -214,6 +237,35 @@ class CauseSearch:
         self.history.append((number, mask, result))  # after: a stage started from here reuses it
         self._sync_notices()
         self._advance()
+
+    def _golden_drift(self) -> int | None:
+        """The step at which the runs show the golden run drifted (golden_drift.py), unless a
+        golden run was already read as drifting there: drift at one step in every run, a new
+        golden run's too, is the runs' own (and runs of several masks are not read)."""
+        if self._segmented or self.golden_drifted is not None:
+            return None
+        step = drift_step(self._compared)
+        seen = [n["step"] for n in self.notices if n["event"] == "golden-drifted"]
+        return None if step in seen else step
+
+    def _start_again(self, step: int, mask: Mask, result: RunResult, *, hint: str | None,
+                     startup: bool) -> None:
+        """The golden run drifted at `step` (golden_drift.py): the search starts again from
+        every run so far, each as a correct golden run would have judged it, the golden run
+        that drifted among them as an all-off run; it asks for nothing until a new golden
+        run is given (`golden`)."""
+        earlier = [(m, rejudged(r, step)) for m, r in self._earlier]
+        runs = [(m, rejudged(r, step)) for _, m, r in self.history] + [(mask, rejudged(result, step))]
+        read_again = sum(bool(r.diverged) and r.first_diff_step == step for _, r in self._compared)
+        said = [*self.notices, {"event": "golden-drifted", "step": step, "runs": read_again}]
+        self.__init__(**self._arguments)
+        self.golden_drifted = step  # and the runs read again are not read for it again
+        for m, r in [*earlier, (frozenset(), drifted_golden(step))]:
+            self.reuse(m, r)
+        for m, r in runs[:-1]:
+            self.record(m, r)
+        self.record(mask, runs[-1][1], hint=hint, startup=startup)
+        self.notices = said + [n for n in self.notices if n not in said]  # what reading again added
 
     # -- stages -------------------------------------------------------------------------
     def _start(self, universe: Mask, why: str, *, calibration_runs: int | None = None,

@@ -81,11 +81,14 @@ class Oracle(Protocol):
     one to end (in the order they end) and returns None when none is in flight; a run that
     failed may be retried inside the oracle and is heard once, when it is over. Once the
     job refused a schedule, `schedule_refused` says why (later runs hold one mask). `cancel`
-    drops every run still in flight (the verdict came first).
+    drops every run still in flight (the verdict came first). `replace_golden` runs a new
+    golden run, as long (`golden_steps`), when the search found that the golden run drifted
+    (search/golden_drift.py).
     """
 
     slots: int
     schedule_refused: str | None
+    golden_steps: int
 
     def run(self, mask: Mask) -> RunResult:
         """Run the workload once with exactly the edges in mask enabled."""
@@ -98,6 +101,8 @@ class Oracle(Protocol):
     def finished(self) -> Finished | None: ...
 
     def cancel(self) -> None: ...
+
+    def replace_golden(self) -> None: ...
 
 
 class AnswersAtOnce:

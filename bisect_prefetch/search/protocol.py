@@ -103,6 +103,10 @@ class Bisection:
     a run of several masks (`propose(ask)`, `plan_trials`).
     """
 
+    # The one-cause search (a journal written before several causes) never reads its runs
+    # for a golden run that drifted (causes.CauseSearch does, search/golden_drift.py).
+    golden_drifted: int | None = None
+
     def __init__(self, edge_ids: Sequence[str], *, confidence: float = DEFAULT_CONFIDENCE, max_runs: int | None = None,
                  calibration_runs: int | None = None, all_off_runs: int | str = "auto",
                  steps_per_run: int | None = None, max_errors: int = 3, suspects: Sequence[str] = (),

@@ -5,7 +5,8 @@ each one edge or edges joined by "+" that are needed together (`A+B`); or severa
 edges needed together (`together=True`). While the rule holds for a
 mask, each step of a run diverges with chance `hazard`; optional background
 drift does so whatever the mask, and in the golden run too: drifted at step g, it
-differs from every run by step g. A diverging run stops at its first difference.
+differs from every run by step g (until the search sees it and asks for a new golden
+run, search/golden_drift.py). A diverging run stops at its first difference.
 
 Random streams: each culprit edge (or the set needed together), the background
 and run failures draw from their own generator, seeded from (seed, trial, name),
@@ -116,12 +117,19 @@ class SimulatedOracle(AnswersAtOnce):
         self._errors = _stream(seed, trial, "errors")
         self._golden = _stream(seed, trial, "golden")
         self.golden_diff: int | None = None  # the golden run's own background drift (run_golden)
+        self.golden_steps = steps
         self.runs = 0
 
     def run_golden(self, steps: int) -> None:
         """The golden run, `steps` long. Background drift hits it too: drifted at step g, it
-        differs from every run by step g (what makes its matched steps a control)."""
+        differs from every run by step g (what makes its matched steps a control; the search
+        tells it from the runs, search/golden_drift.py)."""
+        self.golden_steps = steps
         self.golden_diff = self._first_diff(self._golden, self.background, steps)
+
+    def replace_golden(self) -> None:
+        """A new golden run, as long: the search found that the last one drifted."""
+        self.run_golden(self.golden_steps)
 
     def _first_diff(self, rng: np.random.Generator, hazard: float, steps: int | None = None) -> int | None:
         if hazard <= 0.0:
@@ -172,7 +180,7 @@ class Outcome:
     steps: int
     rounds: float  # wall-clock to the verdict, in full runs
     startups: int = 0  # training runs launched, the golden reference included
-    golden_steps: int = 0  # the golden reference's steps (as long as the longest run)
+    golden_steps: int = 0  # the golden references' steps (each as long as the longest run)
     # The search's runs per protocol stage (STAGES), its background controls apart
     # ("background-control", out of check-off), runs cancelled at the verdict as
     # "cancelled"; empty for a baseline.
@@ -197,6 +205,7 @@ def run_search(edge_ids, oracle: SimulatedOracle, *, slots: int = 1, hint: Calla
     clock, order = 0.0, 0
     running: list[tuple[float, int, float, Mask | Schedule, RunResult]] = []  # a heap by finish time
     runs = steps = 0
+    goldens = 1  # golden runs: a new one after one drifted (golden_drift.py)
     while True:
         while len(running) < slots and not search.done:
             if lengths is None:
@@ -221,12 +230,20 @@ def run_search(edge_ids, oracle: SimulatedOracle, *, slots: int = 1, hint: Calla
             search.record(planned, result, hint=result.unit if result.diverged else None)
         else:
             record_run(search, planned, result)
+        if search.golden_drifted and not search.done:  # golden_drift.py: a new golden run
+            for _, _, started, _, _ in running:  # compared with the old one: cancelled
+                steps += max(0, round((clock - started) * oracle.steps - startup_cost))
+            running = []
+            oracle.replace_golden()
+            search.golden(golden_steps)
+            goldens += 1
+            clock += (startup_cost + golden_steps) / oracle.steps  # nothing runs beside it
     for _, _, started, _, _ in running:  # cancelled at the verdict: the steps they ran count
         steps += max(0, round((clock - started) * oracle.steps - startup_cost))
     result = search.result()
     return Outcome(result.verdict, result.minimal_set, result.confidence, runs, steps, clock,
-                   runs_by_step=_runs_by_step(search), startups=runs + 1,
-                   golden_steps=golden_steps, culprit_sets=[s["edges"] for s in result.culprit_sets])
+                   runs_by_step=_runs_by_step(search), startups=runs + goldens,
+                   golden_steps=golden_steps * goldens, culprit_sets=[s["edges"] for s in result.culprit_sets])
 
 
 def _runs_by_step(search: Search) -> dict[str, int]:

@@ -43,7 +43,7 @@ class Simulation:
     """
 
     def __init__(self, culprits, *, q=0.5, together=False, background=0.0, interrupt_after=None,
-                 localized=None, slots=1, startup_steps=None):
+                 localized=None, slots=1, startup_steps=None, golden_drifts_at=None):
         print(f"seed {SEED}")
         self.culprits = culprits
         self.together = together
@@ -53,6 +53,7 @@ class Simulation:
         self.interrupt_after = interrupt_after
         self.slots = slots  # runs at once
         self.startup_steps = startup_steps  # a golden run's start-up, in steps (segments)
+        self.golden_drifts_at = golden_drifts_at  # the first golden run's own drift, a step
         self.commands = 0
 
     def __call__(self, opened, on_run):
@@ -83,8 +84,15 @@ class _Oracle(AnswersAtOnce):
         self.golden_steps = max(self.golden_steps, steps or 0)
         key = self.runner.key("search-golden", mask=frozenset(), guard="none",
                               steps=self.golden_steps, index=0)
+        self.draws.golden_diff = self.sim.golden_drifts_at  # every run differs from it there
         return self._journaled(key, lambda: RunResult("ok", False, None, self.golden_steps),
                                timed=True).run_id
+
+    def replace_golden(self) -> None:
+        key = self.runner.key("search-golden1", mask=frozenset(), guard="none",
+                              steps=self.golden_steps, index=0)
+        self.draws.golden_diff = None
+        self._journaled(key, lambda: RunResult("ok", False, None, self.golden_steps), timed=True)
 
     def run(self, mask):
         out = self._asked(mask, mask, mask)
@@ -687,6 +695,21 @@ def test_a_bisection_begun_before_several_causes_resumes_as_one_cause(tmp_path):
     # A fresh state dir searches for every cause.
     _, again = run_command(tmp_path / "new", Simulation([CULPRIT, second], q=0.7))
     assert len(json.loads((tmp_path / "new" / "out.json").read_text())["culprit_sets"]) == 2
+
+
+def test_a_golden_run_that_drifted_is_replaced_and_every_run_read_again(tmp_path):
+    # The golden run drifted at step 9: every run differs from it there, all-off too.
+    code, text = run_command(tmp_path, Simulation([CULPRIT], golden_drifts_at=9))
+    said = lines(text)
+    assert ("  the golden run itself drifted at step 9: 2 runs first differed from it there, an "
+            "all-off one among them, and none matched it past step 8. They count as clean "
+            "through step 8, the golden run as an all-off run that drifted, and the search "
+            "reads every run again; running a new golden reference...") in said
+    data = json.loads((tmp_path / "out.json").read_text())
+    assert (data["verdict"], data["minimal_set"]) == ("culprit-found", [CULPRIT])
+    assert data["golden_drifts"] == [{"step": 9, "runs": 2}]
+    journal = (tmp_path / "state" / "sim" / "journal.jsonl").read_text()
+    assert journal.count('"search-golden1+') == 1
 
 
 def test_a_stage_that_ends_on_a_run_says_its_verdict_before_the_next_stage(tmp_path):

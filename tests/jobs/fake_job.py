@@ -8,7 +8,9 @@ Its numbers follow the mask the way a prefetch fault would, without torch:
 - mode `two-causes` (on a graph of 3 layers): `bwd:layers.2->layers.1` is a second cause,
   the same nudge, enough alone.
 Modes (argv[1]): clean, det, two-causes, crash, crash-when-fwd, hang, rank-graphs-differ, wrong-plan-hash,
-graph-mode (a plan's schedule of several masks is refused, as under MindSpore graph mode).
+graph-mode (a plan's schedule of several masks is refused, as under MindSpore graph mode),
+first-run-drifts (the job's first run in its state dir drifts from step 4 on, whatever the
+mask: background drift that hit the golden run).
 """
 
 import json
@@ -49,12 +51,18 @@ def main() -> None:
         with open(os.path.join(out, f"probe.rank{rank}.json"), "w") as f:
             json.dump(probe, f)
     rng = random.SystemRandom()
+    first_run = os.path.join(os.path.dirname(os.path.abspath(out)), ".first-run-drifted")
+    drifts = mode == "first-run-drifts" and not os.path.exists(first_run)
+    if drifts:
+        open(first_run, "w").close()
     loss = 2.0
     with open(os.path.join(out, "metrics.jsonl"), "a") as f:
         for step in range(1, plan["steps"] + 1):
             loss *= 0.9
             racy = RANDOM_EDGE in mask or (mode == "two-causes" and SECOND_RANDOM_EDGE in mask)
             if racy and step >= 3:
+                loss += 1e-9 * (1 + rng.random())
+            if drifts and step >= 4:
                 loss += 1e-9 * (1 + rng.random())
             value = loss + 0.5 if mode == "det" and DETERMINISTIC_EDGE in mask else loss
             for rank in (0, 1):

@@ -1,7 +1,9 @@
-"""RealOracle over stand-in jobs: golden comparison, resume, retries, masks that change the math."""
+"""RealOracle over stand-in jobs: golden comparison, resume, retries, masks that change the math,
+a golden run that drifted."""
 
 from __future__ import annotations
 
+import io
 import json
 import sys
 import textwrap
@@ -9,13 +11,17 @@ from pathlib import Path
 
 import pytest
 
+from bisect_prefetch.commands.bisect_loop import run_bisection
 from bisect_prefetch.errors import BisectPrefetchError
 from bisect_prefetch.experiment import load_experiment
+from bisect_prefetch.graph import from_policy
 from bisect_prefetch.runs.execute import Runner
 from bisect_prefetch.runs.oracle import RealOracle
 from bisect_prefetch.runs.store import StateDir
+from bisect_prefetch.search.causes import CauseSearch
 from bisect_prefetch.search.runlog import Ask
 from bisect_prefetch.search.segments import Schedule, Segment
+from tests.conftest import console
 from tests.jobs.fake_job import DETERMINISTIC_EDGE, RANDOM_EDGE
 
 FAKE_JOB = Path(__file__).resolve().parents[1] / "jobs" / "fake_job.py"
@@ -34,6 +40,10 @@ def _experiment(tmp_path: Path, mode: str = "clean", timeout_s: float = 30):
         timeout_s: {timeout_s}
     """))
     return load_experiment(path)
+
+
+def _edges() -> list[str]:
+    return from_policy("fsdp2-chain", 2).edge_ids()
 
 
 def _oracle(state: StateDir, experiment, **kw) -> RealOracle:
@@ -122,3 +132,28 @@ def test_a_job_that_cannot_switch_masks_is_said_once_and_never_retried(tmp_path)
         assert oracle.runs_launched == 2  # the golden run and this one
         # One mask a run is not refused.
         assert oracle.run(CLEAN).completed and oracle.schedule_refused is not None
+
+
+def test_a_golden_run_that_drifted_is_replaced_and_a_resume_finds_the_new_one(tmp_path):
+    """The job's first run (the golden one) drifts from step 4: every run differs from it there
+    until the search sees it (search/golden_drift.py) and the loop runs a new golden run."""
+    experiment = _experiment(tmp_path, "first-run-drifts")
+    verdicts = []
+    for launched in ("first", "resumed"):
+        with StateDir(tmp_path / "state", "fake") as state:
+            oracle = _oracle(state, experiment)
+            search = CauseSearch(_edges(), steps_per_run=6, max_runs=40)
+            oracle.run_golden()
+            search.golden(oracle.golden_steps)
+            out = io.StringIO()
+            result = run_bisection(search, oracle, console=console(out))
+            verdicts.append((result.verdict, result.minimal_set, result.runs_used))
+            if launched == "first":
+                assert oracle.runs_launched == result.runs_used + 2  # two golden runs
+            else:
+                assert oracle.runs_launched == 0  # the journal holds both golden runs
+    assert "the golden run itself drifted at step 4" in out.getvalue()
+    assert verdicts[0] == verdicts[1] and verdicts[0][:2] == ("culprit-found", [RANDOM_EDGE])
+    records = [json.loads(line) for line in (tmp_path / "state/fake/journal.jsonl").open()]
+    goldens = [r for r in records if r["variant"].startswith("search-golden")]
+    assert [g["variant"].split("+")[0] for g in goldens] == ["search-golden", "search-golden1"]

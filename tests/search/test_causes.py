@@ -150,12 +150,16 @@ CLEAN = RunResult(OK, False, None, STEPS)
 
 def drive_by_rule(search, diverges, limit=400):
     """Run the search to its verdict, each run's outcome from diverges(mask, how often that
-    mask ran before); the masks it ran, in order."""
+    mask ran before); the masks it ran, in order. A diverged run first differs at a step of
+    its own (runs that all differ at one step, all-off among them, would show a golden run
+    that drifted: golden_drift.py)."""
     search.golden(STEPS)
     asked = []
     while not search.done and len(asked) < limit:
         mask = search.pending.mask
-        search.record(mask, DIVERGED if diverges(mask, asked.count(mask)) else CLEAN)
+        step = 2 + len(asked) % (STEPS - 2)
+        diverged = RunResult(STOPPED_EARLY, True, step, step)
+        search.record(mask, diverged if diverges(mask, asked.count(mask)) else CLEAN)
         asked.append(mask)
     return asked
 
