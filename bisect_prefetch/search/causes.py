@@ -26,7 +26,7 @@ settles. So the causes are found one at a time, each by a one-cause search
    here" (posterior.sub_prior), which settles it once it holds the confidence and (a
    peeled stage) all-on of its edges, drop-only of the union, stayed clean often enough
    to show a cause as strong as the weakest found (`_peel_runs`); and keep-only of its
-   answer must diverge twice.
+   answer must diverge twice (the reduce step's core too: reduce_step.py).
    The first stage's not-prefetch waits, too: two causes, whose diverged runs share no
    edge, look like drift without prefetch to the one-cause model, so all-off must be
    shown to diverge about as often as the other runs (checks.py); if it diverges far

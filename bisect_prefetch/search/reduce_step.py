@@ -4,9 +4,10 @@ It begins once "a set of three or more inside the core" (the edges every
 diverged run enabled) explains the runs better than the posterior's model
 does, and holds while all-off never diverged (background drift breaks the
 core: a diverged run need not enable the set). keep-only(core) must diverge
-first; then each chunk of the core is dropped until it diverges (the core
-shrinks) or stays clean often enough. A 1-minimal core goes to the double
-check.
+first (in a later cause's search twice, as its answers must, and until then the
+step holds only while the core leads: causes.py); then each chunk of the core is
+dropped until it diverges (the core shrinks) or stays clean often enough. A
+1-minimal core goes to the double check.
 """
 
 from __future__ import annotations
@@ -57,9 +58,13 @@ class ReduceStep:
         model, log = self.ev.model, self.log
         if not model.divergences or log.tally(log.all_off).divergences or log.core.sum() < 3:
             return False  # a core of one or two edges: the posterior's model takes over again
-        if self.reducing:
-            return True
         core = log.core_edges()
+        needed = self.ev.settings.keep_only_divergences
+        if self.reducing and (needed == 1 or log.tally(log.keep_only(core)).divergences >= needed):
+            # Once begun it holds: the model cannot see the sets it tests. In a later cause's
+            # search, where background drift alone can make a core, only once keep-only of the
+            # core diverged as often as an answer's must; until then while the core leads.
+            return True
         divergences, clean = self.ev.counts(core)
         evidence = model.log_evidence()
         if set_log_odds(len(core), len(log.edge_ids), divergences, clean, evidence) <= 0:
@@ -86,8 +91,8 @@ class ReduceStep:
         log = self.log
         core = log.core_edges()
         keep = log.keep_only(core)
-        if not log.tally(keep).divergences:
-            # The set itself must diverge: the verdict rests on that run.
+        if log.tally(keep).divergences < self.ev.settings.keep_only_divergences:
+            # The set itself must diverge (as often as an answer's must): the verdict rests on it.
             if log.unresolved(keep):
                 return Inconclusive("keep-only-never-completed")
             if log.in_flight_of(keep) < CHECK_IN_FLIGHT:
@@ -106,7 +111,7 @@ class ReduceStep:
     def next_drop(self, core: tuple[int, ...]) -> Drop | None:
         """The chunk of the core to drop next (reduce.next_test); None: the core is 1-minimal."""
         log = self.log
-        if not log.tally(log.keep_only(core)).divergences:
+        if log.tally(log.keep_only(core)).divergences < self.ev.settings.keep_only_divergences:
             return Drop(None, 0, 0)  # keep-only(core) must diverge first
         divergences, clean = self.ev.counts(core)
         coarse = runs_to_miss(divergences, clean, COARSE_MISS)
