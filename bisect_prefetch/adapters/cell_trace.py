@@ -13,8 +13,14 @@ optimizer Cell, else ``forward``), and the fingerprints of its tensor inputs (at
 and outputs (at its return), with adapters/digest.py's math in numpy on the host copies
 (``asnumpy``). A call is recorded when it returns, so an inner Cell comes before the Cell
 that called it: the first differing record is the innermost Cell that computed
-differently. Backward runs inside MindSpore's autodiff, not through Cell calls: it is not
-traced. Granularity: the probe's ``op_trace`` says ``"granularity": "cell"``.
+differently. Backward runs inside MindSpore's autodiff, not through Cell calls: a Cell
+backward hook (``register_backward_hook``, put on every Cell of the job at the window's
+first call and taken off at its end) records each Cell's backward as it finishes: the op
+``cell:Dense`` again, phase ``backward``, the gradient it received (with respect to its
+output) as its input and the gradients it computed (with respect to its inputs) as its
+outputs; Cells in backward order, so the first differing record is the first Cell whose
+backward computed differently. Granularity: the probe's ``op_trace`` says
+``"granularity": "cell"``.
 """
 
 from __future__ import annotations
@@ -52,6 +58,9 @@ class CellTracer:
         self.ops_traced = 0
         self.bytes_written = 0
         self.seconds_flushing = 0.0
+        self.hooked: dict[int, Any] = {}  # id(cell) -> its backward hook's handle
+        self.hooks_refused: dict[str, int] = {}  # why a Cell took no backward hook -> how many
+        self.backward_records = 0
 
     def wrap(self) -> None:
         """Wrap Cell.__call__ for the window (class-level: every Cell, the job's own too)."""
@@ -75,32 +84,68 @@ class CellTracer:
         if self.original is not None:
             self.cell_class.__call__ = self.original
             self.original = None
+        for handle in self.hooked.values():
+            try:
+                handle.remove()
+            except Exception:  # a handle already gone: nothing left to take off
+                pass
+        self.hooked = {}
 
     def call(self, original: Any, cell: Any, args: tuple, kwargs: dict) -> Any:
         if not self.depth and id(cell) not in self.names:
-            self.names.update({id(c): name for name, c in cell.cells_and_names()})
+            cells = list(cell.cells_and_names())
+            self.names.update({id(c): name for name, c in cells})
+            self._hook_backward([c for _, c in cells])
         ins = [_fingerprint(t) for t in _tensors((args, kwargs))]
         self.depth += 1
         try:
             out = original(cell, *args, **kwargs)
         finally:
             self.depth -= 1
+        phase = ("optimizer" if self.optimizer_class and isinstance(cell, self.optimizer_class)
+                 else "forward")
+        self._record(cell, phase, ins, [_fingerprint(t) for t in _tensors(out)], _where())
+        return out
+
+    def _hook_backward(self, cells: list[Any]) -> None:
+        """A backward hook on each Cell not hooked yet (not the optimizer: it has no
+        backward). A Cell that refuses one is counted, never the job's end."""
+        for cell in cells:
+            if id(cell) in self.hooked or (
+                    self.optimizer_class and isinstance(cell, self.optimizer_class)):
+                continue
+            try:
+                self.hooked[id(cell)] = cell.register_backward_hook(self._backward)
+            except Exception as e:
+                why = f"{type(cell).__name__}: {type(e).__name__}"
+                self.hooks_refused[why] = self.hooks_refused.get(why, 0) + 1
+
+    def _backward(self, cell: Any, grad_input: Any, grad_output: Any) -> None:
+        """A Cell's backward finished: what it received (the gradient with respect to its
+        output) in, what it computed (with respect to its inputs) out. Returns None: the
+        gradients pass on unchanged."""
+        if self.original is None:
+            return None  # outside the window
+        self._record(cell, "backward", [_fingerprint(t) for t in _tensors(grad_output)],
+                     [_fingerprint(t) for t in _tensors(grad_input)], None)
+        self.backward_records += 1
+        return None
+
+    def _record(self, cell: Any, phase: str, ins: list[Any], outs: list[Any],
+                where: str | None) -> None:
         step = self.session.clock.steps + 1
         if step != self.step:
             self.step, self.seq, self.counts = step, 0, {}
         name = f"cell:{type(cell).__name__}"
         n = self.counts.get(name, 0)
         self.counts[name] = n + 1
-        phase = ("optimizer" if self.optimizer_class and isinstance(cell, self.optimizer_class)
-                 else "forward")
         self.lines.append(json.dumps({
             "step": step, "seq": self.seq, "op": name, "n": n, "phase": phase,
             "module": self.names.get(id(cell)) or type(cell).__name__, "in": ins,
-            "out": [_fingerprint(t) for t in _tensors(out)], "src": [None] * len(ins),
-            "chg": [], "at": _where()}, separators=(",", ":")))
+            "out": outs, "src": [None] * len(ins), "chg": [], "at": where},
+            separators=(",", ":")))
         self.seq += 1
         self.ops_traced += 1
-        return out
 
     # -- the step clock's boundaries -----------------------------------------------------
     def on_update(self, step: int) -> None:
@@ -120,7 +165,8 @@ class CellTracer:
         self.session.probe_extra["op_trace"] = {
             "steps": [self.first_step, self.last_step], "ops": self.ops_traced,
             "bytes": self.bytes_written, "flush_s": round(self.seconds_flushing, 6),
-            "granularity": "cell"}
+            "granularity": "cell", "backward_records": self.backward_records,
+            **({"backward_hooks_refused": self.hooks_refused} if self.hooks_refused else {})}
 
     def flush(self) -> None:
         """The records so far to the file (one write); never the job's end."""

@@ -1,7 +1,9 @@
 """explain's trace on MindSpore, at Cell granularity: every Cell call of the traced steps
 with its inputs' and outputs' fingerprints (digest math in numpy), inner Cells before the
-Cell that called them, the optimizer's call apart; two runs compare clean, and a Cell that
-draws from a clock-seeded generator is the origin."""
+Cell that called them, the optimizer's call apart, and each Cell's backward (a Cell backward
+hook: the gradient it received in, those it computed out); two runs compare clean, a Cell
+that draws from a clock-seeded generator is the origin, and so is a Cell whose own
+backward does."""
 
 from __future__ import annotations
 
@@ -30,8 +32,8 @@ class Session(SimpleNamespace):
         self.errors.append(message)
 
 
-def train(out_dir: Path, *, clock: bool = False) -> list[dict]:
-    from mindspore import Tensor, nn
+def train(out_dir: Path, *, clock: bool = False, clock_in_backward: bool = False) -> list[dict]:
+    from mindspore import Tensor, nn, ops
 
     class Noisy(nn.Cell):
         def __init__(self) -> None:
@@ -43,6 +45,10 @@ def train(out_dir: Path, *, clock: bool = False) -> list[dict]:
             if clock:
                 noise = np.random.default_rng(time.time_ns()).normal(size=(3, 4))
                 y = y + Tensor(noise.astype(np.float32))
+            if clock_in_backward:  # adds exactly 0 in forward, the noise to x's gradient
+                noise = Tensor(np.random.default_rng(time.time_ns()).normal(size=(3, 4))
+                               .astype(np.float32))
+                y = y + (x * noise - ops.stop_gradient(x * noise))
             return y
 
     ms.set_context(mode=ms.PYNATIVE_MODE)
@@ -87,3 +93,18 @@ def test_two_runs_agree_and_a_clock_seeded_draw_is_the_origin(tmp_path):
     train(tmp_path / "d", clock=True)
     first = compare_traces(tmp_path / "c", tmp_path / "d").first
     assert (first.kind, first.op, first.module, first.step) == ("origin", "cell:Noisy", "1", 1)
+
+
+def test_each_cell_s_backward_is_recorded_and_a_noisy_backward_is_its_origin(tmp_path):
+    ops = train(tmp_path / "a")
+    backward = [(op["op"], op["module"]) for op in ops if op["step"] == 1
+                and op["phase"] == "backward"]
+    assert ("cell:Noisy", "1") in backward and ("cell:Dense", "0") in backward
+    assert backward.index(("cell:Noisy", "1")) < backward.index(("cell:Dense", "0"))
+    train(tmp_path / "b")
+    assert compare_traces(tmp_path / "a", tmp_path / "b").verdict == "no-op-differs"
+    train(tmp_path / "c", clock_in_backward=True)
+    train(tmp_path / "d", clock_in_backward=True)
+    first = compare_traces(tmp_path / "c", tmp_path / "d").first
+    assert (first.kind, first.op, first.module, first.phase, first.step) == (
+        "origin", "cell:Noisy", "1", "backward", 1)
