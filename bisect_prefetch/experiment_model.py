@@ -118,6 +118,10 @@ class Workload(_Strict):
     # fsdp2 only: each layer's forward sleeps this many ms (modelled device compute the
     # host waits on; timing only, no number changes).
     compute_ms: Annotated[float, Field(ge=0.0, allow_inf_nan=False)] = 0.0
+    # fsdp2 only: tensor-parallel degree. Each layer's MLP is split over a tp mesh dimension
+    # (DTensor weights) and FSDP2 shards over the rest, world_size / tp ranks: with tp equal
+    # to world_size every unit has a shard group of size one, the reported case's topology.
+    tp: Annotated[int, Field(ge=1, le=8)] = 1
     # mindformers only, a positive control: run k of a group trains with seed + k * seed_step,
     # so a group with seed_step > 0 must be called diverged at step 1.
     seed_step: Annotated[int, Field(ge=0)] = 0
@@ -132,10 +136,15 @@ class Workload(_Strict):
         if self.builtin != "mindformers" and self.seed_step:
             raise ValueError("seed_step: an option of the mindformers workload only")
         planted = ({"checkpoint", "backward_prefetch_depth", "extra_edges", "dim", "batch",
-                    "async_unshard", "compute_ms"}
+                    "async_unshard", "compute_ms", "tp"}
                    & self.model_fields_set)
         if self.builtin != "fsdp2" and planted:
             raise ValueError(f"{', '.join(sorted(planted))}: options of the fsdp2 workload only")
+        if self.world_size % self.tp:
+            raise ValueError(f"tp {self.tp} must divide world_size {self.world_size}")
+        if self.tp == self.world_size > 1 and self.fault is not None and self.fault.mode == "race":
+            raise ValueError("fault mode race needs an all-gather to race: with tp equal to "
+                             "world_size every shard group has size one")
         return self
 
 
@@ -232,6 +241,9 @@ class Record(_Strict):
     # Steps whose every op is traced, "A-B" (adapters/op_trace.py; `explain` sets it): each
     # op's inputs and outputs fingerprinted. Costly on the traced steps; none by default.
     trace: str | None = None
+    # Only these units' ops are traced (`explain`'s targeted tracing: the source and target
+    # units of the few edges its mask enables); none: every unit's.
+    trace_units: Annotated[list[Annotated[str, Field(min_length=1)]], Field(min_length=1)] | None = None
 
     @field_validator("trace")
     @classmethod
@@ -433,8 +445,12 @@ class Experiment(_Strict):
         data = self.model_dump(mode="json", include=keys)
         if data.get("workload") and not data["workload"].get("compute_ms"):
             del data["workload"]["compute_ms"]  # added later: unset keeps earlier runs' hash
+        if data.get("workload") and data["workload"].get("tp") == 1:
+            del data["workload"]["tp"]  # likewise
         if data.get("record") and data["record"].get("trace") is None:
             data["record"].pop("trace", None)  # added later: unset keeps earlier runs' hash
+        if data.get("record") and data["record"].get("trace_units") is None:
+            data["record"].pop("trace_units", None)  # likewise
         data["record_format"] = RECORD_FORMAT  # runs recorded another way are other runs
         if self.config_path() is not None and self.config_path().is_file():
             data["config_sha256"] = hashlib.sha256(self.config_path().read_bytes()).hexdigest()

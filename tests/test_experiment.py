@@ -133,6 +133,10 @@ def test_missing_file(tmp_path):
     ("name: x\nworkload: {builtin: fsdp2, compute_ms: .nan}\n", "workload.compute_ms"),
     ("name: x\nworkload: {builtin: fsdp2, compute_ms: soon}\n", "workload.compute_ms"),
     ("name: x\nworkload: {builtin: mindspore, compute_ms: 30}\n", "compute_ms: options of the fsdp2"),
+    ("name: x\nworkload: {builtin: fsdp2, world_size: 2, tp: 4}\n", "tp 4 must divide world_size 2"),
+    ("name: x\nworkload: {builtin: mindspore, tp: 2}\n", "tp: options of the fsdp2"),
+    ("name: x\nworkload: {builtin: fsdp2, world_size: 2, tp: 2, fault: {edge: 'fwd:a->b', "
+     "mode: race}}\n", "needs an all-gather to race"),
     ("name: x\ncommand: [a]\nmetrics: {format: regex}\n", "metrics.pattern"),
     ("name: x\ncommand: [a]\ngraph: {source: static}\n", "graph.policy"),
     ("name: x\ncommand: [a]\nguard: always\n", "guard"),
@@ -154,6 +158,19 @@ def test_compute_ms_is_accepted_and_changes_the_fingerprint_only_when_set(tmp_pa
     assert zero.fingerprint() == plain.fingerprint()  # unset keeps earlier runs' hash
     assert "greater than or equal to 0" in _error(
         _write(tmp_path, FULL.replace("layers: 8", "layers: 8\n  compute_ms: -1")))
+
+
+def test_tensor_parallel_mode_is_passed_to_the_workload_and_keys_runs_only_when_set(tmp_path):
+    from bisect_prefetch.runs.workloads import argv_template
+
+    plain = load_experiment(_write(tmp_path, FULL))
+    assert plain.workload.tp == 1 and "--tp" not in argv_template(plain, steps=3)
+    split = with_overrides(plain, {"workload.tp": 2})
+    assert argv_template(split, steps=3)[-2:] == ["--tp", "2"]
+    assert split.fingerprint() != plain.fingerprint()  # another topology: other runs
+    assert with_overrides(plain, {"workload.tp": 1}).fingerprint() == plain.fingerprint()
+    traced = with_overrides(plain, {"record.trace": "2-3", "record.trace_units": ["layers.4"]})
+    assert traced.fingerprint() != with_overrides(plain, {"record.trace": "2-3"}).fingerprint()
 
 
 def test_apply_overrides_sets_dotted_keys_on_a_copy():

@@ -55,6 +55,8 @@ def _workload_args(experiment: Experiment, steps: int) -> list[str]:
         planted += ["--batch", str(w.batch)]
     if w.compute_ms:
         planted += ["--compute-ms", repr(w.compute_ms)]
+    if w.tp > 1:
+        planted += ["--tp", str(w.tp)]
     return ["--layers", str(w.layers), "--steps", str(steps), "--seed", str(experiment.seed),
             *_fault_args(experiment), *planted]
 

@@ -67,6 +67,16 @@ the edge i->i-1 is shadowed by i+1->i-1, and targets are duplicated),
 already ran: never consumed; ``bwd:layers.0->root`` comes after the root
 unsharded itself: late). World size 1 makes every edge size-one.
 
+``--tp N`` (``workload.tp``; default 1): tensor parallelism x FSDP2 on a 2-D mesh
+(dp_shard = world size / N, tp = N). Each layer's MLP is split over ``tp``
+(``parallelize_module``: ``up`` column-parallel, ``down`` row-parallel, DTensor weights,
+the row-parallel output all-reduced through functional collectives); attention, norms,
+embedding and head stay whole. Then ``fully_shard`` shards every unit over ``dp_shard``:
+with N equal to the world size every unit has a shard group of size one (FSDP2 then
+copies the local shard in ``wait_for_unshard`` instead of all-gathering), the reported
+case's topology in small. Ranks of one tp group see the same batch; the grad norm is
+taken over both meshes by hand (``clip_grad_norm_`` will not stack norms of two meshes).
+
 ``--timings FILE`` (rank 0) writes ``{"first_step_start": unix time,
 "step_s": [seconds per step]}`` for the benchmarks.
 """
@@ -157,6 +167,19 @@ def synthetic_batches(
         tokens[noise] = torch.randint(vocab, (int(noise.sum()),), generator=generator)
         batches.append(tokens)
     return batches
+
+
+def apply_tensor_parallel(model: TinyTransformer, tp_mesh) -> None:
+    """Each layer's MLP split over the tp mesh: ``up`` by columns, ``down`` by rows (before
+    fully_shard, which then shards the DTensor weights over the other mesh dimension)."""
+    from torch.distributed.tensor.parallel import (
+        ColwiseParallel,
+        RowwiseParallel,
+        parallelize_module,
+    )
+
+    for layer in model.layers:
+        parallelize_module(layer, tp_mesh, {"up": ColwiseParallel(), "down": RowwiseParallel()})
 
 
 def apply_fsdp(
@@ -268,17 +291,35 @@ class Race:
         self.marked.clear()
 
 
-def train_step(model: TinyTransformer, optimizer, tokens: torch.Tensor) -> tuple[float, float]:
-    """One optimizer step on a batch; returns (local loss, global grad norm before clipping)."""
+def train_step(model: TinyTransformer, optimizer, tokens: torch.Tensor, *,
+               two_meshes: bool = False) -> tuple[float, float]:
+    """One optimizer step on a batch; returns (local loss, global grad norm before clipping).
+
+    two_meshes: the weights live on two meshes (--tp): the norm is taken by hand."""
     optimizer.zero_grad(set_to_none=True)  # grads stay until the next step: digests read them
     logits = model(tokens[:, :-1])
     loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), tokens[:, 1:].reshape(-1))
     loss.backward()
-    grad_norm = nn.utils.clip_grad_norm_(model.parameters(), max_norm=1.0)
+    if two_meshes:
+        grad_norm = _clip_over_meshes(model, max_norm=1.0)
+    else:
+        grad_norm = nn.utils.clip_grad_norm_(model.parameters(), max_norm=1.0)
     if isinstance(grad_norm, DTensor):
         grad_norm = grad_norm.full_tensor()
     optimizer.step()
     return loss.item(), grad_norm.item()
+
+
+def _clip_over_meshes(model: nn.Module, *, max_norm: float) -> torch.Tensor:
+    """The global gradient norm over weights on several meshes; gradients scaled to it."""
+    grads = [p.grad for p in model.parameters() if p.grad is not None]
+    whole = [g.full_tensor() if isinstance(g, DTensor) else g for g in grads]
+    norm = torch.stack([g.pow(2).sum() for g in whole]).sum().sqrt()
+    scale = min(1.0, max_norm / (norm.item() + 1e-6))
+    with torch.no_grad():
+        for g in grads:
+            g.mul_(scale)
+    return norm
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -302,6 +343,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="asynchronous unshards (no race): prefetches overlap compute")
     parser.add_argument("--compute-ms", type=float, default=0.0,
                         help="each layer's forward sleeps this many ms (modelled device compute)")
+    parser.add_argument("--tp", type=int, default=1,
+                        help="tensor-parallel degree: each layer's MLP split over it, FSDP2 "
+                             "over the rest (equal to the world size: shard groups of one)")
     parser.add_argument("--timings", default=None, help="rank 0 writes step timings here")
     parser.add_argument("--checkpoint", action="store_true", help="activation checkpointing")
     parser.add_argument("--backward-prefetch-depth", type=int, default=1,
@@ -324,8 +368,12 @@ def main(argv: list[str] | None = None) -> None:
     torch.use_deterministic_algorithms(True)
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
-    if args.batch % world:
-        raise SystemExit(f"--batch {args.batch} must be divisible by the world size {world}")
+    if args.tp < 1 or world % args.tp:
+        raise SystemExit(f"--tp {args.tp} must divide the world size {world}")
+    replicas = world // args.tp  # FSDP2's shard group; every rank of a tp group one batch
+    if args.batch % replicas:
+        raise SystemExit(f"--batch {args.batch} must be divisible by {replicas}, the ranks "
+                         "FSDP2 shards over")
 
     fault_edge, hazard, mode = args.fault_edge, args.fault_hazard, args.fault_mode
     plan = adapters.current_plan() if adapters is not None else None
@@ -335,6 +383,9 @@ def main(argv: list[str] | None = None) -> None:
         mode = plan["fault"].get("mode") or "nudge"
     if fault_edge is not None and adapters is None and (hazard > 0 or mode == "race"):
         raise SystemExit("fault injection needs bisect_prefetch.adapters")
+    if fault_edge is not None and mode == "race" and replicas == 1:
+        raise SystemExit("--fault-mode race needs an all-gather to race: with --tp equal to "
+                         "the world size every shard group has size one")
     if fault_edge is not None and mode == "race" and not fault_edge.startswith("fwd:"):
         raise SystemExit(f"--fault-mode race plants forward edges only, not {fault_edge}: "
                          "on gloo the synchronous reduce-scatter closes a backward edge's window")
@@ -344,8 +395,14 @@ def main(argv: list[str] | None = None) -> None:
     torch.manual_seed(args.seed)
     model = TinyTransformer(vocab=args.vocab, dim=args.dim, heads=args.heads, layers=args.layers,
                             checkpoint=args.checkpoint, compute_ms=args.compute_ms)
-    apply_fsdp(model, init_device_mesh("cpu", (world,)),
-               backward_depth=args.backward_prefetch_depth, extra_edges=tuple(args.extra_edge))
+    if args.tp > 1:  # before fully_shard: it shards the DTensor weights over dp_shard
+        mesh = init_device_mesh("cpu", (replicas, args.tp), mesh_dim_names=("dp_shard", "tp"))
+        apply_tensor_parallel(model, mesh["tp"])
+        mesh = mesh["dp_shard"]
+    else:
+        mesh = init_device_mesh("cpu", (world,))
+    apply_fsdp(model, mesh, backward_depth=args.backward_prefetch_depth,
+               extra_edges=tuple(args.extra_edge))
     if args.async_unshard:
         model._set_unshard_async_op(True)  # the root's and every layer's groups
     race = None
@@ -356,13 +413,14 @@ def main(argv: list[str] | None = None) -> None:
     batches = synthetic_batches(
         seed=args.seed, count=4, batch=args.batch, seq=args.seq, vocab=args.vocab
     )
-    per_rank = args.batch // world
+    per_rank, replica = args.batch // replicas, rank // args.tp
 
     timings = {"first_step_start": time.time(), "step_s": []}
     for step in range(1, args.steps + 1):
         started = time.perf_counter()
-        tokens = batches[(step - 1) % len(batches)][rank * per_rank : (rank + 1) * per_rank]
-        loss_value, grad_norm_value = train_step(model, optimizer, tokens)
+        tokens = batches[(step - 1) % len(batches)][replica * per_rank:(replica + 1) * per_rank]
+        loss_value, grad_norm_value = train_step(model, optimizer, tokens,
+                                                 two_meshes=args.tp > 1)
         if race is not None:
             race.after_step()
         if adapters is not None:

@@ -78,3 +78,21 @@ def test_fault_edge_masked_off_is_identical_to_baseline(baseline, tmp_path):
         counts = read_probe(tmp_path, rank)["edges"][FAULT_EDGE]
         assert counts == {"fired": 30, "issued": 0, "noop": 0, "masked": 30, "guarded": 0}
         assert all(FAULT_EDGE in step["masked"] for step in read_probe(tmp_path, rank)["steps"])
+
+
+def test_tensor_parallel_mode_has_size_one_units_is_deterministic_and_its_fault_drifts(tmp_path):
+    """--tp 2 on 2 ranks: DTensor MLP weights over tp, FSDP2 over a shard group of one (every
+    edge's target size one), two A/A runs bitwise equal, a fault on a backward edge drifts."""
+    runs = []
+    for k, fault in enumerate(((), (), ("--fault-edge", FAULT_EDGE, "--fault-hazard", "1.0"))):
+        run_dir = tmp_path / f"run{k}"
+        plan = write_plan(run_dir, record={"graph": True, "probe": True, "digests": "*"})
+        run_fsdp2(run_dir, steps=4, plan=plan, extra_args=("--tp", "2", *fault))
+        runs.append(run_dir)
+    graph = json.loads((runs[0] / "graph.rank0.json").read_text())
+    assert graph["edges"] and {node["shard_size"] for node in graph["nodes"]} == {1}
+    a, b, faulty = (read_ranks(run, "digests") for run in runs)
+    assert a and a == b
+    assert any(r["param"].endswith("up.weight") for r in a)  # the tp-split weights are there
+    assert faulty != a
+    assert read_probe(runs[2])["edges"][FAULT_EDGE]["issued"] == 4
