@@ -1,8 +1,9 @@
 """The command line: declares the options and calls one function of commands/. Nothing else.
 
 Exit codes: 0 success, 1 a finding (aa diverged, an expectation failed, audit
-found a problem), 2 a usage or input error (one line on stderr, no traceback).
-Only this module turns a BisectPrefetchError into that line.
+found a problem), 2 a usage or input error (one line on stderr, no traceback), 3 the
+tool failed (a ToolFailure inside a job, with the rank's log; or a bug, with the file
+that holds the traceback). Only this module turns an error into that line.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
-from bisect_prefetch.errors import BisectPrefetchError
+from bisect_prefetch.errors import BisectPrefetchError, ToolFailure
 from bisect_prefetch.vocab import (
     DEFAULT_CONFIDENCE,
     GUARD_NONE,
@@ -146,16 +147,17 @@ def explain(
     mask: Annotated[list[str] | None, typer.Option("--mask", help="Preset or selectors of the edges to enable (repeatable; default all-on).")] = None,
     stress: Annotated[StressMode | None, typer.Option("--stress", help="Delays before each prefetch is issued: on or off (default: the experiment's stress.mode).")] = None,
     runs: Annotated[int, typer.Option("--runs", help="Most runs in the traced A/A group (at least 2).")] = 4,
-    steps: Annotated[str | None, typer.Option("--steps", metavar="A-B", help="Steps whose ops are traced; the runs end at B (default: every step).")] = None,
+    steps: Annotated[str | None, typer.Option("--steps", metavar="A-B", help="Steps whose ops are traced; the runs end at B (three untraced steps later where the window starts at step 3 or before, to time tracing against). Default: around where earlier runs first differed, else every step.")] = None,
+    all_units: Annotated[bool, typer.Option("--all-units", help="Trace every unit's ops (by default a mask that enables at most 4 edges traces only their source and target units).")] = False,
     json_out: JsonOpt = None,
     state_dir: StateDirOpt = Path(".bisect-prefetch"),
 ) -> None:
-    """Trace every op of an A/A group and name the first op whose output differs: exit 0 consistent, 1 a finding."""
+    """Trace the ops of an A/A group and name the first op whose output differs, and its edge: exit 0 consistent, 1 a finding, 3 the tool failed in a traced run."""
     from bisect_prefetch.commands.explain import explain as command
 
     raise typer.Exit(command(experiment, masks=mask or [], stress=stress.value if stress else None,
-                             runs=runs, steps=steps, state_dir=state_dir, console=console,
-                             json_out=json_out))
+                             runs=runs, steps=steps, all_units=all_units, state_dir=state_dir,
+                             console=console, json_out=json_out))
 
 
 @app.command()
@@ -171,6 +173,7 @@ def bisect(
     stress: StressOpt = None,
     segments: Annotated[str | None, typer.Option("--segments", help="auto: several masks a run, so that a start-up is paid about once per divergence (docs/segments.md); off: one mask a run (default: the experiment's search.segments).")] = None,
     no_reuse: NoReuseOpt = False,
+    explain: Annotated[bool, typer.Option("--explain", help="After the verdict, trace each cause's keep-only (explain) and show its first divergence and edge.")] = False,
 ) -> None:
     """Find the smallest edge set whose presence makes A/A runs diverge."""
     from bisect_prefetch.commands.bisect import bisect as command
@@ -179,7 +182,7 @@ def bisect(
                              state_dir=state_dir, console=console, json_out=json_out,
                              executor=executor.value if executor else None, slots=slots,
                              stress=stress.value if stress else None, segments=segments,
-                             no_reuse=no_reuse))
+                             no_reuse=no_reuse, explain=explain))
 
 
 @app.command()
@@ -342,6 +345,10 @@ def main(argv: list[str] | None = None) -> int:
         except BisectPrefetchError as exc:
             stderr_console().print(_one_line(f"error: {exc}"), markup=False, soft_wrap=True)
             return 2
+        except ToolFailure as exc:  # the tool's own failure inside a job: not the input
+            stderr_console().print(_one_line(f"error: bisect-prefetch failed (not your input): "
+                                             f"{exc}"), markup=False, soft_wrap=True)
+            return BUG
         except KeyboardInterrupt:  # typer already makes Ctrl-C exit code 130; one outside it
             code = INTERRUPTED
         except OSError as exc:  # the machine's refusal (a full disk, no permission): not a bug

@@ -7,3 +7,9 @@ one-line message on stderr and exit code 2 (exit code 1 is for findings).
 
 class BisectPrefetchError(Exception):
     """A usage or input error: bad file, bad selector, missing metrics, ..."""
+
+
+class ToolFailure(Exception):
+    """bisect-prefetch itself failed inside a job (its in-job code): not the user's input.
+
+    cli.py turns it into one line (the message names the rank's log) and exit code 3."""

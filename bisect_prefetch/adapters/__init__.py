@@ -29,6 +29,9 @@ For framework adapters (fsdp2, hyper_parallel, ...), through ``session()``:
   is the guard alone, for a prefetch that is no edge.
 - ``Session.clock`` (adapters/steps.py): the framework adapters tell it where the
   optimizer steps and where the root's forward begins and backward ends.
+- ``Session.add_watcher(w)`` (explain's tracer, adapters/op_trace.py): ``w`` is told where
+  each enabled prefetch begins and ends, and, by the framework adapter through
+  ``Session.unit_hook(module, phase, hook, begins)``, where each unit's own hooks run.
 - ``Session.add_update_listener(fn(step))``: the optimizer is about to apply step
   ``step``'s gradients (digests now); ``add_step_end_listener(fn(step))``: the
   step ended (graph rewrite); ``add_exit_listener(fn())``: last words at exit.
@@ -136,6 +139,11 @@ class Session:
         self._update_listeners: list[Callable[[int], None]] = []
         self._step_end_listeners: list[Callable[[int], None]] = []
         self._exit_listeners: list[Callable[[], None]] = []
+        # Those told where each prefetch begins and ends and where units run (explain's
+        # tracer, adapters/op_trace.py): ``prefetch_begins(edge_id, target_module)``,
+        # ``prefetch_ends(edge_id, target_module, issued)``, and from the framework adapter
+        # ``unit_hook(module, phase, hook, begins)`` (see add_watcher).
+        self.watchers: list[Any] = []
         self.gate = Gate(plan)  # the mask (by step, with a schedule) and the size-one guard
         self._last_probe_write = 0.0
         self._environment_written = False
@@ -166,31 +174,44 @@ class Session:
         event = order.begin_prefetch(edge_id) if order is not None else None
         outcome = self.gate.decide(edge_id, target_shard_size)
         if outcome is None:
-            stress = self.stress
-            if stress is not None:  # the issuing side waits, never the consumer
-                stress.before_issue(edge_id)
-            if order is not None:
-                order.set_running_edge(edge_id)  # unshards inside are this edge's
+            watchers = self.watchers
+            for watcher in watchers:  # from here to the listeners' end: the edge's work
+                watcher.prefetch_begins(edge_id, target_module)
+            issued = False
             try:
-                issued = run()
+                issued = self._issue(edge_id, target_module, run)
             finally:
-                if order is not None:
-                    order.set_running_edge(None)
-            if issued and stress is not None and stress.measuring:
-                try:
-                    phase, _, target = parse_edge_id(edge_id)
-                except ValueError:
-                    pass  # no unit to wait for: the edge gets the default gap
-                else:
-                    stress.issued(edge_id, target, phase)
+                for watcher in watchers:
+                    watcher.prefetch_ends(edge_id, target_module, issued)
             outcome = ISSUED if issued else NOOP
-            for listener in self._prefetch_listeners:
-                listener(edge_id, target_module, issued)
         with self._lock:
             self.tally.count(edge_id, outcome)
         if event is not None:
             event[2] = outcome
         return outcome
+
+    def _issue(self, edge_id: str, target_module: Any, run: Callable[[], bool]) -> bool:
+        """An enabled prefetch: stress's delay, the prefetch itself, its listeners."""
+        order, stress = self.order, self.stress
+        if stress is not None:  # the issuing side waits, never the consumer
+            stress.before_issue(edge_id)
+        if order is not None:
+            order.set_running_edge(edge_id)  # unshards inside are this edge's
+        try:
+            issued = run()
+        finally:
+            if order is not None:
+                order.set_running_edge(None)
+        if issued and stress is not None and stress.measuring:
+            try:
+                phase, _, target = parse_edge_id(edge_id)
+            except ValueError:
+                pass  # no unit to wait for: the edge gets the default gap
+            else:
+                stress.issued(edge_id, target, phase)
+        for listener in self._prefetch_listeners:
+            listener(edge_id, target_module, issued)
+        return issued
 
     def guard_skips(self, target_shard_size: int) -> bool:
         """The guard alone: whether a prefetch into a unit of this shard size is skipped."""
@@ -199,6 +220,19 @@ class Session:
     # -- listeners ----------------------------------------------------------------------
     def add_prefetch_listener(self, fn: PrefetchListener) -> None:
         self._prefetch_listeners.append(fn)
+
+    def add_watcher(self, watcher: Any) -> None:
+        """Tell ``watcher`` where each enabled prefetch begins and ends (its listeners'
+        work included: a fault a listener plants is the prefetch's), and, through the
+        framework adapter's ``unit_hook``, where each unit's own hooks run: ``hook`` is
+        ``pre`` (its forward or backward pre-hook), ``post`` (its post-forward or
+        post-backward) or ``wait`` (where it waits on its unshard, which a prefetch may
+        have issued), ``begins`` True at the hook's start and False at its end."""
+        self.watchers.append(watcher)
+
+    def unit_hook(self, module: Any, phase: str, hook: str, begins: bool) -> None:
+        for watcher in self.watchers:
+            watcher.unit_hook(module, phase, hook, begins)
 
     def add_update_listener(self, fn: Callable[[int], None]) -> None:
         self._update_listeners.append(fn)

@@ -25,6 +25,11 @@ What it patches (class attributes, once per process):
   guards, probes and notifies listeners. An empty backward list does not
   switch prefetch off in FSDP2 (it falls back to the implicit one), so the
   mask is applied here, not by editing the lists.
+- In a traced job (explain's tracer watches the session): ``FSDPState._pre_forward``,
+  ``_post_forward``, ``_pre_backward``, ``FSDPParamGroup.post_backward`` and
+  ``wait_for_unshard`` tell the watchers where each unit's hooks begin and end
+  (``Session.unit_hook``), so the tracer knows the unit an op runs for and where a
+  prefetched unit takes its unshard.
 - ``FSDPParamGroup.unshard``, ``pre_forward``, ``pre_backward``,
   ``_to_sharded`` and ``_to_sharded_post_forward``: while the session records
   the order (the first steps), each unshard that starts an all-gather (by the
@@ -268,6 +273,7 @@ def _patch_torch() -> None:
     _patch_states(FSDPState, _dynamo_disable)  # discovery, prefetch sources, step boundaries
     _patch_prefetch(FSDPParamGroup)  # the post-forward order, the prefetch choke point
     _patch_order(FSDPParamGroup, TrainingState, _dynamo_disable)  # the order record, stress uses
+    _patch_unit_hooks(FSDPState, FSDPParamGroup, TrainingState, _dynamo_disable)  # explain's
 
 
 def _patch_states(state_cls: Any, dynamo_disable: Any) -> None:
@@ -391,6 +397,47 @@ def _patch_order(group_cls: Any, training_state: Any, dynamo_disable: Any) -> No
     group_cls.pre_backward = group_pre_backward
     group_cls._to_sharded = resharding(group_cls._to_sharded)
     group_cls._to_sharded_post_forward = resharding(group_cls._to_sharded_post_forward)
+
+
+def _patch_unit_hooks(state_cls: Any, group_cls: Any, training_state: Any,
+                      dynamo_disable: Any) -> None:
+    """Each unit's own hooks told to the session's watchers (explain's tracer: which unit's
+    scope an op runs in, where a prefetched unit waits on its unshard): the forward pre-
+    and post-hooks, the backward pre-hook and post-backward, and the wait for an unshard.
+    Without a watcher they pass straight through."""
+
+    def module_of_state(state: FSDPState) -> Any:
+        return state._modules[0] if state._modules else None
+
+    def module_of_group(group: FSDPParamGroup) -> Any:
+        state = _adapter.group_states.get(group) if _adapter is not None else None
+        return module_of_state(state) if state is not None else None
+
+    def phase_of_group(group: FSDPParamGroup) -> str:
+        return vocab.BWD if group._training_state == training_state.PRE_BACKWARD else vocab.FWD
+
+    def scoped(original: Any, hook: str, module_of: Any, phase_of: Any) -> Any:
+        @dynamo_disable
+        def method(self: Any, *args: Any, **kwargs: Any) -> Any:
+            adapter = _adapter
+            if adapter is None or not adapter.session.watchers:
+                return original(self, *args, **kwargs)
+            session, module, phase = adapter.session, module_of(self), phase_of(self)
+            session.unit_hook(module, phase, hook, True)
+            try:
+                return original(self, *args, **kwargs)
+            finally:
+                session.unit_hook(module, phase, hook, False)
+
+        return method
+
+    forward, backward = (lambda _: vocab.FWD), (lambda _: vocab.BWD)
+    state_cls._pre_forward = scoped(state_cls._pre_forward, "pre", module_of_state, forward)
+    state_cls._post_forward = scoped(state_cls._post_forward, "post", module_of_state, forward)
+    state_cls._pre_backward = scoped(state_cls._pre_backward, "pre", module_of_state, backward)
+    group_cls.post_backward = scoped(group_cls.post_backward, "post", module_of_group, backward)
+    group_cls.wait_for_unshard = scoped(group_cls.wait_for_unshard, "wait", module_of_group,
+                                        phase_of_group)
 
 
 def _finished_on_return(group: FSDPParamGroup) -> bool:

@@ -11,7 +11,8 @@ environment variable ``BISECT_PREFETCH_PLAN``. Version 1::
      "record": {"graph": bool, "probe": bool,
                 "digests": null | glob over parameter names, "digest_every": int,
                 "order_steps": int,    # steps whose unit order is recorded (0: none; default 3)
-                "trace": null | {"first_step": int, "last_step": int}},  # adapters/op_trace.py
+                "trace": null | {"first_step": int, "last_step": int,  # adapters/op_trace.py
+                                 "units": [unit names]}},  # optional: only their ops
      "fault": null | {"edge": str, "hazard": float, "mode": "nudge"},  # reference workloads only
      "stress": null | {"measure_steps": int, "default_gap_ms": float},  # adapters/stress.py
      "seed": int, "steps": int}
@@ -79,6 +80,8 @@ class Plan:
     schedule: tuple[tuple[int, Mask], ...] | None = None
     # (first step, last step) whose every op is traced (adapters/op_trace.py); None: none
     trace: tuple[int, int] | None = None
+    # Only these units' ops are traced (targeted tracing); None: every unit's
+    trace_units: tuple[str, ...] | None = None
 
     def segment_for_step(self, step: int) -> int | None:
         """The index of the schedule's segment that holds at this 1-based step (steps
@@ -118,7 +121,7 @@ def parse_plan(data: Any) -> Plan:
     order_steps = record.get("order_steps", DEFAULT_ORDER_STEPS)
     if not isinstance(order_steps, int) or order_steps < 0:
         raise PlanError("plan record.order_steps must be an integer >= 0")
-    trace = _parse_trace(record.get("trace"))
+    trace, trace_units = _parse_trace(record.get("trace"))
     fault = data.get("fault")
     if fault is not None and not (isinstance(fault, dict) and isinstance(fault.get("edge"), str)):
         raise PlanError("plan fault must be null or an object with an 'edge'")
@@ -153,22 +156,29 @@ def parse_plan(data: Any) -> Plan:
         stress=stress,
         schedule=schedule,
         trace=trace,
+        trace_units=trace_units,
     )
 
 
-def _parse_trace(trace: Any) -> tuple[int, int] | None:
-    """The plan's ``record.trace`` as (first step, last step); PlanError names what is wrong."""
+def _parse_trace(trace: Any) -> tuple[tuple[int, int] | None, tuple[str, ...] | None]:
+    """The plan's ``record.trace`` as ((first step, last step), units or None); PlanError
+    names what is wrong."""
     if trace is None:
-        return None
-    if not isinstance(trace, dict) or set(trace) != {"first_step", "last_step"}:
+        return None, None
+    if (not isinstance(trace, dict) or not {"first_step", "last_step"} <= set(trace)
+            or set(trace) - {"first_step", "last_step", "units"}):
         raise PlanError("plan record.trace must be null or an object with first_step and "
-                        "last_step")
+                        "last_step (and units)")
     first, last = trace["first_step"], trace["last_step"]
     if any(isinstance(v, bool) or not isinstance(v, int) for v in (first, last)) or not (
             1 <= first <= last):
         raise PlanError(f"plan record.trace must have 1 <= first_step <= last_step, got "
                         f"{first!r}, {last!r}")
-    return first, last
+    units = trace.get("units")
+    if units is not None and (not isinstance(units, list) or not units
+                              or not all(isinstance(u, str) and u for u in units)):
+        raise PlanError("plan record.trace.units must be a non-empty list of unit names")
+    return (first, last), None if units is None else tuple(units)
 
 
 def _parse_schedule(schedule: Any) -> tuple[tuple[int, Mask], ...] | None:

@@ -9,7 +9,8 @@ The command reads as its stages (`_bisect`), each printed as it happens:
    one mask a run, then how many masks a run holds, or one where that costs less;
 5. the search (its own stages live in search/protocol.py), driven by the one
    loop of commands/bisect_loop.py through the oracle's slots;
-6. no drift under stress -> the same search without it.
+6. no drift under stress -> the same search without it;
+7. --explain: each cause's first divergence, traced (commands/bisect_explain.py).
 
     checking that all-on diverges...
       -> diverged at run 2 (step 17)
@@ -32,6 +33,12 @@ from pathlib import Path
 from rich.console import Console
 
 from bisect_prefetch.audit import FAILING_KINDS, audit_run_dir
+from bisect_prefetch.commands.bisect_explain import (
+    explain_causes,
+    explained_lines,
+    keep_explained,
+    with_traced_hints,
+)
 from bisect_prefetch.commands.bisect_loop import run_bisection
 from bisect_prefetch.commands.bisect_record import (
     ONE_CAUSE,
@@ -128,12 +135,14 @@ def bisect(
     stress: str | None = None,
     segments: str | None = None,
     no_reuse: bool = False,
+    explain: bool = False,
 ) -> int:
     """Run (or resume) the bisection, print its story and verdict; returns the exit code.
 
     oracle_for makes the oracle once the state dir is open (tests give a simulated one).
     stress: --stress (off, on, auto), over the experiment's stress.mode; segments:
-    --segments (auto, off), over its search.segments.
+    --segments (auto, off), over its search.segments. explain: each cause's first
+    divergence traced after the verdict (commands/bisect_explain.py).
     """
     experiment = with_segments(with_stress(load_experiment(experiment_path), stress), segments)
     require_prefetch_graph(experiment)
@@ -143,14 +152,14 @@ def bisect(
                                   "bisection's finished runs: give one of them")
     check_outputs(json_out, state_dir=state_dir, name=experiment.name)
     hint = resume_command(experiment_path, state_dir, confidence, max_runs, executor, slots,
-                          stress, segments)
+                          stress, segments, explain)
     with resume_hint_on_interrupt(console, hint):
         record = _bisect(
             experiment, experiment_path, hint=hint, resume=resume, state_dir=state_dir,
             confidence=confidence if confidence is not None else experiment.search.confidence,
             max_runs=max_runs if max_runs is not None else experiment.search.max_runs,
-            console=console, oracle_for=oracle_for, executor=executor, slots=slots,
-            no_reuse_before=time.time() if no_reuse else None,
+            console=console, oracle_for=with_traced_hints(oracle_for), executor=executor,
+            slots=slots, no_reuse_before=time.time() if no_reuse else None, explain=explain,
         )
     if json_out is not None:
         write_json(json_out, record.to_json(), console)
@@ -160,7 +169,8 @@ def bisect(
 def _bisect(experiment: Experiment, experiment_path: Path, *, hint: str, resume: bool,
             state_dir: Path, confidence: float, max_runs: int | None, console: Console,
             oracle_for: OracleFor, executor: str | None = None,
-            slots: int | None = None, no_reuse_before: float | None = None) -> BisectRecord:
+            slots: int | None = None, no_reuse_before: float | None = None,
+            explain: bool = False) -> BisectRecord:
     began = time.monotonic()
     with open_state(experiment, state_dir, console=console, executor=executor,
                     slots=slots, no_reuse_before=no_reuse_before) as opened:
@@ -193,10 +203,19 @@ def _bisect(experiment: Experiment, experiment_path: Path, *, hint: str, resume:
             write_text_atomic(opened.path / BISECT_FILE,
                               json.dumps(record.to_json(), indent=2) + "\n")
             build_report(opened.path)
+    if explain:  # stage 7: each cause's first divergence (commands/bisect_explain.py)
+        record.explained = explain_causes(experiment_path, record.result, state_dir=state_dir,
+                                          stressed=b.stress.used, console=console)
+        keep_explained(opened.path, record.explained)
     console.print()
     render_result(record.result, console, reproduce=record.reproduce, run=b.numbers.of)
-    if explain := explain_command(experiment_path, record.result.verdict, record.result.minimal_set):
-        console.print(f"explain: {explain}", markup=False, soft_wrap=True)  # the mechanism
+    if record.explained:
+        console.print("first divergence of each cause (traced):", markup=False)
+        for line in explained_lines(record.explained):
+            console.print(line, markup=False, soft_wrap=True)
+    elif command := explain_command(experiment_path, record.result.verdict,
+                                    record.result.minimal_set):
+        console.print(f"explain: {command}", markup=False, soft_wrap=True)  # the mechanism
     say_after_verdict(record.result, record.to_json(), experiment, console,
                       report=opened.path / REPORT_FILE, before=b.before)
     return record
@@ -424,10 +443,10 @@ def _earlier_search_runs(opened: OpenState, experiment: Experiment, *,
 def resume_command(experiment_path: Path, state_dir: Path, confidence: float | None,
                    max_runs: int | None, executor: str | None = None,
                    slots: int | None = None, stress: str | None = None,
-                   segments: str | None = None) -> str:
+                   segments: str | None = None, explain: bool = False) -> str:
     return command_line("bisect", str(experiment_path), *options(
         resume=True, state_dir=state_dir, confidence=confidence, max_runs=max_runs,
-        executor=executor, slots=slots, stress=stress, segments=segments))
+        executor=executor, slots=slots, stress=stress, segments=segments, explain=explain))
 
 
 __all__ = ["EXIT_CODES", "bisect", "result_to_json"]

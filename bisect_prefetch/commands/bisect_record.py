@@ -113,6 +113,7 @@ class BisectRecord:
     signals: dict | None  # what the runs measured (runs/signals.py)
     step_time: dict | None
     search: str = EVERY_CAUSE  # ONE_CAUSE: a journal begun before several causes, replayed as one
+    explained: list[dict] | None = None  # --explain: each cause's traced first divergence
 
     @property
     def verdict(self) -> str:
@@ -136,7 +137,7 @@ class BisectRecord:
             "signals": self.signals,
             "step_time": self.step_time,
             "search_kind": self.search,
-        }
+        } | ({"explained": self.explained} if self.explained is not None else {})
 
 
 def fix_edges(result: SearchResult) -> list[str]:

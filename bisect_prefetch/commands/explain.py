@@ -1,14 +1,17 @@
-"""`bisect-prefetch explain`: the first op whose output differs while its inputs matched.
+"""`bisect-prefetch explain`: the first op whose output differs while its inputs matched, and
+the prefetch edge it belongs to.
 
-Steps, each printed as it happens: the experiment and the traced steps, the A/A group under
-the mask (default all-on) with every op of those steps traced (adapters/op_trace.py), run
-as `aa` runs one (the golden run to the end, each further run stopped at its first
-differing step, the journal), until two runs differ or every run agrees; then the two runs'
-traces side by side (metrics/op_compare.py): per rank the first op that differs and its
-kind, and across ranks the finding.
+Steps, each printed as it happens: the experiment, what is traced (the source and target
+units of the few edges the mask enables, or every unit) and in which steps, the A/A group
+under the mask (default all-on) with those ops traced (adapters/op_trace.py), run as `aa`
+runs one (the golden run to the end, each further run stopped at its first differing step,
+the journal), until two runs differ or every run agrees; then the two runs' traces side by
+side (metrics/op_compare.py): per rank the first op that differs and its kind, and across
+ranks the finding with its edge (commands/explain_words.py says it).
 
 Exit codes: 0 every run agreed ("consistent: nothing to explain"), 1 a finding (an op that
-differs first, or the place where the runs' ops stopped lining up), 2 bad input.
+differs first, or the place where the runs' ops stopped lining up), 2 bad input, 3 the
+tool failed inside a traced run (errors.ToolFailure, with the rank's log).
 """
 
 from __future__ import annotations
@@ -28,7 +31,8 @@ from bisect_prefetch.commands.common import (
     resume_hint_on_interrupt,
     write_json,
 )
-from bisect_prefetch.errors import BisectPrefetchError
+from bisect_prefetch.commands.explain_words import edge_note, explanation_lines
+from bisect_prefetch.errors import BisectPrefetchError, ToolFailure
 from bisect_prefetch.experiment import (
     Experiment,
     load_experiment,
@@ -37,19 +41,15 @@ from bisect_prefetch.experiment import (
     with_stress,
 )
 from bisect_prefetch.files import write_text_atomic
-from bisect_prefetch.metrics.op_compare import (
-    ALIGNMENT_BROKEN,
-    EXPLAINED,
-    Explanation,
-    RankFinding,
-    compare_traces,
-    neighbours,
-)
+from bisect_prefetch.graph import PrefetchGraph
+from bisect_prefetch.metrics.op_compare import Explanation, compare_traces, neighbours
 from bisect_prefetch.report.html import EXPLAIN_FILE, build_report
 from bisect_prefetch.report.localization import describe as describe_localization
 from bisect_prefetch.report.progress import RunProgress
 from bisect_prefetch.runs.group import AAResult, stressed_groups
 from bisect_prefetch.runs.state import OpenState, open_state
+from bisect_prefetch.runs.step_time import WARMUP_STEPS, run_step_times_ms
+from bisect_prefetch.runs.tool_fault import tool_failure
 from bisect_prefetch.select import describe, resolve_mask
 from bisect_prefetch.vocab import (
     CONSISTENT,
@@ -58,18 +58,17 @@ from bisect_prefetch.vocab import (
     VERDICT_FOUND,
     VERDICT_NOT_PREFETCH,
     Mask,
+    parse_edge_id,
     probe_rank_file,
 )
 
 PURPOSE = "explain"
 TIMEOUT_FACTOR = 4  # traced runs get the experiment's timeouts times this
-KIND_WORDS = {
-    "origin": "origin: inputs matched, output differed",
-    "receiver": "receiver: the difference came from another rank",
-    "changed-behind": "changed-behind: a buffer was written outside the traced ops",
-    "untraced-input": "untraced-input: an input no traced op wrote differed",
-    "alignment": "alignment broke: the runs ran different ops",
-}
+TARGETED_EDGES = 4  # a mask enabling at most this many edges traces only their units
+# Untraced steps after the window where none comes before it (after the warm-up steps,
+# runs/step_time.py): the step after the window pays the trace's last write, the next ones
+# are the untraced step time overhead.ratio divides by.
+UNTRACED_TAIL = 3
 
 
 def explain(
@@ -79,16 +78,19 @@ def explain(
     stress: str | None = None,
     runs: int = 4,
     steps: str | None = None,
+    all_units: bool = False,
     state_dir: Path,
     console: Console,
     json_out: Path | None = None,
 ) -> int:
     """Run (or resume) the traced A/A group and explain its first divergence."""
     resume = command_line("explain", str(experiment_path), *options(
-        mask=list(masks), stress=stress, runs=runs, steps=steps, state_dir=state_dir))
+        mask=list(masks), stress=stress, runs=runs, steps=steps, all_units=all_units,
+        state_dir=state_dir))
     with resume_hint_on_interrupt(console, resume):
         data = run_explain(experiment_path, masks=masks, stress=stress, runs=runs, steps=steps,
-                           state_dir=state_dir, console=console, outputs=(json_out,))
+                           all_units=all_units, state_dir=state_dir, console=console,
+                           outputs=(json_out,))
     if json_out is not None:
         write_json(json_out, data, console)
     return 0 if data["verdict"] == CONSISTENT else 1
@@ -103,46 +105,54 @@ def run_explain(
     steps: str | None,
     state_dir: Path,
     console: Console,
+    all_units: bool = False,
     outputs: Sequence[Path | None] = (),
 ) -> dict[str, Any]:
     """The traced group, narrated; returns the JSON of docs/contract.md."""
     experiment, window = _checked_input(experiment_path, stress=stress, runs=runs, steps=steps)
     check_outputs(*outputs, state_dir=state_dir, name=experiment.name)
     with open_state(experiment, state_dir, console=console) as opened:
-        edge_ids = opened.graph().edge_ids()  # discovered (or reused) without tracing
-        # stage 1: the steps to trace; from here on the runner's runs are traced runs
-        # (other keys, other runs in the journal)
-        first, last = _traced_steps(opened, experiment, window, console)
+        graph = opened.graph()  # discovered (or reused) without tracing
+        edge_ids = graph.edge_ids()
         mask = resolve_mask(list(masks), edge_ids)
         name = describe(mask, edge_ids)
+        # stage 1: what to trace, and in which steps; from here on the runner's runs are
+        # traced runs (other keys, other runs in the journal)
+        units = None if all_units else targeted_units(mask)
+        first, last, run_steps = _traced_steps(opened, experiment, window, mask, units, console)
         # stage 2: the traced A/A group, until two runs differ
-        group = _traced_group(opened, mask, name=name, edges=len(edge_ids), runs=runs, last=last,
-                              guard=experiment.guard, console=console)
+        group = _traced_group(opened, mask, name=name, edges=len(edge_ids), runs=runs,
+                              steps=run_steps, guard=experiment.guard, console=console)
+        _tool_failed(opened, group)
         data: dict[str, Any] = {"verdict": group.verdict, "first": None, "ranks": [],
                                 "mask": sorted(mask), "mask_name": name,
                                 "steps": [first, last], "runs": len(group.runs),
+                                "traced_units": units,
                                 "first_diff_step": group.first_diff_step, "pair": None,
                                 "overhead": overhead(group, opened.state.run_dir,
-                                                     opened.state.records())}
+                                                     (first, last))}
+        _say_cost(data["overhead"], console)
         if group.verdict == CONSISTENT:
             console.print(f"-> consistent: nothing to explain ({group.runs_usable} runs, "
-                          f"{group.identical} over {last} steps)", markup=False)
+                          f"{group.identical} over {run_steps} steps)", markup=False)
             return data
         if group.verdict != DIVERGED:
-            raise BisectPrefetchError(
-                f"no verdict: {group.reason} (finished runs are in the journal; a traced run "
-                "that ran out of memory or time can be retried with a smaller window: "
-                f"--steps A-B within 1-{last})")
+            raise BisectPrefetchError(f"no verdict: {group.reason}{_log_of_failed(opened, group)}"
+                                      " (finished runs are in the journal; a traced run that "
+                                      "ran out of memory or time can be retried with a smaller "
+                                      f"window: --steps A-B within 1-{last})")
         # stage 3: the two runs' traces side by side
-        explanation = _compare_pair(opened, group, data, console)
+        explanation = _compare_pair(opened, group, data, graph, last, console)
     # stage 4: the finding. Where the digests saw it first (metrics/localize.py): the first
     # differing tensor when no traced op read it before the run was stopped.
     data["localization"] = group.localization
     step = group.first_diff_step
     again = None if step is None else command_line("explain", str(experiment_path), *options(
-        mask=list(masks), stress=stress, runs=runs, steps=f"{step}-{step}"))
+        mask=list(masks), stress=stress, runs=runs, steps=f"{step}-{step}",
+        all_units=all_units, state_dir=state_dir))
     for line in explanation_lines(explanation, first_diff_step=step, again=again,
-                                  localization=group.localization):
+                                  localization=group.localization, pair=data["pair"],
+                                  mask=sorted(mask), describe_localization=describe_localization):
         console.print(line, markup=False, soft_wrap=True)
     return data
 
@@ -163,22 +173,47 @@ def _checked_input(experiment_path: Path, *, stress: str | None, runs: int,
         raise BisectPrefetchError(f"--steps: {e}") from None
 
 
+def targeted_units(mask: Mask) -> list[str] | None:
+    """The source and target units of the edges a mask enables, where it enables few
+    (keep-only of a cause): only their ops are traced. None: every unit's."""
+    if not 1 <= len(mask) <= TARGETED_EDGES:
+        return None
+    units: set[str] = set()
+    for edge in mask:
+        try:
+            _, src, dst = parse_edge_id(edge)
+        except ValueError:
+            return None
+        units |= {src, dst}
+    return sorted(units)
+
+
 def _traced_steps(opened: OpenState, experiment: Experiment, window: tuple[int, int] | None,
-                  console: Console) -> tuple[int, int]:
-    """The window to trace (asked, or where earlier runs differed), said; the runner's
-    experiment becomes the traced one."""
+                  mask: Mask, units: list[str] | None,
+                  console: Console) -> tuple[int, int, int]:
+    """The window to trace (asked, or where earlier runs differed) and the runs' length,
+    said; the runner's experiment becomes the traced one."""
     why = "asked"
     if window is None:
-        window, why = default_window(opened.state.records(), experiment.steps)
+        window, why = default_window(opened.state.records(), experiment.steps, mask)
+        if window[1] <= WARMUP_STEPS:  # a traced step after warm-up, to time the tracing by
+            window = (window[0], WARMUP_STEPS + 1)
+            why += f"; to step {WARMUP_STEPS + 1}, the first after warm-up, for its cost"
     first, last = window
-    console.print(f"every op of steps {first}-{last} traced on every rank ({why}), runs of "
-                  f"{last} steps", markup=False)
-    opened.runner.experiment = traced_experiment(experiment, first, last)
-    return first, last
+    run_steps = last + (UNTRACED_TAIL if first <= WARMUP_STEPS + 1 else 0)
+    what = (f"the ops of {', '.join(units)} (the source and target units of the "
+            f"{len(mask)} edge{'s' if len(mask) != 1 else ''} on; --all-units traces every "
+            "unit)" if units else "every op")
+    tail = (f", then {UNTRACED_TAIL} untraced steps to time against" if run_steps > last else "")
+    console.print(f"{what} traced in steps {first}-{last} on every rank ({why}), runs of "
+                  f"{run_steps} steps{tail}", markup=False, soft_wrap=True)
+    opened.runner.experiment = traced_experiment(experiment, first, last, units=units,
+                                                 steps=run_steps)
+    return first, last, run_steps
 
 
-def _traced_group(opened: OpenState, mask: Mask, *, name: str, edges: int, runs: int, last: int,
-                  guard: str, console: Console) -> AAResult:
+def _traced_group(opened: OpenState, mask: Mask, *, name: str, edges: int, runs: int,
+                  steps: int, guard: str, console: Console) -> AAResult:
     """The A/A group of traced runs under the mask (per stress setting), with its progress."""
     progress = RunProgress(console)
 
@@ -189,12 +224,37 @@ def _traced_group(opened: OpenState, mask: Mask, *, name: str, edges: int, runs:
 
     with progress:
         return stressed_groups(opened.runner, mode=opened.runner.experiment.stress.mode,
-                               before=before, mask=mask, runs=runs, steps=last, guard=guard,
+                               before=before, mask=mask, runs=runs, steps=steps, guard=guard,
                                name=name, progress=progress, purpose=PURPOSE)
 
 
+def _tool_failed(opened: OpenState, group: AAResult) -> None:
+    """A traced run in which the tool itself failed: its trace cannot be compared, and
+    the failure is the tool's (runs/tool_fault.py), never the input's."""
+    for run in group.runs:
+        failure = tool_failure(opened.state.run_dir(run.run_id))
+        if failure is not None:
+            rank = "" if failure["rank"] is None else f" on rank {failure['rank']}"
+            raise ToolFailure(f"in traced run {run.run_id}{rank}: {failure['what']} (the "
+                              f"rank's log: {failure['log']}); its trace is not compared")
+
+
+def _log_of_failed(opened: OpenState, group: AAResult) -> str:
+    """The log of the first failed run's rank that says why (its fault's line), said."""
+    for run in group.runs:
+        if run.usable:
+            continue
+        fault = run.fault or {}
+        run_dir = opened.state.run_dir(run.run_id)
+        if fault.get("file"):
+            rank = "" if fault.get("rank") is None else f"rank {fault['rank']}'s "
+            return f"; {rank}log: {run_dir / fault['file']}:{fault.get('line_no')}"
+        return f"; its logs: {run_dir}"
+    return ""
+
+
 def _compare_pair(opened: OpenState, group: AAResult, data: dict[str, Any],
-                  console: Console) -> Explanation:
+                  graph: PrefetchGraph, last: int, console: Console) -> Explanation:
     """The diverged pair's op traces compared, into data, and written beside the state
     dir's other results (the HTML report shows the op and its neighbours)."""
     run_dir = opened.state.run_dir
@@ -204,34 +264,61 @@ def _compare_pair(opened: OpenState, group: AAResult, data: dict[str, Any],
                   f"{other}): comparing their op traces", markup=False)
     if data["overhead"]["granularity"] == "cell":
         console.print("granularity: MindSpore Cells (no op-level hook): the first Cell whose "
-                      "output differed, forward and optimizer only", markup=False)
-    explanation = compare_traces(run_dir(reference), run_dir(other))
+                      "output differed, forward, backward (Cell backward hooks) and optimizer",
+                      markup=False)
+    through = None if group.first_diff_step is None else min(group.first_diff_step, last)
+    explanation = compare_traces(run_dir(reference), run_dir(other), through=through)
     data.update(explanation.to_json())
+    if data["first"] is not None:
+        data["first"]["unit"] = unit_of(data["first"]["module"], graph.nodes())
+        data["first"]["edge_note"] = edge_note(explanation, data["mask"])
     data["neighbours"] = neighbours(run_dir(reference), run_dir(other), explanation.first)
     write_text_atomic(opened.path / EXPLAIN_FILE, json.dumps(data, indent=2) + "\n")
     build_report(opened.path)
     return explanation
 
 
-def default_window(records: list[dict[str, Any]], steps: int) -> tuple[tuple[int, int], str]:
-    """The steps to trace when --steps is not given: those where earlier runs of this
-    experiment (aa, bisect, matrix: not explain's own, so a resumed explain keeps its window)
-    first differed, else every step."""
-    seen = sorted({r["first_diff_step"] for r in records
-                   if isinstance(r.get("first_diff_step"), int)
-                   and not str(r.get("variant", "")).startswith(PURPOSE + "+")
-                   and 1 <= r["first_diff_step"] <= steps})
-    if seen:
-        return (seen[0], seen[-1]), "where earlier runs of this experiment first differed"
+def unit_of(module: str | None, units: list[str]) -> str | None:
+    """The innermost unit (graph node) holding a module."""
+    if not module:
+        return None
+    inside = [u for u in units if module == u or module.startswith(u + ".")]
+    return max(inside, key=len) if inside else ("root" if "root" in units else None)
+
+
+def default_window(records: list[dict[str, Any]], steps: int,
+                   mask: Mask | None = None) -> tuple[tuple[int, int], str]:
+    """The steps to trace when --steps is not given: around where earlier runs of this
+    experiment (aa, bisect, matrix: not explain's own, so a resumed explain keeps its
+    window) first differed, those with the mask's edges on where some did, else every
+    step."""
+    def seen(rows: list[dict[str, Any]]) -> list[int]:
+        return sorted({r["first_diff_step"] for r in rows
+                       if isinstance(r.get("first_diff_step"), int)
+                       and not str(r.get("variant", "")).startswith(PURPOSE + "+")
+                       and 1 <= r["first_diff_step"] <= steps})
+
+    if mask:
+        with_edges = seen([r for r in records if isinstance(r.get("mask"), list)
+                           and set(mask) <= set(r["mask"])])
+        if with_edges:
+            return ((with_edges[0], with_edges[-1]), "where earlier runs with these edges on "
+                    "first differed")
+    found = seen(records)
+    if found:
+        return (found[0], found[-1]), "where earlier runs of this experiment first differed"
     return (1, steps), "every step: no earlier run of this experiment differed"
 
 
-def traced_experiment(experiment: Experiment, first: int, last: int) -> Experiment:
-    """The experiment whose runs trace steps first-last and end at last.
+def traced_experiment(experiment: Experiment, first: int, last: int, *,
+                      units: list[str] | None = None, steps: int | None = None) -> Experiment:
+    """The experiment whose runs trace steps first-last (only the units' ops, if given) and
+    end at ``steps`` (default: last).
 
     A step after the window cannot explain a step in it. A traced step costs several
     untraced ones (docs/explain.md): the timeouts grow alike."""
-    overrides: dict[str, Any] = {"record.trace": f"{first}-{last}", "steps": last,
+    overrides: dict[str, Any] = {"record.trace": f"{first}-{last}",
+                                 "record.trace_units": units, "steps": steps or last,
                                  "timeout_s": experiment.timeout_s * TIMEOUT_FACTOR}
     if experiment.no_progress_timeout_s is not None:
         overrides["no_progress_timeout_s"] = experiment.no_progress_timeout_s * TIMEOUT_FACTOR
@@ -250,91 +337,59 @@ def diverged_pair(group: AAResult) -> tuple[str, str]:
     raise BisectPrefetchError("the runs differ, but no pair of runs was found to compare")
 
 
-def overhead(group: AAResult, run_dir: Any,
-             records: Sequence[dict[str, Any]] = ()) -> dict[str, Any]:
+def overhead(group: AAResult, run_dir: Any, window: tuple[int, int]) -> dict[str, Any]:
     """What tracing cost, from the ranks' probes: ops and bytes per traced step, flush time,
-    the traced runs' step times, and beside them the untraced runs' of this experiment in
-    the journal (other machine load, other steps: an indication, not a measurement;
-    bench_explain measures side by side)."""
-    ops, written, flush, steps, granularity = [], [], [], [], set()
+    and the traced steps' time against the untraced steps' of the same runs (after the
+    warm-up steps, and not the step after the window, which writes its last records):
+    ``ratio``, None where the runs had no untraced step to time."""
+    ops, written, flush, granularity, units = [], [], [], set(), None
+    traced_ms: list[float] = []
+    untraced_ms: list[float] = []
+    first, last = window
     for run in group.runs:
-        for probe in Path(run_dir(run.run_id)).glob(probe_rank_file("*")):
+        directory = Path(run_dir(run.run_id))
+        for probe in directory.glob(probe_rank_file("*")):
             try:
                 trace = json.loads(probe.read_text()).get("op_trace")
-            except (OSError, ValueError):
+            except (OSError, ValueError, AttributeError):
                 continue
             if trace:
                 granularity.add(trace.get("granularity", "op"))
+                units = trace.get("units", units)
                 count = max(trace["steps"][1] - trace["steps"][0] + 1, 1)
                 ops.append(trace["ops"] / count)
                 written.append(trace["bytes"] / count)
                 flush.append(trace["flush_s"] / count * 1000)
-                steps.append(count)
-    times = [run.step_time_ms for run in group.runs if run.step_time_ms is not None]
+        for step, ms in run_step_times_ms(directory):
+            if first <= step <= last:
+                traced_ms.append(ms)
+            elif step != last + 1:
+                untraced_ms.append(ms)
 
     def median(values: list[float]) -> float | None:
         return round(statistics.median(values), 1) if values else None
 
-    untraced = [r["step_time_ms"] for r in records
-                if isinstance(r.get("step_time_ms"), (int, float))
-                and not str(r.get("variant", "")).startswith(PURPOSE + "+")]
-    traced_ms, untraced_ms = median(times), median(untraced)
+    traced, untraced = median(traced_ms), median(untraced_ms)
     return {"ops_per_step": median(ops), "bytes_per_step": median(written),
-            "flush_ms_per_step": median(flush), "step_time_ms": traced_ms,
-            "untraced_step_time_ms": untraced_ms,
-            "ratio": round(traced_ms / untraced_ms, 2) if traced_ms and untraced_ms else None,
-            "rank_records": len(ops),
+            "flush_ms_per_step": median(flush), "step_time_ms": traced,
+            "untraced_step_time_ms": untraced,
+            "ratio": round(traced / untraced, 2) if traced and untraced else None,
+            "traced_steps_timed": len(traced_ms), "untraced_steps_timed": len(untraced_ms),
+            "rank_records": len(ops), "units": units,
             # op: torch's dispatcher ops; cell: MindSpore Cell calls (adapters/cell_trace.py)
             "granularity": "cell" if "cell" in granularity else "op"}
 
 
-def where(finding: RankFinding) -> str:
-    place = f"{finding.phase} of {finding.module}" if finding.module else (finding.phase or "")
-    return f"rank {finding.rank}, step {finding.step}, {place}"
-
-
-def explanation_lines(explanation: Explanation, *, first_diff_step: int | None,
-                      again: str | None = None,
-                      localization: dict[str, Any] | None = None) -> list[str]:
-    """The terminal lines of a comparison (the finding, each rank, what to do next)."""
-    first = explanation.first
-    traced = explanation.steps_traced
-    if first is None:
-        window = f"{traced[0]}-{traced[-1]}" if traced else "none"
-        lines = [f"no traced op differs (steps traced: {window}; the runs first differ at step "
-                 f"{first_diff_step}): no op the dispatcher ran read the difference before the "
-                 "run was stopped, or it arose outside the traced steps"]
-        if where_digests := describe_localization(localization):
-            lines.append(f"first differing tensor, from the digests: {where_digests}")
-        if again and first_diff_step is not None and first_diff_step not in traced:
-            lines.append(f"trace that step: {again}")
-        return lines
-    lines = []
-    if explanation.verdict == ALIGNMENT_BROKEN:
-        lines.append(f"alignment broke: {where(first)}, {first.seq} ops after the step began: "
-                     f"{first.op} in one run, {first.other_op} in the other (the runs' control "
-                     "flow differs before any fingerprint did)")
-    elif explanation.verdict == EXPLAINED:
-        lines.append(f"first divergence: {where(first)}: {first.op} "
-                     f"({KIND_WORDS.get(first.kind, first.kind)}), {first.seq} ops after the "
-                     "step began")
-    if first.stack:
-        lines.append(f"  at {first.stack}")
-    if first.detail and explanation.verdict == EXPLAINED and first.kind != "origin":
-        lines.append(f"  {first.detail}")
-    for finding in explanation.ranks:
-        if finding is first:
-            continue
-        if finding.kind is None:
-            lines.append(f"rank {finding.rank}: every one of its {finding.ops_compared} ops "
-                         "compared agrees")
-        elif (finding.step, finding.seq, finding.op, finding.kind) == (
-                first.step, first.seq, first.op, first.kind):
-            lines.append(f"rank {finding.rank}: the same op")
-        else:
-            lines.append(f"{where(finding)}: {finding.op} ({finding.kind}), {finding.seq} ops "
-                         "after the step began")
-    return lines
+def _say_cost(cost: dict[str, Any], console: Console) -> None:
+    if cost["ratio"] is None:
+        console.print(f"tracing cost: not timed ({cost['traced_steps_timed']} traced and "
+                      f"{cost['untraced_steps_timed']} untraced steps after warm-up, the "
+                      f"first {WARMUP_STEPS}, in these runs)", markup=False)
+        return
+    console.print(f"tracing cost: a traced step {cost['step_time_ms']:.0f} ms against "
+                  f"{cost['untraced_step_time_ms']:.0f} ms untraced in the same runs "
+                  f"(x{cost['ratio']:.2f}; {cost['ops_per_step']:.0f} ops a step and rank)",
+                  markup=False)
 
 
 def explain_command(experiment_path: Path, verdict: str, minimal_set: Sequence[str]) -> str | None:
@@ -347,3 +402,6 @@ def explain_command(experiment_path: Path, verdict: str, minimal_set: Sequence[s
     else:
         return None
     return command_line("explain", str(experiment_path), *options(mask=mask))
+
+
+__all__ = ["explain", "explain_command", "explanation_lines", "run_explain"]

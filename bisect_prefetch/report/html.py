@@ -269,6 +269,7 @@ def render_html(
     reproduce: list[str],
     runs: list[list[Any]] | None = None,
     explain: dict[str, Any] | None = None,
+    explained: list[dict[str, Any]] | None = None,
 ) -> str:
     """The report page; every argument is plain data, images are PNG files to embed."""
     parts = [
@@ -301,11 +302,23 @@ def render_html(
                      f"{_esc(first['phase'])} of {_esc(first['module'])}: <code>"
                      f"{_esc(first['op'])}</code> ({_esc(first['kind'])}); "
                      f"{_esc(first.get('detail') or '')}</p>")
+        parts.append(f"<p>edge: <code>{_esc(first['edge'])}</code> ({_esc(first.get('edge_how'))})"
+                     "</p>" if first.get("edge") else
+                     f"<p>edge: none ({_esc(first.get('edge_note') or 'not tied to a prefetch')})</p>")
         near = explain.get("neighbours") or []
         parts.append(_table(["step", "op #", "op", "phase", "module", "differs", "at"],
                             [[n["step"], n["seq"], n["op"], n["phase"], n["module"],
                               n["differs"], n["at"]] for n in near],
                             [n["first"] for n in near]))
+    if explained:  # bisect --explain: each cause's first divergence
+        parts.append("<h2>First divergence of each cause</h2>")
+        parts.append(_table(["cause", "first divergence", "kind", "edge"], [
+            [", ".join(e["edges"]) or "every edge off",
+             e.get("error") or (f"step {e['first']['step']}, rank {e['first']['rank']}, "
+                                f"{e['first']['phase']} of {e['first']['module']}: "
+                                f"{e['first']['op']}" if e.get("first") else e.get("verdict")),
+             (e.get("first") or {}).get("kind") or "", e.get("edge") or "none"]
+            for e in explained]))
     headers, rows = evidence
     if rows:
         parts.append("<h2>Evidence</h2>")
@@ -525,6 +538,7 @@ def _build_report(state_dir: Path, target: Path, out_dir: Path) -> Path:
         graph_png=graph_png, culprits=culprits, evidence=evidence, matrix=matrix,
         figures=figures, reproduce=reproduce, runs=run_rows(records),
         explain=_read_json(state_dir / EXPLAIN_FILE),
+        explained=(bisect or {}).get("explained"),
     )
     write_text_atomic(target, page)
     return target

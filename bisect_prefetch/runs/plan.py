@@ -72,6 +72,8 @@ def build_plan(
     }
     if (window := record.trace_window()) is not None:  # adapters/op_trace.py
         plan["record"]["trace"] = {"first_step": window[0], "last_step": min(window[1], steps)}
+        if record.trace_units:  # targeted: only these units' ops
+            plan["record"]["trace"]["units"] = list(record.trace_units)
     if schedule is not None:
         plan["schedule"] = [{"first_step": first, "mask": sorted(segment_mask)}
                             for first, segment_mask in schedule]

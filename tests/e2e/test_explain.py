@@ -1,12 +1,25 @@
-"""`explain` on a user's own FSDP2 job whose drift is not prefetch: one layer's forward adds
-noise from a clock-seeded generator from step 3 on (tests/jobs/noisy_layer_job.py, which
-imports nothing of ours). With every edge off, the traced A/A pair names that random op in
-that layer's forward at step 3, kind origin, on every rank. And on the MindSpore reference
-workload, which does not drift: traced at Cell granularity, nothing to explain, exit 0."""
+"""`explain` as users meet it, on jobs that import nothing of ours:
+
+- a user's FSDP2 job whose drift is not prefetch (tests/jobs/noisy_layer_job.py: one layer's
+  forward adds noise from a clock-seeded generator from step 3 on): with every edge off, the
+  traced A/A pair names that random op in that layer's forward at step 3, kind origin, on
+  every rank, tied to no edge (none was on);
+- a user's 2-D tensor-parallel x FSDP2 job (tests/jobs/tp_fsdp2_job.py: DTensor weights,
+  functional collectives, shard groups of size one) with its own fault inside one backward
+  prefetch: `bisect --explain` names the edge, then traces its keep-only (only its two
+  units) and shows the first divergence in backward, in the edge's units, tied to the edge,
+  with what tracing cost against untraced steps of the same runs;
+- the tool failing inside a traced job (here: its trace cannot be written, the job's file
+  size limit reached): exit 3, the tool's failure and the rank's log, not the input's;
+- the MindSpore reference workload on 2 ranks under msrun, which does not drift: traced at
+  Cell granularity, backward too (Cell backward hooks), nothing to explain, exit 0.
+"""
 
 from __future__ import annotations
 
 import json
+import re
+import subprocess
 import sys
 import textwrap
 from pathlib import Path
@@ -16,22 +29,30 @@ import pytest
 from bisect_prefetch.cli import main
 
 pytest.importorskip("torch")
-JOB = Path(__file__).resolve().parents[1] / "jobs" / "noisy_layer_job.py"
+JOBS = Path(__file__).resolve().parents[1] / "jobs"
 pytestmark = pytest.mark.slow
 
 
-def test_explain_names_the_random_op_in_the_noisy_layer_at_step_3(tmp_path, capsys):
-    argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-            str(JOB), "--steps", "{steps}"]
-    experiment = tmp_path / "noisy.yaml"
-    experiment.write_text(textwrap.dedent(f"""
-        name: noisy
+def torchrun(job: str, *args: str) -> list[str]:
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+            str(JOBS / job), "--steps", "{steps}", *args]
+
+
+def write_experiment(path: Path, name: str, argv: list[str], steps: int, extra: str = "") -> Path:
+    path.write_text(textwrap.dedent(f"""
+        name: {name}
         command: {json.dumps(argv)}
         metrics: {{format: torchtitan, names: [loss, grad_norm]}}
         graph: {{source: runtime}}
-        steps: 3
+        steps: {steps}
         timeout_s: 180
-    """))
+    """) + extra)
+    return path
+
+
+def test_explain_names_the_random_op_in_the_noisy_layer_at_step_3(tmp_path, capsys):
+    experiment = write_experiment(tmp_path / "noisy.yaml", "noisy",
+                                  torchrun("noisy_layer_job.py"), 3)
     out = tmp_path / "explain.json"
     code = main(["explain", str(experiment), "--mask", "all-off", "--steps", "2-3",
                  "--state-dir", str(tmp_path / "state"), "--json", str(out)])
@@ -42,12 +63,15 @@ def test_explain_names_the_random_op_in_the_noisy_layer_at_step_3(tmp_path, caps
     first = result["first"]
     assert (first["step"], first["phase"], first["module"], first["op"], first["kind"]) == (
         3, "forward", "layers.1", "aten.randn", "origin"), first
-    noise_line = next(k for k, line in enumerate(JOB.read_text().splitlines(), 1)
-                      if "torch.randn" in line)
+    assert first["edge"] is None and first["edge_note"] == "no prefetch edge was on (every edge off)"
+    job = (JOBS / "noisy_layer_job.py").read_text().splitlines()
+    noise_line = next(k for k, line in enumerate(job, 1) if "torch.randn" in line)
     assert first["stack"].endswith(f"noisy_layer_job.py:{noise_line}")
     assert [(r["rank"], r["kind"], r["op"], r["step"]) for r in result["ranks"]] == [
         (0, "origin", "aten.randn", 3), (1, "origin", "aten.randn", 3)]
-    assert result["overhead"]["ops_per_step"] > 100 and result["overhead"]["bytes_per_step"] > 0
+    overhead = result["overhead"]
+    assert overhead["ops_per_step"] > 100 and overhead["bytes_per_step"] > 0
+    assert overhead["units"] is None  # every edge off: every op traced
     assert ("first divergence: rank 0, step 3, forward of layers.1: aten.randn (origin: inputs "
             "matched, output differed)") in text
     assert "rank 1: the same op" in text
@@ -58,23 +82,78 @@ def test_explain_names_the_random_op_in_the_noisy_layer_at_step_3(tmp_path, caps
     assert "First differing op" in (state / "report.html").read_text()
 
 
-def test_explain_on_mindspore_traces_cells_and_finds_nothing_to_explain(tmp_path, capsys):
+def test_bisect_explain_on_a_tensor_parallel_job_ties_the_first_divergence_to_the_edge(
+        tmp_path):
+    edge = "bwd:layers.3->layers.2"  # the job's own fault: the prefetch into layers.2
+    argv = torchrun("tp_fsdp2_job.py", "--seed", "{seed}")
+    experiment = write_experiment(tmp_path / "tp.yaml", "tp", argv, 5,
+                                  "search: {max_runs: 40}\n")
+    done = subprocess.run([sys.executable, "-m", "bisect_prefetch.cli", "bisect",
+                           str(experiment), "--explain", "--state-dir", str(tmp_path / "state"),
+                           "--json", str(tmp_path / "bisect.json")],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=1500)
+    assert done.returncode == 1, done.stdout + done.stderr
+    result = json.loads((tmp_path / "bisect.json").read_text())
+    assert result["verdict"] == "culprit-found" and result["minimal_set"] == [edge], done.stdout
+    [explained] = result["explained"]
+    assert explained["edges"] == [edge] and explained["verdict"] == "explained", explained
+    first = explained["first"]
+    assert first["phase"] == "backward" and first["unit"] in ("layers.3", "layers.2"), first
+    assert first["edge"] == edge, first
+    assert explained["overhead_ratio"] is not None
+    # The traced runs traced only the edge's two units, and said so.
+    assert "the ops of layers.2, layers.3 (the source and target units" in done.stdout
+    assert "first divergence of each cause (traced):" in done.stdout
+    assert re.search(rf"  {re.escape(edge)}: first divergence at step \d+, rank \d, backward "
+                     rf"of layers\.[23]: .*; edge {re.escape(edge)}", done.stdout), done.stdout
+    saved = json.loads((tmp_path / "state" / "tp" / "bisect.json").read_text())
+    assert saved["explained"] == result["explained"]
+
+
+def test_the_tool_failing_inside_a_traced_job_is_exit_3_with_the_rank_s_log(tmp_path):
+    # The job may write files of at most 64 KiB (bash's ulimit -f, in KiB): its trace, about
+    # 100 KiB a step and rank, cannot be written; the job itself runs on.
+    argv = ["bash", "-c", "ulimit -f 64 && exec \"$@\"", "job", *torchrun("noisy_layer_job.py")]
+    experiment = write_experiment(tmp_path / "small.yaml", "small", argv, 2)
+    done = subprocess.run([sys.executable, "-m", "bisect_prefetch.cli", "explain",
+                           str(experiment), "--mask", "all-off", "--runs", "2",
+                           "--state-dir", str(tmp_path / "state")],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 3, done.stdout + done.stderr
+    [line] = [line for line in done.stderr.splitlines() if line.strip()]
+    assert line.startswith("error: bisect-prefetch failed (not your input): in traced run "), line
+    assert "the op tracer failed at" in line and "File too large" in line, line
+    log = re.search(r"the rank's log: (\S+):(\d+)\)", line)
+    assert log and "op trace stopped" in Path(log.group(1)).read_text().splitlines()[
+        int(log.group(2)) - 1]
+
+
+def test_explain_on_mindspore_traces_cells_in_backward_on_two_ranks(tmp_path, capsys):
     pytest.importorskip("mindspore")
     experiment = tmp_path / "ms.yaml"
     experiment.write_text(textwrap.dedent("""
         name: ms
-        workload: {builtin: mindspore, layers: 3, world_size: 1}
+        workload: {builtin: mindspore, layers: 2, world_size: 2}
         metrics: {format: jsonl, names: [loss, grad_norm]}
         graph: {source: runtime}
         steps: 3
         timeout_s: 300
     """))
     out = tmp_path / "explain.json"
-    code = main(["explain", str(experiment), "--runs", "2", "--state-dir",
+    code = main(["explain", str(experiment), "--runs", "2", "--steps", "2-3", "--state-dir",
                  str(tmp_path / "state"), "--json", str(out)])
     text = capsys.readouterr().out
     assert code == 0, text
     result = json.loads(out.read_text())
     assert result["verdict"] == "consistent" and result["first"] is None
     assert result["overhead"]["granularity"] == "cell" and result["overhead"]["ops_per_step"] > 10
+    assert result["overhead"]["rank_records"] == 4  # 2 runs x 2 ranks
     assert "-> consistent: nothing to explain (2 runs" in text
+    runs = sorted((tmp_path / "state" / "ms" / "runs").glob("*explain*"))
+    for rank in (0, 1):
+        ops = [json.loads(line) for line in
+               (runs[0] / f"optrace.rank{rank}.jsonl").read_text().splitlines()]
+        phases = {op["phase"] for op in ops}
+        assert {"forward", "backward"} <= phases, (rank, phases)
+        probe = json.loads((runs[0] / f"probe.rank{rank}.json").read_text())
+        assert probe["op_trace"]["backward_records"] > 0

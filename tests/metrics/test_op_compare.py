@@ -1,7 +1,9 @@
 """Two runs' op traces compared: per rank the first op that differs and its kind (origin,
-receiver, changed-behind, untraced-input), the finding across ranks, and alignment that
-breaks, said with where, never a crash. Traces are written by hand as the in-job tracer
-writes them (optrace.rank{R}.jsonl)."""
+receiver, changed-behind, untraced-input), the finding across ranks, alignment that breaks,
+said with where, never a crash; the prefetch edge the first op is tied to (issued by it, its
+window, reading what it filled); and only ops both runs traced compared, a trace cut short
+or missing said with its counts. Traces are written by hand as the in-job tracer writes
+them (optrace.rank{R}.jsonl)."""
 
 from __future__ import annotations
 
@@ -15,6 +17,7 @@ from bisect_prefetch.metrics.op_compare import (
     ALIGNMENT_BROKEN,
     EXPLAINED,
     NO_OP_DIFFERS,
+    TRACES_INCOMPLETE,
     compare_traces,
 )
 
@@ -134,11 +137,89 @@ def test_a_run_stopped_early_is_compared_as_far_as_it_got(tmp_path):
     assert result.ranks[0].ops_compared == 2
 
 
-def test_runs_without_a_trace_are_one_error(tmp_path):
-    write(tmp_path / "a", 0, common())
+def test_runs_without_any_trace_are_one_error(tmp_path):
+    (tmp_path / "a").mkdir()
     (tmp_path / "b").mkdir()
     with pytest.raises(BisectPrefetchError, match="no op trace"):
         compare_traces(tmp_path / "a", tmp_path / "b")
+
+
+def test_a_trace_cut_short_is_said_with_its_counts_never_taken_for_agreement(tmp_path):
+    # Run b was stopped at its first differing step, 2, but its rank 1 wrote only the
+    # first ops of step 1 (killed mid-write): what both traced agrees, and that is all.
+    steps = [op(1, k, "aten.mm", ins=[A], outs=[B]) for k in range(6)] + [
+        op(2, k, "aten.mm", ins=[A], outs=[B]) for k in range(4)] + [
+        op(2, 4, "aten.add_", ins=[A], outs=[A], phase="optimizer")]
+    for rank in (0, 1):
+        write(tmp_path / "a", rank, steps)
+    write(tmp_path / "b", 0, steps[:-1])  # complete through step 2's update
+    write(tmp_path / "b", 1, steps[:3])
+    result = compare_traces(tmp_path / "a", tmp_path / "b", through=2)
+    assert result.verdict == TRACES_INCOMPLETE and result.first is None
+    rank0, rank1 = result.ranks
+    assert rank0.coverage is None and rank0.traced == [11, 10]
+    assert rank1.coverage == {"run": "b", "traced": 3, "expected": 10, "stops_at": [1, 2],
+                              "through_step": 2}
+    assert rank1.ops_compared == 3
+
+
+def test_a_rank_whose_trace_is_missing_is_not_compared_and_no_collective_is_blamed_over_it(
+        tmp_path):
+    gather = "c10d._allgather_base_"
+    write(tmp_path / "a", 0, [op(1, 0, gather, ins=[A], outs=[B])])
+    write(tmp_path / "b", 0, [op(1, 0, gather, ins=[A], outs=[C])])
+    write(tmp_path / "a", 1, [op(1, 0, gather, ins=[A], outs=[B])])  # b's rank 1: no trace
+    result = compare_traces(tmp_path / "a", tmp_path / "b")
+    missing = result.ranks[1]
+    assert missing.coverage["traced"] is None and missing.traced == [1, None]
+    # Rank 1 might have computed the difference: the collective stays a receiver.
+    assert result.first.kind == "receiver"
+    assert "no rank computed" not in result.first.detail
+
+
+def test_an_op_a_prefetch_issued_is_tied_to_its_edge_and_its_reader_is_named(tmp_path):
+    gather = "c10d._allgather_base_"
+    edge = "fwd:layers.1->layers.2"
+    reader = op(1, 1, "aten.view", ins=[None], outs=[None], src=[[1, 0]], module="layers.2")
+    for rank, out in ((0, B), (1, D)):
+        write(tmp_path / "a", rank, [op(1, 0, gather, ins=[A], outs=[B]) | {
+            "rd": [1, 1], "pf": [edge, "issued"]}, reader])
+        write(tmp_path / "b", rank, [op(1, 0, gather, ins=[A], outs=[out]) | {
+            "rd": [1, 1], "pf": [edge, "issued"]}, reader])
+    first = compare_traces(tmp_path / "a", tmp_path / "b").first
+    assert (first.kind, first.edge, first.edge_how) == ("changed-behind", edge, "issued")
+    assert first.read_by == {"op": "aten.view", "phase": "forward", "module": "layers.2",
+                             "step": 1, "seq": 1}
+
+
+def test_a_prefetch_window_whose_shards_changed_is_changed_behind_with_its_edge(tmp_path):
+    edge = "bwd:layers.5->layers.4"
+    window = {"step": 5, "seq": 9, "op": "prefetch-window", "n": 0, "phase": "backward",
+              "module": "layers.4", "in": [A, B], "src": [None, None], "chg": [], "at": None,
+              "par": [[0, "layers.4.w"], [1, "layers.4.b"]], "pf": [edge, "window"],
+              "open": [5, 2]}
+    write(tmp_path / "a", 0, [window | {"out": [A, B]}])
+    write(tmp_path / "b", 0, [window | {"out": [A, C]}])
+    first = compare_traces(tmp_path / "a", tmp_path / "b").first
+    assert (first.kind, first.edge, first.edge_how, first.tensor) == (
+        "changed-behind", edge, "window", "layers.4.b")
+    assert "matched when the prefetch was issued (step 5, op 2)" in first.detail
+
+
+def test_an_input_a_prefetch_filled_ties_its_reader_to_the_edge(tmp_path):
+    edge = "bwd:layers.3->layers.2"
+    copy_out = op(1, 0, "aten.copy_", ins=[A], outs=[B], module="layers.2") | {
+        "pf": [edge, "copy-out"]}
+    write(tmp_path / "a", 0, [copy_out, op(1, 1, "aten.mm", ins=[B], outs=[C], src=[[1, 0]],
+                                           chg=[])])
+    write(tmp_path / "b", 0, [copy_out, op(1, 1, "aten.mm", ins=[D], outs=[C], src=[[1, 0]],
+                                           chg=[0])])
+    first = compare_traces(tmp_path / "a", tmp_path / "b").first
+    assert (first.kind, first.edge, first.edge_how) == ("changed-behind", edge, "read")
+    # Nothing of a prefetch around it: no edge.
+    write(tmp_path / "c", 0, [op(1, 0, "aten.randn", outs=[A])])
+    write(tmp_path / "d", 0, [op(1, 0, "aten.randn", outs=[B])])
+    assert compare_traces(tmp_path / "c", tmp_path / "d").first.edge is None
 
 
 def test_when_every_rank_only_received_the_collective_buffer_changed_behind(tmp_path):
