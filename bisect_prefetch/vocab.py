@@ -8,7 +8,7 @@ A value spelled in several files drifts in one of them: spell it here.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 # -- the search's options ---------------------------------------------------------
 # The chance the answer must reach when neither --confidence nor search.confidence says
@@ -140,6 +140,12 @@ def placeholders_in(word: str) -> set[str]:
     return {m.group(2) for m in _PLACEHOLDER.finditer(word) if m.group(2)}
 
 
+def escape_placeholders(word: str) -> str:
+    """A word as a shell would pass it, written so that the tool keeps it literal: each
+    `{steps}` (any placeholder's name) becomes `{{steps}}`."""
+    return _PLACEHOLDER.sub(lambda m: f"{{{{{m.group(2)}}}}}" if m.group(2) else m.group(0), word)
+
+
 def fill_placeholders(word: str, value: Callable[[str], str]) -> str:
     """The argument with each placeholder replaced by value(name), each escape undone."""
     return _PLACEHOLDER.sub(lambda m: f"{{{m.group(1)}}}" if m.group(1) else value(m.group(2)),
@@ -231,6 +237,18 @@ def edge_id(phase: str, src: str, dst: str) -> str:
 def edge_phase(text: str) -> str:
     """The phase an edge id starts with (`fwd`, `bwd`; anything else for a non-id)."""
     return text.partition(":")[0]
+
+
+# In a selector (select.py reads them back), a backslash makes the next character plain:
+# a comma, a glob character or a backslash inside an edge id is written escaped.
+SELECTOR_SPECIAL = ",*?[]\\"
+
+
+def quote_edges(edge_ids: Iterable[str]) -> str:
+    """Edge ids as one selector string that selects exactly them: `keep-only:` + this is a
+    mask a user can paste back (select.py reads the escapes)."""
+    return ",".join("".join("\\" + ch if ch in SELECTOR_SPECIAL else ch for ch in edge)
+                    for edge in edge_ids)
 
 
 def parse_edge_id(text: str) -> tuple[str, str, str]:

@@ -106,8 +106,12 @@ def write_experiment(tmp_path: Path, argv: list[str], *, steps: int = 8, timeout
 
 
 def fake_job_experiment(tmp_path: Path, mode: str = "clean", **kw) -> Path:
-    """An experiment running tests/jobs/fake_job.py in a mode (clean, crash, hang, ...)."""
-    return write_experiment(tmp_path, [sys.executable, str(FAKE_JOB), mode], **kw)
+    """An experiment running tests/jobs/fake_job.py in a mode (clean, crash, hang, ...).
+
+    Its command takes `{steps}` (the job reads the count from its plan, the same number),
+    so the tool may give its runs any length, as it does a job whose command says `{steps}`."""
+    return write_experiment(tmp_path, [sys.executable, str(FAKE_JOB), mode, "--steps={steps}"],
+                            **kw)
 
 
 def script_experiment(tmp_path: Path, body: str, *args: str, **kw) -> Path:

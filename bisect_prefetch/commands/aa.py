@@ -23,7 +23,13 @@ from bisect_prefetch.commands.common import (
     write_json,
 )
 from bisect_prefetch.errors import BisectPrefetchError
-from bisect_prefetch.experiment import Experiment, load_experiment, with_overrides, with_stress
+from bisect_prefetch.experiment import (
+    Experiment,
+    check_steps_settable,
+    load_experiment,
+    with_overrides,
+    with_stress,
+)
 from bisect_prefetch.report.localization import describe as describe_localization
 from bisect_prefetch.report.progress import RunProgress
 from bisect_prefetch.report.table import group_table
@@ -99,6 +105,7 @@ def run_aa(
     if steps is not None:
         if steps < 1:
             raise BisectPrefetchError(f"--steps must be at least 1, got {steps}")
+        check_steps_settable(experiment, steps, "--steps")
         experiment = with_overrides(experiment, {"steps": steps})
     check_outputs(*outputs, state_dir=state_dir, name=experiment.name)
     experiment = with_stress(experiment, stress)

@@ -62,6 +62,7 @@ from bisect_prefetch.experiment import (
     Experiment,
     load_experiment,
     segments_unfit,
+    steps_fixed,
     with_segments,
     with_stress,
 )
@@ -194,7 +195,8 @@ def _bisect(experiment: Experiment, experiment_path: Path, *, hint: str, resume:
                               json.dumps(record.to_json(), indent=2) + "\n")
             build_report(opened.path)
     console.print()
-    render_result(record.result, console, reproduce=record.reproduce, run=b.numbers.of)
+    render_result(record.result, console, reproduce=record.reproduce, run=b.numbers.of,
+                  asked=record.confidence_asked)
     if explain := explain_command(experiment_path, record.result.verdict, record.result.minimal_set):
         console.print(f"explain: {explain}", markup=False, soft_wrap=True)  # the mechanism
     say_after_verdict(record.result, record.to_json(), experiment, console,
@@ -312,6 +314,10 @@ def _segment_lengths(b: Bisecting) -> Lengths | None:
         return None
     if unfit := segments_unfit(experiment):
         console.print(f"segments: {unfit}; one mask a run", markup=False)
+        return None
+    if fixed := steps_fixed(experiment):  # a run of several masks is longer than the job's own
+        console.print(f"segments: {fixed}, so no run can be longer than its "
+                      f"{experiment.steps} steps; one mask a run", markup=False)
         return None
     startup = startup_in_steps(_runs_before_the_search(b))
     if startup is None:

@@ -11,12 +11,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from bisect_prefetch.commands.bisect_words import fact_lines
+from bisect_prefetch.commands.bisect_words import confidence_met, fact_lines
 from bisect_prefetch.commands.common import command_line, options
 from bisect_prefetch.search.causes import Search
 from bisect_prefetch.search.segments import Lengths
 from bisect_prefetch.search.stress import StressChoice
 from bisect_prefetch.search.verdict import SearchResult
+from bisect_prefetch.vocab import quote_edges
 
 REPRODUCE_RUNS = 4
 # bisect.json's `search_kind`: which search wrote it (a resume replays the same one).
@@ -113,6 +114,12 @@ class BisectRecord:
     signals: dict | None  # what the runs measured (runs/signals.py)
     step_time: dict | None
     search: str = EVERY_CAUSE  # ONE_CAUSE: a journal begun before several causes, replayed as one
+    confidence_asked: float | None = None  # --confidence or search.confidence
+
+    @property
+    def confidence_met(self) -> bool:
+        """A verdict reached at the confidence asked (an inconclusive one never is)."""
+        return confidence_met(self.result, self.confidence_asked)
 
     @property
     def verdict(self) -> str:
@@ -136,6 +143,8 @@ class BisectRecord:
             "signals": self.signals,
             "step_time": self.step_time,
             "search_kind": self.search,
+            "confidence_asked": self.confidence_asked,
+            "confidence_met": self.confidence_met,
         }
 
 
@@ -150,8 +159,8 @@ def reproduce_mask(result: SearchResult) -> str | None:
     """The --mask value to run again: keep-only of the minimal set reproduces the drift; with
     several causes, drop-only of their union shows the whole fix."""
     if len(result.culprit_sets) > 1:
-        return "drop-only:" + ",".join(fix_edges(result))
-    return "keep-only:" + ",".join(result.minimal_set) if result.minimal_set else None
+        return "drop-only:" + quote_edges(fix_edges(result))
+    return "keep-only:" + quote_edges(result.minimal_set) if result.minimal_set else None
 
 
 def reproduce_command(experiment_path: Path, result: SearchResult) -> str:

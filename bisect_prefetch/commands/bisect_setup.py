@@ -150,4 +150,4 @@ def bisect_record(b: Bisecting, experiment_path: Path, began: float) -> BisectRe
         step_time=fix_costs(records, edge_ids=b.opened.graph().edge_ids(),
                             fix=fix_edges(result),
                             variant_suffix="@" + b.experiment.fingerprint()),
-        search=ONE_CAUSE if b.one_cause else EVERY_CAUSE)
+        search=ONE_CAUSE if b.one_cause else EVERY_CAUSE, confidence_asked=b.confidence)

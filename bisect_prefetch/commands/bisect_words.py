@@ -41,8 +41,10 @@ from bisect_prefetch.vocab import (
     STAGE_REDUCE,
     STAGE_SEARCH,
     STRESS_OFF,
+    VERDICT_INCONCLUSIVE,
     VERDICT_NO_DRIFT,
     Mask,
+    quote_edges,
 )
 
 
@@ -78,7 +80,7 @@ def stage_title(stage: str, mask: str, target: Sequence[str], context: str | Non
     """What a protocol stage checks, e.g. "checking that all-on diverges" (the numbered
     parts of search/protocol.py: 1 calibrate, 2 check-off, 3 reduce, 4 the double check
     of an answer, 5 search and the leading set)."""
-    names = ",".join(target)
+    names = quote_edges(target)
     if stage == STAGE_CALIBRATE:  # 1, and all-on in 4's checks of an answer of none
         if context == NO_CAUSE_HERE:
             return "no cause left among these edges? checking that all-on stays consistent"
@@ -176,7 +178,7 @@ STOP_REASONS = {
 
 def fact_line(fact: v.Fact, *, confidence: float, run: Callable[[int], int] = _same) -> str:
     """One checked statement behind a verdict, in words."""
-    names = ",".join(getattr(fact, "edges", ()))
+    names = quote_edges(getattr(fact, "edges", ()))
     match fact:
         case v.Causes():
             return _causes_line(fact, run)
@@ -259,10 +261,21 @@ def fact_lines(result: SearchResult, *, run: Callable[[int], int] = _same) -> li
 
 
 
+def confidence_met(result: SearchResult, asked: float | None) -> bool:
+    """Whether the verdict holds at the confidence asked (None: nothing was asked); an
+    inconclusive verdict never does."""
+    if result.verdict == VERDICT_INCONCLUSIVE:
+        return False
+    return asked is None or result.confidence >= asked
+
+
 def render_result(result: SearchResult, console: Console, *, reproduce: str | None = None,
-                  run: Callable[[int], int] = _same) -> None:
-    """Verdict, minimal set, confidence, runs and steps, the facts, evidence and calibration."""
-    console.print(f"verdict: {result.verdict}", markup=False)
+                  run: Callable[[int], int] = _same, asked: float | None = None) -> None:
+    """Verdict, minimal set, confidence, runs and steps, the facts, evidence and calibration.
+    asked: the confidence asked; a verdict below it says so on its line."""
+    short = result.verdict != VERDICT_INCONCLUSIVE and not confidence_met(result, asked)
+    below = f" (confidence {result.confidence:.3f}, below the {asked:g} asked)" if short else ""
+    console.print(f"verdict: {result.verdict}{below}", markup=False)
     if len(result.culprit_sets) > 1:
         sets = "; ".join("{" + ", ".join(c["edges"]) + "}" for c in result.culprit_sets)
         console.print(f"causes ({len(result.culprit_sets)}, each enough alone): {sets}", markup=False)

@@ -23,7 +23,9 @@ INTERRUPTED_LINE = "interrupted: finished runs are in the journal; to resume, ru
 
 
 def write_text(path: Path, text: str, console: Console) -> None:
-    """Write an output file the user asked for, and say so."""
+    """Write an output file the user asked for, and say so (never onto a state dir's files:
+    check_writable says why)."""
+    check_writable(path)
     write_text_atomic(path, text)
     console.print(f"wrote {path}", markup=False)
 

@@ -59,6 +59,7 @@ from bisect_prefetch.vocab import (
     VERDICT_NOT_PREFETCH,
     Mask,
     probe_rank_file,
+    quote_edges,
 )
 
 PURPOSE = "explain"
@@ -341,7 +342,7 @@ def explain_command(experiment_path: Path, verdict: str, minimal_set: Sequence[s
     """The explain command for a bisection's answer (None where there is nothing to explain):
     the minimal set kept alone, or every edge off for drift that is not prefetch."""
     if verdict == VERDICT_FOUND and minimal_set:
-        mask = "keep-only:" + ",".join(minimal_set)
+        mask = "keep-only:" + quote_edges(minimal_set)
     elif verdict == VERDICT_NOT_PREFETCH:
         mask = "all-off"
     else:

@@ -87,6 +87,7 @@ class CellResult:
     overrides: dict[str, Any]
     group: dict[str, Any]  # the aa JSON of the cell's group
     seconds: float = 0.0
+    shortfall: str | None = None  # a cells_from verdict below the confidence asked (Cell)
 
     @property
     def verdict(self) -> str:
@@ -94,7 +95,7 @@ class CellResult:
 
     @property
     def expectation_met(self) -> bool:
-        return expectation_met(self.expect, self.verdict)
+        return self.shortfall is None and expectation_met(self.expect, self.verdict)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -103,6 +104,7 @@ class CellResult:
             "verdict": self.verdict,
             "reason": self.group.get("reason"),  # why there is no verdict, for an error
             "expectation_met": self.expectation_met,
+            "shortfall": self.shortfall,
             "first_diff_step": self.group.get("first_diff_step"),
             "localization": self.group.get("localization"),
             "metrics": self.group.get("metrics") or {},
@@ -188,6 +190,8 @@ def cell_verdict_line(cell: CellResult) -> str:
     else:
         what = f"error: {cell.group.get('reason', '')}".rstrip(": ")
     met = "ok" if cell.expectation_met else "FAILED"
+    if cell.shortfall is not None:
+        met += f" ({cell.shortfall})"
     return (f"-> {what} ({data['divergences']} of {data['runs']} runs diverged); "
             f"expected {cell.expect}: {met}")
 
@@ -221,6 +225,7 @@ def run_matrix(
         cell_result = CellResult(
             name=cell.name, expect=cell.expect, mask_spec=request.mask, guard=request.guard,
             overrides=dict(cell.overrides), group=group, seconds=clock() - started,
+            shortfall=cell.shortfall,
         )
         result.cells.append(cell_result)
         if console is not None:

@@ -79,7 +79,8 @@ class Runner:
         self.state = state
         workload = experiment.workload
         self.judge = RunJudge(state, experiment.metrics,
-                              ranks=workload.world_size if workload is not None else None)
+                              ranks=workload.world_size if workload is not None else None,
+                              digest_every=experiment.record.every)
         # Where jobs execute (local slots or Slurm); checked by open(), before any run is journaled.
         self.executor: Executor = executor or make_executor(experiment.executor)
         self.reattached: list[str] = []

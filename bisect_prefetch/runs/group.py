@@ -91,7 +91,11 @@ class AAResult:
     def identical(self) -> str:
         """How far "identical" goes for these runs: bitwise only where digests or
         full-precision metrics back it."""
-        return identical_wording([run.signals for run in self.runs if run.usable])
+        usable = [run for run in self.runs if run.usable]
+        world = max((int((run.environment or {}).get("world_size") or 0) for run in usable),
+                    default=0)
+        return identical_wording([run.signals for run in usable], steps=self.steps,
+                                 world_size=world or None)
 
     def outcome_counts(self) -> dict[str, int]:
         counts = Counter(run.outcome for run in self.runs)

@@ -38,7 +38,7 @@ from bisect_prefetch.runs.launcher import NO_METRICS
 from bisect_prefetch.runs.merge import GRAPH_FILE, merge_graphs, merge_probes, schedule_problems
 from bisect_prefetch.runs.outcome import RunOutcome
 from bisect_prefetch.runs.reuse import collect
-from bisect_prefetch.runs.signals import run_signals, signal_problems
+from bisect_prefetch.runs.signals import digest_gaps, run_signals, signal_problems
 from bisect_prefetch.runs.step_time import run_step_time_ms, run_step_times_ms
 from bisect_prefetch.runs.store import StateDir
 from bisect_prefetch.vocab import ERROR, OK, STOPPED_EARLY, TIMEOUT, TRUNCATED, Mask
@@ -66,14 +66,17 @@ class RunJudge:
     """Judges the finished runs of one state dir; keeps the metrics it read of each.
 
     metrics: the experiment's metrics section (which files, which format, which names);
-    ranks: the ranks a built-in workload runs (None: a command's, not known beforehand).
+    ranks: the ranks a built-in workload runs (None: a command's, not known beforehand);
+    digest_every: the adapter digests every N-th step (record.every).
     """
 
-    def __init__(self, state: StateDir, metrics: Metrics, *, ranks: int | None) -> None:
+    def __init__(self, state: StateDir, metrics: Metrics, *, ranks: int | None,
+                 digest_every: int = 1) -> None:
         self.state = state
         self.metrics = metrics
         self.names = list(metrics.names)
         self.ranks = ranks
+        self.digest_every = digest_every
         self._trajectories: dict[str, Trajectory] = {}
 
     # -- a finished run's metrics -------------------------------------------
@@ -170,6 +173,9 @@ class RunJudge:
             self._compare(out, trajectory, ref, comparator)
         if out.first_diff_step is None:
             self._check_complete(out, trajectory, steps, ref)
+            if out.usable:  # digests that stop early vouch for none of the later steps
+                out.problems += [f"incomplete digests: {gap}" for gap in digest_gaps(
+                    out.signals, steps_done=out.steps_done, every=self.digest_every)]
         out.trajectory_hash = trajectory_hash(trajectory, upto=out.first_diff_step)
         if out.problems:
             out.outcome, out.reason = ERROR, "; ".join(out.problems)

@@ -141,6 +141,24 @@ def test_output_file_that_cannot_be_written(tmp_path, capsys):
     assert list(tmp_path.iterdir()) == [in_the_way]
 
 
+@pytest.mark.parametrize("command", ["aa", "report"])
+def test_no_output_lands_on_a_runs_files(tmp_path, capsys, state, command):
+    """`--json` onto a finished run's stdout.log, `--html` onto a run's plan.json: refused
+    before anything runs, naming the run dir; the run's files stay as they were."""
+    run_dir = sorted((state / NAME / "runs").iterdir())[0]
+    target = run_dir / ("stdout.log" if command == "aa" else "plan.json")
+    if command == "aa":
+        args = ["aa", str(fake_job_experiment(tmp_path)), "--state-dir", str(state),
+                "--json", str(target)]
+    else:
+        args = ["report", str(state / NAME), "--html", str(target)]
+    before = snapshot(state)
+    message = _one_line_error(capsys, args)
+    assert message == (f"error: refusing to write {target}: it is inside run dir {run_dir}, "
+                       "whose files are a run's evidence (write outputs elsewhere)")
+    assert snapshot(state) == before
+
+
 # -- the journal ----------------------------------------------------------------
 def test_corrupt_journal_line_is_an_error_and_kept(tmp_path, capsys, state):
     journal = state / NAME / "journal.jsonl"

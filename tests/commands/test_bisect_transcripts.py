@@ -159,7 +159,7 @@ def write_experiment(tmp_path: Path, *, max_runs: int = 200) -> Path:
     path = tmp_path / "exp.yaml"
     path.write_text(f"""
 name: sim
-command: [python, -c, "pass"]
+command: [python, -c, "pass", "{{steps}}"]
 metrics: {{format: jsonl, names: [loss]}}
 graph: {{source: static, policy: fsdp2-chain, layers: 3}}
 steps: {STEPS}

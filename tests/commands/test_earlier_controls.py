@@ -182,7 +182,7 @@ def test_aa_all_off_runs_serve_a_later_bisect_and_a_resume_reuses_the_same(tmp_p
 @pytest.mark.parametrize("change", ["edited code", "other steps"])
 def test_all_off_runs_of_another_experiment_are_not_reused(tmp_path, capsys, change):
     job = _job(tmp_path)
-    exp = write_experiment(tmp_path, [sys.executable, str(job)])
+    exp = write_experiment(tmp_path, [sys.executable, str(job), "clean", "--steps={steps}"])
     state = tmp_path / "state"
     steps = ["--steps", "6"] if change == "other steps" else []
     assert _cli("aa", exp, "--mask", "all-off", "--runs", "2", "--state-dir", state, *steps) == 0

@@ -55,9 +55,10 @@ TITAN_LINE = ("\x1b[31mstep: {step:2d}  \x1b[32mloss: {loss:8.5f}  \x1b[33mgrad_
           "--seed", "abc", "--out", "steps"],
          ["python", "train.py", "--warmup-steps", "5", "--eval_steps=10", "--steps-per-epoch", "3",
           "--seed", "abc", "--out", "steps"], {}),
-        # marked already by the user
-        (["python", "train.py", "--steps", "{steps}", "--iters={seed}"],
-         ["python", "train.py", "--steps", "{steps}", "--iters={seed}"], {"steps": "", "seed": ""}),
+        # a `{steps}` in the user's own argv is the job's text: it stays literal
+        (["python", "train.py", "--steps", "{steps}", "--name=run_{seed}", "--seed", "3"],
+         ["python", "train.py", "--steps", "{{steps}}", "--name=run_{{seed}}", "--seed", "{seed}"],
+         {"seed": "3"}),
     ],
 )
 def test_the_arguments_that_set_steps_seed_and_port_get_placeholders(argv, expect, marked):
