@@ -1,7 +1,7 @@
 """Which journaled runs a command may take instead of running them: its scope.
 
 A session is one command's runs, named by the command and when it began
-(``bisect/20261204T143355-4242``); every run a command journals carries it (``session``).
+(``bisect/20261204T143355-4242-9f1c``); every run a command journals carries it (``session``).
 By default a command takes only the runs it made itself: a run of an earlier command is
 run again, because its job may have read something that changed in a way no check sees
 (git bisect and Go's bisect keep nothing across sessions). ``--resume`` continues the
@@ -15,6 +15,7 @@ them as one session when the journal holds no other of the command.
 from __future__ import annotations
 
 import os
+import secrets
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -35,7 +36,9 @@ class Scope:
         # whether --resume looks for a session of the same experiment (a matrix's cells
         # override it: any of its sessions)
         self.per_experiment = per_experiment
-        self.session: str | None = f"{command}/{time.strftime('%Y%m%dT%H%M%S')}-{os.getpid()}"
+        # Unique even for two commands of one process in one second (a program calling ours).
+        self.session: str | None = (f"{command}/{time.strftime('%Y%m%dT%H%M%S')}-{os.getpid()}-"
+                                    f"{secrets.token_hex(2)}")
         self.resumed = False  # whether session is one found in the journal
         self._decided = False
 
