@@ -5,9 +5,11 @@ same (Bazel's action key, ccache's manifest of included headers), so the manifes
 where the reading happens, by every process of the job. Each one appends to its own file,
 ``manifest.{HOST}-{PID}.jsonl`` in the run dir (every writer owns its file: ranks, a
 launcher's agent, a forked worker). A line holds what is new since the process's previous
-line, and the process's header; the last line of a process that ended by itself (exit,
-``os._exit``, a SIGTERM it left at its default) says ``"closed": true``. A file without it
-is a process that was killed: its run is never reused.
+line, and the process's header; a line at a step end says the ``step`` (alone when nothing is
+new); the last line of a process that ended by itself (exit, ``os._exit``, a SIGTERM it left
+at its default) says ``"closed": true``. A file without it is a process that was killed: its
+run is not reused, unless the orchestrator stopped it at its first differing step and the
+process had recorded every step before that one.
 
 Entries (each path once a process):
 
@@ -221,17 +223,21 @@ class Manifest:
         self.write()
 
     # -- writing --------------------------------------------------------------------------
-    def write(self, *, closed: bool = False) -> None:
-        """Append what is new since the last line (closed: the last line of the process)."""
+    def write(self, *, closed: bool = False, step: int | None = None) -> None:
+        """Append what is new since the last line (closed: the last line of the process;
+        step: the step that just ended, said even when nothing is new, in a line of its own)."""
         with self._lock:
             if self.closed or self._busy:
                 return  # a signal inside a write: the file stays unclosed (not reusable)
             self._busy, self._writer = True, threading.get_ident()
             try:
                 line = self._new(final=closed)
-                if not line and self._lines and not closed:
+                if line or closed or not self._lines:
+                    line.update(self._header(final=closed))
+                elif step is None:
                     return
-                line.update(self._header(final=closed))
+                if step is not None:
+                    line["step"] = step
                 if closed:
                     line["closed"] = True
                 data = (json.dumps(line, sort_keys=True) + "\n").encode()
@@ -531,9 +537,9 @@ def attach(session: Any) -> Manifest | None:
         return None
     manifest = Manifest(out_dir=plan.out_dir, rank=session.rank)
 
-    def write(closed: bool = False) -> None:
+    def write(closed: bool = False, step: int | None = None) -> None:
         try:
-            manifest.write(closed=closed)
+            manifest.write(closed=closed, step=step)
         except Exception as e:  # a manifest must never stop the job; the run is not reused
             session.note_error(f"manifest not written: {e!r}")
 
@@ -541,7 +547,7 @@ def attach(session: Any) -> Manifest | None:
         manifest.start()
     except Exception as e:
         session.note_error(f"manifest not written: {e!r}")
-    session.add_step_end_listener(lambda _step: write())
+    session.add_step_end_listener(lambda step: write(step=step))
     session.add_exit_listener(lambda: write(closed=True))
     _write_on_sigterm(lambda: write(closed=True))
     return manifest

@@ -19,8 +19,9 @@ The command reads as its stages (`_bisect`), each printed as it happens:
 Every finished run is in the journal and the oracle answers a repeated
 question from it, so `--resume` replays the search to where it stopped and
 re-runs nothing it finished (runs/sessions.py: its own session's runs only, after
-the checks of runs/reuse.py; `--reuse` takes earlier commands' runs too). bisect.json (commands/bisect_record.py) is written in a
-`finally:` (an interrupted search keeps what it learned), with the HTML report.
+the checks of runs/reuse.py; `--reuse` takes earlier commands' runs too).
+bisect.json (commands/bisect_record.py) is written in a `finally:` (an
+interrupted search keeps what it learned), with the HTML report.
 The words are commands/bisect_words.py's.
 """
 

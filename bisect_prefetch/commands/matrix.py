@@ -2,9 +2,9 @@
 
 Cells run in the matrix file's order, each as one A/A group through a group
 runner. The real runner goes through the run store, so a matrix that stops
-half-way resumes where it stopped with --resume: runs its earlier session finished
-are taken again (after the checks of runs/reuse.py), never run again. Tests inject a fake runner (any function from a CellRequest to
-the aa JSON dict). What an expectation means is experiment.expectation_met.
+half-way resumes where it stopped with --resume: the runs its session finished are
+taken again (after the checks of runs/reuse.py), never run again. Tests inject a fake
+runner (any function from a CellRequest to the aa JSON dict). What an expectation means is experiment.expectation_met.
 """
 
 from __future__ import annotations

@@ -37,7 +37,7 @@ from typing import Any
 from bisect_prefetch.adapters.manifest import CHANGED_IN_RUN, MANIFEST_VERSION, dists_in
 from bisect_prefetch.runs.envprint import read_env
 from bisect_prefetch.runs.launch_env import launch_differs, launch_print
-from bisect_prefetch.vocab import ENV_VARIABLES, MANIFEST_FILES, USABLE_OUTCOMES
+from bisect_prefetch.vocab import ENV_VARIABLES, MANIFEST_FILES, STOPPED_EARLY, USABLE_OUTCOMES
 
 MANIFEST_FIELD = "manifest"  # the journal record's field
 LAUNCHED_FIELD = "launched"
@@ -45,8 +45,9 @@ _CONFLICT = "differs between processes"
 # What no manifest sees, in one line: said wherever runs of earlier commands are taken.
 UNSEEN = ("reuse cannot see files reached only through an environment variable or a config "
           "value outside the job's directories (its modules', its path arguments', its working "
-          "directory), files read by other processes or native code (cat, a shell, SQLite), or "
-          "an edit that keeps a file's size and mtime; without --reuse every earlier run runs again")
+          "directory), files read by other processes or native code (cat, a shell, SQLite), an "
+          "edit that keeps a file's size and mtime, or what a rank killed at its run's first "
+          "difference read in that step; without --reuse every earlier run runs again")
 CHECKED = ("checked unchanged: the experiment and its program, every file its processes imported "
            "or opened in the job's directories (by content), installed modules (by size and "
            "mtime) and packages, the symlinks they went through, the files they looked for and "
@@ -98,6 +99,7 @@ def gather(run_dir: Path) -> dict[str, Any] | None:
     # Each process's path and what is installed on it: processes of one job may differ (a
     # launcher started with -m has the working directory first), and each is checked as it was.
     views: list[dict[str, Any]] = []
+    unclosed: list[dict[str, Any]] = []  # processes killed before they closed their file
     incomplete = None
     for part in parts:
         # Two processes that read different bytes of one file: never the same again.
@@ -111,9 +113,10 @@ def gather(run_dir: Path) -> dict[str, Any] | None:
         who = f"process {part.get('pid')} (rank {part.get('rank')})"
         if incomplete is None and part.get("v") != MANIFEST_VERSION:
             incomplete = f"{who} wrote a manifest of another version ({part.get('v')})"
-        elif incomplete is None and not part["closed"]:
-            incomplete = f"{who} was killed before it ended its manifest"
-        elif incomplete is None and part.get("opened_truncated"):
+        elif not part["closed"]:
+            unclosed.append({"pid": part.get("pid"), "rank": part.get("rank"),
+                             "step": part.get("step")})
+        if incomplete is None and part.get("opened_truncated"):
             incomplete = (f"{who} opened more files than a manifest keeps "
                           f"({part.get('opened_limit')}): its manifest is not complete")
     return {"v": MANIFEST_VERSION, "files": files, "links": links, "absent": sorted(absent),
@@ -125,7 +128,7 @@ def gather(run_dir: Path) -> dict[str, Any] | None:
                                and e[2] is None}),
             "opened_limit": parts[0].get("opened_limit"),
             "opened_truncated": any(p.get("opened_truncated") for p in parts),
-            "incomplete": incomplete}
+            "incomplete": incomplete, "unclosed": unclosed}
 
 
 def _digest(value: Any) -> dict[str, Any]:
@@ -229,6 +232,8 @@ class ReuseCheck:
             return f"{_when(record)} has a manifest of an older kind (no symlinks, no absent files)"
         if manifest.get("incomplete") or manifest.get("opened_truncated"):
             return f"{_when(record)}: {manifest.get('incomplete') or 'its manifest is not complete'}"
+        if (why := _killed(record, manifest.get("unclosed") or [])) is not None:
+            return f"{_when(record)}: {why}"
         if (why := self._env_changed(record, manifest)) is not None:
             return why
         for path, entry in sorted((manifest.get("files") or {}).items()):
@@ -330,6 +335,24 @@ class ReuseCheck:
                     return (f"{name} {then.get(name, 'not installed')} -> "
                             f"{now.get(name, 'not installed')}")
         return None
+
+
+def _killed(record: Mapping[str, Any], unclosed: list[dict[str, Any]]) -> str | None:
+    """Why a process that did not close its manifest leaves the run's record incomplete, or
+    None: a run the orchestrator stopped at its first differing step s (SIGTERM; a rank
+    blocked in a collective then is killed) stands on what each such process recorded by the
+    end of step s - 1, as long as it recorded that far."""
+    stopped_at = record.get("first_diff_step")
+    for process in unclosed:
+        who = f"process {process.get('pid')} (rank {process.get('rank')})"
+        recorded = process.get("step")
+        if record.get("outcome") != STOPPED_EARLY or not isinstance(stopped_at, int):
+            return f"{who} was killed before it ended its manifest"
+        if not isinstance(recorded, int) or recorded < stopped_at - 1:
+            return (f"{who} was killed before it ended its manifest, which ends "
+                    + (f"at step {recorded}" if isinstance(recorded, int) else "before any step")
+                    + f", before step {stopped_at - 1}")
+    return None
 
 
 def _link_moved(link: str, then: str) -> str | None:

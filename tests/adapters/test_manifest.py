@@ -66,14 +66,25 @@ def test_each_line_holds_only_what_is_new_and_the_last_one_closes(tmp_path, monk
     assert last["closed"] is True
 
 
-def test_a_process_killed_before_it_closed_makes_the_run_not_reusable(tmp_path, monkeypatch):
+def test_a_process_killed_before_it_closed_leaves_the_run_not_reusable_unless_stopped_after_its_steps(
+        tmp_path, monkeypatch):
     _, run_dir, manifest = _manifest(tmp_path, monkeypatch)
-    manifest.write()  # begun, then killed
+    manifest.write()  # begun
+    manifest.write(step=1)  # a step end with nothing new: the step alone
+    manifest.write(step=2)
+    assert _lines(run_dir)[1:] == [{"step": 1}, {"step": 2}]  # then killed
     record = collect(run_dir)
-    assert "was killed before it ended its manifest" in record["incomplete"]
-    run = {"run_id": "0001-aa-k0", "outcome": "ok", "manifest": record}
-    assert "was killed before it ended" in ReuseCheck(os.environ, records=[]).why_not(run)
-    assert "not complete" in summary(record)
+    assert record["unclosed"] == [{"pid": os.getpid(), "rank": 0, "step": 2}]
+
+    def why(outcome, first_diff_step=None):
+        run = {"run_id": "run", "outcome": outcome, "first_diff_step": first_diff_step,
+               "manifest": record, "launched": launch_print(os.environ, cwd=None)}
+        return ReuseCheck(os.environ, records=[], runs_path=run_dir.parent).why_not(run)
+
+    assert "was killed before it ended its manifest" in why("ok")
+    # Stopped by the orchestrator at its first difference (step 3): it recorded step 2.
+    assert why("stopped-early", 3) is None
+    assert "which ends at step 2, before step 3" in why("stopped-early", 4)
 
 
 def test_opened_files_are_bounded_and_a_bounded_manifest_is_not_reusable(tmp_path, monkeypatch):
