@@ -43,11 +43,12 @@ MANIFEST_FIELD = "manifest"  # the journal record's field
 LAUNCHED_FIELD = "launched"
 _CONFLICT = "differs between processes"
 # What no manifest sees, in one line: said wherever runs of earlier commands are taken.
-UNSEEN = ("reuse cannot see files reached only through an environment variable or a config "
+UNSEEN = ("reuse cannot see: files reached only through an environment variable or a config "
           "value outside the job's directories (its modules', its path arguments', its working "
-          "directory), files read by other processes or native code (cat, a shell, SQLite), an "
-          "edit that keeps a file's size and mtime, or what a rank killed at its run's first "
-          "difference read in that step; without --reuse every earlier run runs again")
+          "directory); files read by other processes or native code (cat, a shell, SQLite); a "
+          "file added to a directory the job lists (a glob); an edit that keeps a file's size "
+          "and mtime; what a rank killed at its run's first difference read in that step. "
+          "Without --reuse every earlier run runs again")
 CHECKED = ("checked unchanged: the experiment and its program, every file its processes imported "
            "or opened in the job's directories (by content), installed modules (by size and "
            "mtime) and packages, the symlinks they went through, the files they looked for and "

@@ -50,7 +50,7 @@ def test_same_job_is_reused_and_said(tmp_path, capsys, monkeypatch):
     assert code == 0
     assert "note: 2 run(s) reused from the journal, finished 20" in out
     assert "checked unchanged: the experiment and its program, every file" in out
-    assert "note: reuse cannot see files reached only through an environment variable" in out
+    assert "note: reuse cannot see: files reached only through an environment variable" in out
     # Without --reuse (the default, or --no-reuse) none is taken, and the note says how.
     for extra in ((), ("--no-reuse",)):
         code, out = _aa(tmp_path, experiment, capsys, *extra)
