@@ -174,7 +174,7 @@ GRAPH_FILE = "graph.json"  # the ranks' graph files merged (runs/merge.py)
 PROBE_FILE = "probe.json"  # the ranks' probes merged
 SCRIPT_FILE = "job.sbatch"  # a Slurm run's batch script
 EXIT_FILE = "job_exit_code"  # a Slurm run's exit code, as its script saw it
-MANIFEST_FILES = "manifest.*.json"  # every process's manifest (adapters/manifest.py)
+MANIFEST_FILES = "manifest.*.jsonl"  # every process's manifest (adapters/manifest.py)
 RANK_LOG_DIR = "rank_logs"  # {rank_log_dir} of a run's command: a launcher's per-worker logs
 ADAPTER_TREE = "adapter"  # the copy of the in-job code a job's PYTHONPATH starts with
 PLOTS_DIR = "report"  # the state dir's plots, beside REPORT_FILE
@@ -205,14 +205,10 @@ def order_rank_file(rank: int | str) -> str:
     return f"order.rank{rank}.jsonl"
 
 
-def manifest_rank_file(rank: int | str) -> str:
-    """What one rank's process read (adapters/manifest.py)."""
-    return f"manifest.rank{rank}.json"
-
-
 def manifest_process_file(host: str, pid: int | str) -> str:
-    """What a process that is no rank read (a launcher's agent), named by host and pid."""
-    return f"manifest.proc.{host}-{pid}.json"
+    """What one process of a job read (adapters/manifest.py), named by host and pid: every
+    process writes its own, ranks, launcher agents and forked workers alike."""
+    return f"manifest.{host}-{pid}.jsonl"
 
 
 # -- edges and masks -----------------------------------------------------------------

@@ -276,8 +276,9 @@ ORCHESTRATOR_FILES = {"plan.json", "status.json", "env.json", "graph.json", "pro
                       "stderr.log", "job.sbatch", "job_exit_code"}
 ORCHESTRATOR_DIRS = {"adapter", "rank_logs"}
 RANK_FILE = r"(?P<kind>[a-z]+)\.rank(?P<rank>\d+)(?P<other>\.[^.]+)?\.(?P<ext>jsonl|json)"
-# A process that is no rank (a launcher's agent) names its own file by host and pid.
-PROCESS_FILE = r"(?P<kind>[a-z]+)\.proc\.(?P<host>.+)-(?P<pid>\d+)\.json"
+# Every process of a job (a rank, a launcher's agent, a forked worker) names its manifest by
+# host and pid (adapters/manifest.py).
+PROCESS_FILE = r"(?P<kind>manifest)\.(?!rank\d+\.)(?P<host>.+)-(?P<pid>\d+)\.jsonl"
 
 
 def run_dir_writers(run_dir: Path, ranks: int) -> dict[str, str]:

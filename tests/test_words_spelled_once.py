@@ -30,7 +30,7 @@ ELSEWHERE = {
 # police), and each rank's file as the glob of every rank's.
 RANK_FILES = (vocab.digests_rank_file, vocab.metrics_rank_file, vocab.op_trace_file,
               vocab.env_rank_file, vocab.graph_rank_file, vocab.probe_rank_file,
-              vocab.order_rank_file, vocab.manifest_rank_file)
+              vocab.order_rank_file)
 FILE_NAMES = ({value for name, value in vars(vocab).items()
                if name.endswith(("_FILE", "_FILES")) and isinstance(value, str)} - {vocab.LOCK_FILE}
               | {spell("*") for spell in RANK_FILES} | {vocab.manifest_process_file("*", "*")})

@@ -127,6 +127,7 @@ class Session:
     def __init__(self, plan: Plan | None, rank: int) -> None:
         self.plan = plan
         self.rank = rank
+        self.pid = os.getpid()  # a forked child (a DataLoader worker) is not this process
         self.recorder = Recorder(plan.out_dir, rank) if plan and plan.out_dir else None
         self.tally = ProbeTally()
         self.probe_extra: dict[str, Any] = {}
@@ -294,6 +295,10 @@ class Session:
             self.note_error(f"environment fingerprint not written: {e!r}")
 
     def close(self) -> None:
+        if os.getpid() != self.pid:
+            # A forked child inherits this exit handler: the rank's files are its parent's
+            # (every writer owns its file); the child's manifest closes itself.
+            return
         self.clock.close()
         if self.clock.source is None and self.forwards:
             self.clock.notes.append(

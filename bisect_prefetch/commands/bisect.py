@@ -18,8 +18,10 @@ The command reads as its stages (`_bisect`), each printed as it happens:
 
 Every finished run is in the journal and the oracle answers a repeated
 question from it, so `--resume` replays the search to where it stopped and
-re-runs nothing. bisect.json (commands/bisect_record.py) is written in a
-`finally:` (an interrupted search keeps what it learned), with the HTML report.
+re-runs nothing it finished (runs/sessions.py: its own session's runs only, after
+the checks of runs/reuse.py; `--reuse` takes earlier commands' runs too).
+bisect.json (commands/bisect_record.py) is written in a `finally:` (an
+interrupted search keeps what it learned), with the HTML report.
 The words are commands/bisect_words.py's.
 """
 
@@ -49,10 +51,10 @@ from bisect_prefetch.commands.bisect_words import (
     stress_choice_words,
 )
 from bisect_prefetch.commands.common import (
+    Given,
     check_outputs,
-    command_line,
-    options,
     resume_hint_on_interrupt,
+    reuse_options,
     search_settings,
     write_json,
 )
@@ -70,6 +72,7 @@ from bisect_prefetch.files import write_text_atomic
 from bisect_prefetch.report.html import BISECT_FILE, REPORT_FILE, build_report
 from bisect_prefetch.runs.discover import DISCOVERY_STEPS
 from bisect_prefetch.runs.oracle import OnRun, RealOracle
+from bisect_prefetch.runs.sessions import SESSION_FIELD, Scope
 from bisect_prefetch.runs.state import OpenState, open_state
 from bisect_prefetch.runs.step_time import WARMUP_STEPS, startup_in_steps
 from bisect_prefetch.runs.workloads import require_prefetch_graph
@@ -89,6 +92,7 @@ from bisect_prefetch.vocab import (
     STAGE_CALIBRATE,
     STAGE_CHECK_OFF,
     STRESS_AUTO,
+    STRESS_OFF,
     STRESS_ON,
     VERDICT_FOUND,
     VERDICT_INCONCLUSIVE,
@@ -128,30 +132,32 @@ def bisect(
     slots: int | None = None,
     stress: str | None = None,
     segments: str | None = None,
-    no_reuse: bool = False,
+    reuse: bool | None = None,
 ) -> int:
     """Run (or resume) the bisection, print its story and verdict; returns the exit code.
 
     oracle_for makes the oracle once the state dir is open (tests give a simulated one).
     stress: --stress (off, on, auto), over the experiment's stress.mode; segments:
-    --segments (auto, off), over its search.segments.
+    --segments (auto, off), over its search.segments; reuse: --reuse (True: earlier
+    commands' runs after the checks), --no-reuse (False: none, and a new bisection where
+    the state dir holds one) or neither (None).
     """
     experiment = with_segments(with_stress(load_experiment(experiment_path), stress), segments)
     require_prefetch_graph(experiment)
     search_settings(experiment, confidence=confidence, max_runs=max_runs)  # checked before any run
-    if no_reuse and resume:
-        raise BisectPrefetchError("--no-reuse runs every run afresh and --resume reuses the "
-                                  "bisection's finished runs: give one of them")
     check_outputs(json_out, state_dir=state_dir, name=experiment.name)
-    hint = resume_command(experiment_path, state_dir, confidence, max_runs, executor, slots,
-                          stress, segments)
+    given = Given("bisect", experiment_path, {
+        "state_dir": state_dir, "confidence": confidence, "max_runs": max_runs,
+        "executor": executor, "slots": slots, "stress": stress, "segments": segments,
+        "json": json_out, "resume": resume, **reuse_options(reuse)})
+    hint = given.follow_up(resume=True)
     with resume_hint_on_interrupt(console, hint):
         record = _bisect(
             experiment, experiment_path, hint=hint, resume=resume, state_dir=state_dir,
             confidence=confidence if confidence is not None else experiment.search.confidence,
             max_runs=max_runs if max_runs is not None else experiment.search.max_runs,
             console=console, oracle_for=oracle_for, executor=executor, slots=slots,
-            no_reuse_before=time.time() if no_reuse else None,
+            given=given, reuse=reuse,
         )
     if json_out is not None:
         write_json(json_out, record.to_json(), console)
@@ -161,12 +167,15 @@ def bisect(
 def _bisect(experiment: Experiment, experiment_path: Path, *, hint: str, resume: bool,
             state_dir: Path, confidence: float, max_runs: int | None, console: Console,
             oracle_for: OracleFor, executor: str | None = None,
-            slots: int | None = None, no_reuse_before: float | None = None) -> BisectRecord:
+            slots: int | None = None, given: Given | None = None,
+            reuse: bool | None = None) -> BisectRecord:
     began = time.monotonic()
+    given = given or Given("bisect", experiment_path, {"state_dir": state_dir})
+    scope = Scope("bisect", resume=resume, earlier=bool(reuse))
     with open_state(experiment, state_dir, console=console, executor=executor,
-                    slots=slots, no_reuse_before=no_reuse_before) as opened:
-        b = Bisecting(experiment, opened, console, oracle_for, confidence, max_runs)
-        _say_what_runs(b, hint=hint, resume=resume)
+                    slots=slots, scope=scope) as opened:
+        b = Bisecting(experiment, opened, console, oracle_for, confidence, max_runs, given)
+        _say_what_runs(b, hint=hint, resume=resume, fresh=reuse is False)
         # stage 1: the graph and the audit's suspects
         opened.graph()
         b.suspects = audit_suspects(opened, console)
@@ -190,39 +199,43 @@ def _bisect(experiment: Experiment, experiment_path: Path, *, hint: str, resume:
                 b.unstressed = b.result = _search_without_stress(b)
         finally:
             # Keep what was learned even when interrupted: the report shows it.
-            record = bisect_record(b, experiment_path, began)
+            record = bisect_record(b, began)
             write_text_atomic(opened.path / BISECT_FILE,
                               json.dumps(record.to_json(), indent=2) + "\n")
             build_report(opened.path)
     console.print()
     render_result(record.result, console, reproduce=record.reproduce, run=b.numbers.of,
                   asked=record.confidence_asked)
-    if explain := explain_command(experiment_path, record.result.verdict, record.result.minimal_set):
+    if explain := explain_command(given, record.result.verdict, record.result.minimal_set,
+                                  stress=_traced_stress(b)):
         console.print(f"explain: {explain}", markup=False, soft_wrap=True)  # the mechanism
     say_after_verdict(record.result, record.to_json(), experiment, console,
                       report=opened.path / REPORT_FILE, before=b.before)
     return record
 
 
-def _say_what_runs(b: Bisecting, *, hint: str, resume: bool) -> None:
-    """The command's first lines; a second bisection of the same experiment needs --resume."""
+def _say_what_runs(b: Bisecting, *, hint: str, resume: bool, fresh: bool) -> None:
+    """The command's first lines; a second bisection of the same experiment needs --resume
+    (or --no-reuse: a new one beside it)."""
     experiment, opened = b.experiment, b.opened
     earlier = _earlier_search_runs(opened, experiment)
-    if earlier and not resume and opened.runner.no_reuse_before is None:
+    if earlier and not resume and not fresh:
         raise BisectPrefetchError(
             f"{opened.path} already holds {earlier} run(s) of a bisection of this experiment; "
-            f"continue it with: {hint}  (or give another --state-dir to start over)"
+            f"continue it with: {hint}  (or begin a new one with --no-reuse, or give another "
+            "--state-dir)"
         )
     b.console.print(f"bisecting {experiment.name}: {experiment.steps} steps a run, seed "
                     f"{experiment.seed}, guard {experiment.guard}, confidence "
                     f"{b.confidence:g}, {budget_words(b.max_runs)}", markup=False)
-    if earlier:  # only what may still be reused (runs/reuse.py) is said to be
-        kept = _earlier_search_runs(opened, experiment, reusable_only=True)
-        again = "" if kept == earlier else (
-            f"; {earlier - kept} run again, first because: {opened.runner.refused[0][1]}")
+    own = _earlier_search_runs(opened, experiment, own_session=True) if resume else 0
+    if own:  # only what may still be taken (runs/reuse.py) is said to be
+        kept = _earlier_search_runs(opened, experiment, own_session=True, reusable_only=True)
+        again = "" if kept == own else (
+            f"; {own - kept} run again, first because: {opened.runner.refused[0][1]}")
         b.console.print(f"resuming: {kept} finished run(s) in the journal are reused{again}",
                         markup=False, soft_wrap=True)
-    if earlier and _written_for_one_cause(opened.path / BISECT_FILE):
+    if own and _written_for_one_cause(opened.path / BISECT_FILE):
         b.one_cause = True  # the search that wrote the journal, so its runs answer the same questions
         b.console.print("this bisection was begun by a version that searches for one cause: it "
                         "replays as one (a new --state-dir searches for every cause)",
@@ -398,7 +411,7 @@ def audit_suspects(opened: OpenState, console: Console) -> list[str]:
     """
     key = opened.runner.key("discover", mask=None, guard="none", steps=DISCOVERY_STEPS, index=0,
                             stress=False)
-    found = opened.state.find(key)
+    found = opened.runner.holds(key)  # the discovery run this command made or took
     if found is None:
         return []
     try:
@@ -418,22 +431,21 @@ def audit_suspects(opened: OpenState, console: Console) -> list[str]:
 
 
 def _earlier_search_runs(opened: OpenState, experiment: Experiment, *,
-                         reusable_only: bool = False) -> int:
+                         own_session: bool = False, reusable_only: bool = False) -> int:
     """Journaled runs of a bisection of this very experiment (golden and retries too);
-    reusable_only: only those the runner may reuse now (runs/reuse.py)."""
-    suffix = "@" + experiment.fingerprint()
+    own_session: only those of the session this command continues (runs/sessions.py);
+    reusable_only: only those the runner may take now (runs/reuse.py)."""
+    suffix, session = "@" + experiment.fingerprint(), opened.runner.scope.session
     return sum(1 for r in opened.state.records()
                if r["variant"].startswith(PURPOSE) and r["variant"].endswith(suffix)
+               and (not own_session or r.get(SESSION_FIELD) == session)
                and (not reusable_only or opened.runner.reusable(r) is not None))
 
 
-def resume_command(experiment_path: Path, state_dir: Path, confidence: float | None,
-                   max_runs: int | None, executor: str | None = None,
-                   slots: int | None = None, stress: str | None = None,
-                   segments: str | None = None) -> str:
-    return command_line("bisect", str(experiment_path), *options(
-        resume=True, state_dir=state_dir, confidence=confidence, max_runs=max_runs,
-        executor=executor, slots=slots, stress=stress, segments=segments))
+def _traced_stress(b: Bisecting) -> str | None:
+    """The stress an explain of the answer traces under, where the search chose it
+    (--stress auto): explain traces one setting."""
+    return (STRESS_ON if b.stress.used else STRESS_OFF) if b.stress.mode == STRESS_AUTO else None
 
 
 __all__ = ["EXIT_CODES", "bisect", "result_to_json"]

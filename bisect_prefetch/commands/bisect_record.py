@@ -9,10 +9,9 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 
 from bisect_prefetch.commands.bisect_words import confidence_met, fact_lines
-from bisect_prefetch.commands.common import command_line, options
+from bisect_prefetch.commands.common import Given
 from bisect_prefetch.search.causes import Search
 from bisect_prefetch.search.segments import Lengths
 from bisect_prefetch.search.stress import StressChoice
@@ -163,8 +162,9 @@ def reproduce_mask(result: SearchResult) -> str | None:
     return "keep-only:" + quote_edges(result.minimal_set) if result.minimal_set else None
 
 
-def reproduce_command(experiment_path: Path, result: SearchResult) -> str:
-    return command_line("aa", str(experiment_path),
-                        *options(runs=REPRODUCE_RUNS, mask=reproduce_mask(result)))
+def reproduce_command(given: Given, result: SearchResult) -> str:
+    """The aa command that shows the answer again, with the options of the bisect command
+    as given that aa accepts (--state-dir, --executor, --stress, --reuse...)."""
+    return given.follow_up("aa", runs=REPRODUCE_RUNS, mask=reproduce_mask(result), resume=None)
 
 

@@ -7,7 +7,6 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Protocol
 
 from rich.console import Console
@@ -22,6 +21,7 @@ from bisect_prefetch.commands.bisect_record import (
     reproduce_command,
     segments_json,
 )
+from bisect_prefetch.commands.common import Given
 from bisect_prefetch.experiment import Experiment
 from bisect_prefetch.runs.oracle import Earlier
 from bisect_prefetch.runs.state import OpenState
@@ -70,6 +70,7 @@ class Bisecting:
     oracle_for: OracleFor
     confidence: float
     max_runs: int | None
+    given: Given  # the command as given: what its printed commands carry
     suspects: list[str] = field(default_factory=list)
     numbers: RunNumbers = field(default_factory=RunNumbers)
     run_details: list[dict] = field(default_factory=list)
@@ -120,7 +121,7 @@ def start_search(b: Bisecting, on: bool) -> Started:
     return Started(search, oracle, on)
 
 
-def bisect_record(b: Bisecting, experiment_path: Path, began: float) -> BisectRecord:
+def bisect_record(b: Bisecting, began: float) -> BisectRecord:
     """What the command learned so far (all of it, once the verdict came)."""
     search = b.current.search if b.current is not None else b.new_search()
     result = b.result or search.result()
@@ -132,7 +133,7 @@ def bisect_record(b: Bisecting, experiment_path: Path, began: float) -> BisectRe
         (s for s in stressed if s.get("delays") or s.get("no_window_edges")),
         stressed[0] if stressed else None)
     return BisectRecord(
-        result=result, reproduce=reproduce_command(experiment_path, result), run=b.numbers.of,
+        result=result, reproduce=reproduce_command(b.given, result), run=b.numbers.of,
         experiment=b.experiment.name, elapsed_s=round(time.monotonic() - began, 1),
         deterministic_masks=[sorted(m) for o in every for m in o.deterministic_masks()],
         runs_launched=sum(o.runs_launched for o in every),

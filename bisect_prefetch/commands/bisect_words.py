@@ -300,7 +300,7 @@ def render_result(result: SearchResult, console: Console, *, reproduce: str | No
             markup=False,
         )
     if reproduce:
-        console.print(f"reproduce: {reproduce}", markup=False)
+        console.print(f"reproduce: {reproduce}", markup=False, soft_wrap=True)  # one line to copy
 
 
 def evidence_table(result: SearchResult) -> Table:

@@ -22,9 +22,8 @@ from typing import Any
 from rich.console import Console
 
 from bisect_prefetch.commands.common import (
+    Given,
     check_outputs,
-    command_line,
-    options,
     resume_hint_on_interrupt,
     write_json,
 )
@@ -49,6 +48,7 @@ from bisect_prefetch.report.html import EXPLAIN_FILE, build_report
 from bisect_prefetch.report.localization import describe as describe_localization
 from bisect_prefetch.report.progress import RunProgress
 from bisect_prefetch.runs.group import AAResult, stressed_groups
+from bisect_prefetch.runs.sessions import Scope
 from bisect_prefetch.runs.state import OpenState, open_state
 from bisect_prefetch.select import describe, resolve_mask
 from bisect_prefetch.vocab import (
@@ -83,13 +83,16 @@ def explain(
     state_dir: Path,
     console: Console,
     json_out: Path | None = None,
+    resume: bool = False,
 ) -> int:
-    """Run (or resume) the traced A/A group and explain its first divergence."""
-    resume = command_line("explain", str(experiment_path), *options(
-        mask=list(masks), stress=stress, runs=runs, steps=steps, state_dir=state_dir))
-    with resume_hint_on_interrupt(console, resume):
+    """Run (or, with resume, continue) the traced A/A group and explain its first divergence."""
+    given = Given("explain", experiment_path, {
+        "mask": list(masks), "stress": stress, "runs": runs, "steps": steps,
+        "state_dir": state_dir, "json": json_out, "resume": resume})
+    with resume_hint_on_interrupt(console, given.follow_up(resume=True)):
         data = run_explain(experiment_path, masks=masks, stress=stress, runs=runs, steps=steps,
-                           state_dir=state_dir, console=console, outputs=(json_out,))
+                           state_dir=state_dir, console=console, outputs=(json_out,),
+                           given=given)
     if json_out is not None:
         write_json(json_out, data, console)
     return 0 if data["verdict"] == CONSISTENT else 1
@@ -105,11 +108,17 @@ def run_explain(
     state_dir: Path,
     console: Console,
     outputs: Sequence[Path | None] = (),
+    given: Given | None = None,
 ) -> dict[str, Any]:
-    """The traced group, narrated; returns the JSON of docs/contract.md."""
+    """The traced group, narrated; returns the JSON of docs/contract.md. given: the command
+    as given (its printed commands carry its options)."""
+    given = given or Given("explain", experiment_path, {
+        "mask": list(masks), "stress": stress, "runs": runs, "steps": steps,
+        "state_dir": state_dir})
     experiment, window = _checked_input(experiment_path, stress=stress, runs=runs, steps=steps)
     check_outputs(*outputs, state_dir=state_dir, name=experiment.name)
-    with open_state(experiment, state_dir, console=console) as opened:
+    scope = Scope("explain", resume=bool(given.values.get("resume")))
+    with open_state(experiment, state_dir, console=console, scope=scope) as opened:
         edge_ids = opened.graph().edge_ids()  # discovered (or reused) without tracing
         # stage 1: the steps to trace; from here on the runner's runs are traced runs
         # (other keys, other runs in the journal)
@@ -140,8 +149,7 @@ def run_explain(
     # differing tensor when no traced op read it before the run was stopped.
     data["localization"] = group.localization
     step = group.first_diff_step
-    again = None if step is None else command_line("explain", str(experiment_path), *options(
-        mask=list(masks), stress=stress, runs=runs, steps=f"{step}-{step}"))
+    again = None if step is None else given.follow_up(steps=f"{step}-{step}", resume=None)
     for line in explanation_lines(explanation, first_diff_step=step, again=again,
                                   localization=group.localization):
         console.print(line, markup=False, soft_wrap=True)
@@ -338,13 +346,17 @@ def explanation_lines(explanation: Explanation, *, first_diff_step: int | None,
     return lines
 
 
-def explain_command(experiment_path: Path, verdict: str, minimal_set: Sequence[str]) -> str | None:
+def explain_command(given: Given, verdict: str, minimal_set: Sequence[str], *,
+                    stress: str | None = None) -> str | None:
     """The explain command for a bisection's answer (None where there is nothing to explain):
-    the minimal set kept alone, or every edge off for drift that is not prefetch."""
+    the minimal set kept alone, or every edge off for drift that is not prefetch. given: the
+    bisect command as given (its options the explain command accepts go along); stress: the
+    setting the search ran under where it chose one (explain traces one: on or off)."""
     if verdict == VERDICT_FOUND and minimal_set:
         mask = "keep-only:" + quote_edges(minimal_set)
     elif verdict == VERDICT_NOT_PREFETCH:
         mask = "all-off"
     else:
         return None
-    return command_line("explain", str(experiment_path), *options(mask=mask))
+    return given.follow_up("explain", mask=mask, resume=None,
+                           **({"stress": stress} if stress is not None else {}))

@@ -44,7 +44,7 @@ def discover_graph(runner: Runner, console: Console | None = None) -> graphs.Pre
         return graphs.PrefetchGraph()
     key = runner.key("discover", mask=None, guard="none", steps=DISCOVERY_STEPS, index=0,
                      stress=False)
-    if console is not None and runner.state.find(key) is None:
+    if console is not None and not runner.holds(key):
         console.print(f"discovering the prefetch graph: one {DISCOVERY_STEPS}-step run "
                       "under the recorder...", markup=False)
     out = runner.run(key, label="discover")

@@ -174,7 +174,7 @@ def test_torn_last_journal_line_is_reported_not_fatal(tmp_path, capsys, state):
     whole = journal.read_text()
     journal.write_text(whole + '{"v": 1, "outcome": "o')  # a kill in the middle of a write
     code = main(["aa", str(fake_job_experiment(tmp_path)), "--state-dir", str(state),
-                 "--mask", "all-off"])
+                 "--mask", "all-off", "--reuse"])
     out = capsys.readouterr().out
     assert code == 0
     assert "note: the journal's last line was torn by a kill and was dropped" in out

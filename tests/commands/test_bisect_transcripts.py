@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from bisect_prefetch.adapters.manifest import MANIFEST_VERSION
 from bisect_prefetch.commands import bisect as command
 from bisect_prefetch.commands import bisect_words
 from bisect_prefetch.errors import BisectPrefetchError
@@ -59,6 +60,11 @@ class Simulation:
     def __call__(self, opened, on_run):
         self.commands += 1
         return _Oracle(self, opened, on_run)
+
+
+# A simulated run's manifest (runs/reuse.collect): its job read nothing.
+READ_NOTHING = {"v": MANIFEST_VERSION, "files": {}, "links": {}, "absent": {"count": 0},
+                "installed": {"count": 0}, "dists": {}, "site_dirs": [], "incomplete": None}
 
 
 class _Oracle(AnswersAtOnce):
@@ -129,7 +135,7 @@ class _Oracle(AnswersAtOnce):
 
     def _journaled(self, key, draw, *, timed=False) -> RunOutcome:
         state = self.runner.state
-        if (found := state.find(key)) is not None:
+        if (found := self.runner.holds(key)) is not None:  # its own, or its session's (--resume)
             self.runs_reused += 1
             return RunOutcome.from_record(found)
         if self.sim.interrupt_after == 0:
@@ -140,14 +146,16 @@ class _Oracle(AnswersAtOnce):
         run_id, _ = state.new_run_dir("sim")
         out = RunOutcome(run_id=run_id, outcome="stopped-early" if result.diverged else "ok",
                          reason="", first_diff_step=result.first_diff_step,
-                         steps_done=result.steps, wall_s=0.25,
-                         manifest={"files": {}, "env": self.runner.reuse_check.env})  # read nothing
+                         steps_done=result.steps, wall_s=0.25, session=self.runner.scope.session,
+                         launched=self.runner.reuse_check.launched, manifest=READ_NOTHING
+                         | {"env": self.runner.reuse_check.env})
         if timed and self.sim.startup_steps is not None:  # what segments: auto measures
             out.step_time_ms, out.first_progress_s = 10.0, self.sim.startup_steps * 0.01
         if result.diverged and self.sim.localized:
             out.localization = {"step": result.first_diff_step, "rank": 1, "unit": self.sim.localized,
                                 "param": f"{self.sim.localized}.weight", "units_differing": 1}
         state.append(key, out.to_record())
+        self.runner.made.add(run_id)
         self.runs_launched += 1
         return out
 
@@ -239,8 +247,8 @@ evidence
 │ check-off   │ all-off                          │ 0     │ 1    │ 0        │ -                     │ clean    │
 └─────────────┴──────────────────────────────────┴───────┴──────┴──────────┴───────────────────────┴──────────┘
 per-run chance 0.75 (95% interval 0.194-0.994), per-step hazard 0.0476, from 4 runs that enabled the set
-reproduce: bisect-prefetch aa TMP/exp.yaml --runs=4 '--mask=keep-only:bwd:layers.2->layers.1'
-explain: bisect-prefetch explain TMP/exp.yaml '--mask=keep-only:bwd:layers.2->layers.1'
+reproduce: bisect-prefetch aa TMP/exp.yaml --runs=4 '--mask=keep-only:bwd:layers.2->layers.1' --state-dir=TMP/state
+explain: bisect-prefetch explain TMP/exp.yaml '--mask=keep-only:bwd:layers.2->layers.1' --state-dir=TMP/state
 runs launched 14, reused from the journal 0; report: TMP/state/sim/report.html
 wrote TMP/out.json
 """
@@ -290,7 +298,7 @@ evidence
 │ calibrate │ all-on                           │ 4     │ 8    │ 0        │ -                     │ clean   │
 └───────────┴──────────────────────────────────┴───────┴──────┴──────────┴───────────────────────┴─────────┘
 per-run chance 0 (95% interval 0-0.336), from 9 runs that enabled every edge (all-on)
-reproduce: bisect-prefetch aa TMP/exp.yaml --runs=4
+reproduce: bisect-prefetch aa TMP/exp.yaml --runs=4 --state-dir=TMP/state
 drift at a per-run chance below 0.259 can still hide: for a prefetch race, --stress auto checks whether delays before each prefetch make it show more often (docs/stress.md)
 runs launched 14, reused from the journal 0; report: TMP/state/sim/report.html
 wrote TMP/out.json
@@ -329,8 +337,8 @@ evidence
 │ check-off │ all-off │ 0     │ 12   │ 11       │ 8, 16, 11, 6, 3, 2, 4, 9, 3, 2, 3 │ diverged │
 └───────────┴─────────┴───────┴──────┴──────────┴───────────────────────────────────┴──────────┘
 per-run chance 1 (95% interval 0.025-1), per-step hazard 0.0667, from 1 runs that enabled every edge (all-on)
-reproduce: bisect-prefetch aa TMP/exp.yaml --runs=4
-explain: bisect-prefetch explain TMP/exp.yaml --mask=all-off
+reproduce: bisect-prefetch aa TMP/exp.yaml --runs=4 --state-dir=TMP/state
+explain: bisect-prefetch explain TMP/exp.yaml --mask=all-off --state-dir=TMP/state
 runs launched 14, reused from the journal 0; report: TMP/state/sim/report.html
 wrote TMP/out.json
 """
@@ -362,7 +370,7 @@ evidence
 │ search    │ forward-off │ 2     │ 1    │ 0        │ -                     │ clean    │
 └───────────┴─────────────┴───────┴──────┴──────────┴───────────────────────┴──────────┘
 per-run chance 0.5 (95% interval 0.0126-0.987), per-step hazard 0.027, from 2 runs that enabled every edge (all-on)
-reproduce: bisect-prefetch aa TMP/exp.yaml --runs=4
+reproduce: bisect-prefetch aa TMP/exp.yaml --runs=4 --state-dir=TMP/state
 runs launched 5, reused from the journal 0; report: TMP/state/sim/report.html
 wrote TMP/out.json
 """
@@ -382,7 +390,7 @@ testing forward-off...
   -> diverged at run 3 (step 6)
 testing drop-only:bwd:layers.2->layers.1...
 interrupted: finished runs are in the journal; to resume, run again:
-  bisect-prefetch bisect TMP/exp.yaml --resume --state-dir=TMP/state
+  bisect-prefetch bisect TMP/exp.yaml --resume --state-dir=TMP/state --json=TMP/out.json
 """
 
 RESUMED = """\
@@ -441,8 +449,8 @@ evidence
 │ check-off   │ all-off                          │ 0     │ 1    │ 0        │ -                     │ clean    │
 └─────────────┴──────────────────────────────────┴───────┴──────┴──────────┴───────────────────────┴──────────┘
 per-run chance 0.75 (95% interval 0.194-0.994), per-step hazard 0.0652, from 4 runs that enabled the set
-reproduce: bisect-prefetch aa TMP/exp.yaml --runs=4 '--mask=keep-only:bwd:layers.2->layers.1'
-explain: bisect-prefetch explain TMP/exp.yaml '--mask=keep-only:bwd:layers.2->layers.1'
+reproduce: bisect-prefetch aa TMP/exp.yaml --runs=4 '--mask=keep-only:bwd:layers.2->layers.1' --state-dir=TMP/state
+explain: bisect-prefetch explain TMP/exp.yaml '--mask=keep-only:bwd:layers.2->layers.1' --state-dir=TMP/state
 runs launched 10, reused from the journal 4; report: TMP/state/sim/report.html
 wrote TMP/out.json
 """
@@ -516,8 +524,8 @@ evidence
 │ check-off   │ all-off                          │ 0     │ 2    │ 0        │ -                     │ clean    │
 └─────────────┴──────────────────────────────────┴───────┴──────┴──────────┴───────────────────────┴──────────┘
 per-run chance 0.75 (95% interval 0.194-0.994), per-step hazard 0.0476, from 4 runs that enabled the set
-reproduce: bisect-prefetch aa TMP/exp.yaml --runs=4 '--mask=keep-only:bwd:layers.2->layers.1'
-explain: bisect-prefetch explain TMP/exp.yaml '--mask=keep-only:bwd:layers.2->layers.1'
+reproduce: bisect-prefetch aa TMP/exp.yaml --runs=4 '--mask=keep-only:bwd:layers.2->layers.1' --state-dir=TMP/state
+explain: bisect-prefetch explain TMP/exp.yaml '--mask=keep-only:bwd:layers.2->layers.1' --state-dir=TMP/state
 runs launched 17, reused from the journal 0; report: TMP/state/sim/report.html
 wrote TMP/out.json
 """
@@ -565,8 +573,8 @@ evidence
 │ drop-only   │ drop-only:bwd:layers.2->layers.1 │ 3     │ 5    │ 0        │ -                     │ clean    │
 └─────────────┴──────────────────────────────────┴───────┴──────┴──────────┴───────────────────────┴──────────┘
 per-run chance 0.75 (95% interval 0.194-0.994), per-step hazard 0.0476, from 4 runs that enabled the set
-reproduce: bisect-prefetch aa TMP/exp.yaml --runs=4 '--mask=keep-only:bwd:layers.2->layers.1'
-explain: bisect-prefetch explain TMP/exp.yaml '--mask=keep-only:bwd:layers.2->layers.1'
+reproduce: bisect-prefetch aa TMP/exp.yaml --runs=4 '--mask=keep-only:bwd:layers.2->layers.1' --state-dir=TMP/state
+explain: bisect-prefetch explain TMP/exp.yaml '--mask=keep-only:bwd:layers.2->layers.1' --state-dir=TMP/state
 runs launched 9, reused from the journal 0; report: TMP/state/sim/report.html
 wrote TMP/out.json
 """
@@ -626,7 +634,7 @@ def test_two_independent_causes(tmp_path):
             "every cause found off") in said
     assert f"causes (2, each enough alone): {{{CULPRIT}}}; {{{second}}}" in said
     data = json.loads((tmp_path / "out.json").read_text())
-    assert data["reproduce"].endswith(f"'--mask=drop-only:{CULPRIT},{second}'")  # the whole fix
+    assert f"'--mask=drop-only:{CULPRIT},{second}'" in data["reproduce"]  # the whole fix
     assert [c["edges"] for c in data["culprit_sets"]] == [[CULPRIT], [second]]
     assert data["minimal_set"] == [CULPRIT] and data["confidence"] >= 0.95
     assert data["facts"][0].startswith(f"2 independent causes: {{{CULPRIT}}} (keep-only diverged, run ")
@@ -674,6 +682,28 @@ def test_interrupted_then_resumed(tmp_path):
     assert code == 1
     data = json.loads((tmp_path / "out.json").read_text())
     assert (data["runs_launched"], data["runs_reused"]) == (10, 4)
+
+
+def test_every_printed_command_carries_the_options_given_and_the_resume_ends_as_the_search(tmp_path):
+    """The resume line after `bisect --no-reuse ...` keeps --no-reuse and every other option
+    (it used to drop them, and the resumed search ended inconclusive); reproduce and explain
+    carry those their commands take."""
+    given = {"reuse": False, "segments": "off", "stress": "off", "executor": "local", "slots": 1}
+    simulation = Simulation([CULPRIT], interrupt_after=4)
+    code, text = run_command(tmp_path, simulation, **given)
+    assert code == "interrupted"
+    assert lines(text)[-1] == ("  bisect-prefetch bisect TMP/exp.yaml --resume --state-dir=TMP/state "
+                               "--executor=local --slots=1 --stress=off --segments=off --no-reuse "
+                               "--json=TMP/out.json")
+    simulation.interrupt_after = None
+    code, text = run_command(tmp_path, simulation, resume=True, **given)  # that line, as given
+    assert code == 1 and "verdict: culprit-found" in lines(text)
+    assert "resuming: 4 finished run(s) in the journal are reused" in lines(text)
+    mask = f"'--mask=keep-only:{CULPRIT}'"
+    assert (f"reproduce: bisect-prefetch aa TMP/exp.yaml --runs=4 {mask} --state-dir=TMP/state "
+            "--executor=local --slots=1 --stress=off --no-reuse") in lines(text)
+    assert (f"explain: bisect-prefetch explain TMP/exp.yaml {mask} --stress=off "
+            "--state-dir=TMP/state") in lines(text)
 
 
 def test_a_bisection_begun_before_several_causes_resumes_as_one_cause(tmp_path):

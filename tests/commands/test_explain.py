@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from bisect_prefetch.commands.common import Given
 from bisect_prefetch.commands.explain import default_window, explain_command, explanation_lines
 from bisect_prefetch.metrics.op_compare import RankFinding, explain
 
@@ -21,13 +22,16 @@ def test_by_default_it_traces_where_earlier_runs_first_differed():
                                                "experiment differed")
 
 
-def test_bisect_s_answer_has_an_explain_command():
-    path = Path("exp.yaml")
-    assert explain_command(path, "culprit-found", ["bwd:a->b", "fwd:c->d"]) == (
-        "bisect-prefetch explain exp.yaml '--mask=keep-only:bwd:a->b,fwd:c->d'")
-    assert explain_command(path, "not-prefetch", []) == (
-        "bisect-prefetch explain exp.yaml --mask=all-off")
-    assert explain_command(path, "no-drift-reproduced", []) is None
+def test_bisect_s_answer_has_an_explain_command_with_the_options_explain_takes():
+    given = Given("bisect", Path("exp.yaml"), {
+        "state_dir": Path("s"), "confidence": 0.9, "segments": "off", "stress": "on",
+        "reuse": True, "json": Path("b.json"), "resume": True})
+    assert explain_command(given, "culprit-found", ["bwd:a->b", "fwd:c->d"]) == (
+        "bisect-prefetch explain exp.yaml '--mask=keep-only:bwd:a->b,fwd:c->d' --stress=on "
+        "--state-dir=s")
+    assert explain_command(given, "not-prefetch", [], stress="off") == (
+        "bisect-prefetch explain exp.yaml --mask=all-off --stress=off --state-dir=s")
+    assert explain_command(given, "no-drift-reproduced", []) is None
 
 
 def finding(rank: int, kind: str | None, **extra) -> RankFinding:

@@ -352,7 +352,7 @@ def test_init_with_a_saved_torchtitan_log_with_colours(tmp_path, capsys):
     assert code == 0, out
     assert (f"-> metrics: torchtitan lines in {log}: loss, grad_norm (not compared: tps, tflops, "
             "they differ run to run)") in out
-    assert "-> 2 units, 1 edges" in out  # the discovery run aa reuses, as no run showed it yet
+    assert "-> 2 units, 1 edges" in out  # a discovery run, as no run showed the graph yet
     assert "-> all-off A/A: identical at the printed precision" in out
     text = path.read_text()
     assert "e.g.: step: 1 loss: 8.15051 grad_norm: 0.8131" in text

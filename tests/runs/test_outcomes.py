@@ -142,7 +142,7 @@ def test_a_run_that_discovered_another_graph_is_reported_as_graph_drift(tmp_path
     graph["nodes"] = graph["nodes"][:1]
     graph_path.write_text(json.dumps(graph))
     capsys.readouterr()
-    code, again = _aa(tmp_path, experiment)  # the same runs, from the journal
+    code, again = _aa(tmp_path, experiment, "--reuse")  # the same runs, from the journal
     assert again["graph_drift"] == [f"run {b} discovered a different prefetch graph than run {a}"]
     assert f"graph drift: run {b} discovered a different prefetch graph than run {a}" \
         in capsys.readouterr().out
