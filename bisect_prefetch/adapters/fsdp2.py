@@ -452,7 +452,11 @@ def activate(session: Any) -> None:
                                     fsdp2_support.lacking(fsdp2_support.NEEDED))
     if refused is not None:
         raise NotActive(refused)
-    _patch_torch()
+    try:
+        _patch_torch()
+    except Exception as e:  # a name that resolves but is not what the adapter expects
+        raise NotActive(f"{vocab.ADAPTER_NOT_ACTIVE}: torch {torch.__version__}: cannot hook "
+                        f"FSDP2: {e!r}") from e
     _adapter = _Fsdp2Adapter(session)  # it listens to the session's steps and exit
 
 

@@ -78,8 +78,8 @@ def lacking(names: Iterable[str], *, resolve: Callable[[str], object] | None = N
 def resolve_name(dotted: str) -> object:
     """The object a dotted name names: the longest importable module, then attributes.
 
-    Only modules already imported or under torch are imported: torch.distributed.fsdp is, by
-    the time this is asked (its import activates the adapter)."""
+    Every needed name is torch's, and its modules are imported already by the time this is
+    asked (the job's import of torch.distributed.fsdp activates the adapter)."""
     parts = dotted.split(".")
     for cut in range(len(parts), 0, -1):
         module_name = ".".join(parts[:cut])
