@@ -16,8 +16,8 @@ TT_STAMP := $(TT_VENV)/.installed
 # FSDP2 jobs in venvs of their own with the lowest torch the adapter supports and the newest
 # the package index serves here by default (tests/e2e/test_torch_versions.py). Both are CUDA
 # builds that run on CPU, with their NVIDIA libraries (torch does not import without them):
-# 2.8.0 about 90 s and 6.5 GB, 2.14.1 about 45 s and 5.4 GB. numpy as in a user's venv
-# (torch warns at import without it).
+# 2.8.0 (public index) 88-155 s and 6.5 GB, 2.14.1 (this machine's disk) 45-344 s and 5.4 GB
+# (load 2 to 8 on 2 cores). numpy as in a user's venv (torch warns at import without it).
 TORCH_LOW := 2.8.0
 TORCH_HIGH := 2.14.1
 LOW_VENV := .venv-torch-$(TORCH_LOW)
