@@ -87,6 +87,11 @@ def test_a_refused_torch_fails_every_run_with_the_adapters_line_and_no_verdict(t
     assert [(d["outcome"], d["reason"]) for d in result["run_details"]] == [("error", line)] * 2
     assert f"run 1/2 error ({line})" in out
 
+    # bisect: its golden run fails with the line, once (a retry would be refused the same way).
+    code = main(["bisect", str(experiment), "--state-dir", str(tmp_path / "state")])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and "failed 1 times" in err[0] and line in err[0], err
+
     # A runtime graph: the discovery run fails with the line, before any search.
     runtime = tmp_path / "runtime"
     runtime.mkdir()
