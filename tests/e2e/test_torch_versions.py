@@ -9,7 +9,7 @@ rank (torch 2.8 has no torch.hash_tensor: its digests take the fallback of
 adapters/torch_digest.py), and a short bisect naming the edge. Then a torch the adapter refuses:
 the same job made to lack torch.cpu.Stream.record_event (as 2.6 and 2.7 do) by
 tests/jobs/torch_lacking.py: every run fails with the adapter's one line, and no verdict.
-About 2 minutes on a quiet 2-core machine (the CUDA builds import slower than the CPU wheel).
+4.4 minutes measured on 2 cores at load 4.5-9 (each run starts torchrun and imports a CUDA build).
 """
 
 from __future__ import annotations
