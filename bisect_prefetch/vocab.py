@@ -72,6 +72,13 @@ MASKED = "masked"  # the mask switched the edge off
 GUARDED = "guarded"  # the guard skipped it
 PROBE_OUTCOMES = (ISSUED, NOOP, MASKED, GUARDED)
 
+# -- an adapter that could not hook the job's engine (adapters/__init__.py) ------------
+# Its line, on the job's stderr (after "bisect-prefetch: ") and in the probe under
+# NOT_ACTIVE_KEY: "adapter not active: torch 2.7.1 is outside the supported range 2.8-2.15".
+# The job stops with it; the orchestrator makes it the run's error (runs/run_judge.py).
+ADAPTER_NOT_ACTIVE = "adapter not active"
+NOT_ACTIVE_KEY = "adapter_not_active"
+
 # -- the files a rank writes into its run dir (adapters/recorder.py writes, metrics/ reads) --
 # Every rank writes files of its own: nothing in a run dir is appended to by two processes
 # (O_APPEND is not atomic across the clients of a shared filesystem, and interleaved

@@ -52,7 +52,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 
 from bisect_prefetch.adapters import digest
-from bisect_prefetch.adapters.torch_digest import Weights, lanes, local
+from bisect_prefetch.adapters.torch_digest import Weights, lanes, local, xor_rows
 from bisect_prefetch.vocab import op_trace_file
 
 _COLLECTIVE_NAMESPACES = ("c10d", "_c10d_functional", "c10d_functional", "_dtensor")
@@ -314,10 +314,10 @@ class OpTracer:
                 flat = flat.view(torch.int8)
             n = flat.numel()
             if n == 0:
-                xor = torch.zeros((), dtype=torch.uint64, device=t.device)
+                xor = torch.zeros((), dtype=torch.int64, device=t.device)
                 weighted = torch.zeros((), dtype=torch.int64, device=t.device)
             else:
-                xor = torch.hash_tensor(flat)
+                xor = xor_rows(flat).reshape(())  # torch.hash_tensor where torch has it
                 lane = lanes(flat)
                 weighted = torch.mul(lane, self.weights.first(n, lane.dtype, lane.device)).sum(
                     dtype=lane.dtype)

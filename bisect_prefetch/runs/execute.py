@@ -111,6 +111,9 @@ class Runner:
         # Whether runs keyed from now on run under stress (adapters/stress.py); a key can
         # also say it itself (the stress calibration of `bisect --stress auto`).
         self.stress = False
+        # The graph's edge ids, once known (runs/discover.py): a run whose mask switches
+        # one off must show that its mask was applied (runs/merge.mask_not_applied).
+        self.graph_edges: frozenset[str] = frozenset()
 
     def open(self) -> Runner:
         """Check that runs can start and learn what they run; returns the runner.
@@ -298,7 +301,8 @@ class Runner:
                          exit_code=job.exit_code)
         self.judge.collect(out, started.run_dir, plan_hash=started.plan_hash,
                            steps=started.key.steps, reference=started.ref_trajectory,
-                           comparator=started.comparator, schedule=started.key.schedule)
+                           comparator=started.comparator, schedule=started.key.schedule,
+                           masks_off=self.masks_edges_off(started.key))
         out.launched = self._opened()[1].launched
         out.session = self.scope.session
         write_text_atomic(started.run_dir / STATUS_FILE,
@@ -306,6 +310,14 @@ class Runner:
         self.state.append(started.key, out.to_record())
         self.made.add(out.run_id)
         return self._said(out)
+
+    def masks_edges_off(self, key: RunKey) -> bool:
+        """Whether the run's mask (any segment's) switches off an edge of the graph."""
+        if key.schedule is not None:
+            masks = [mask for _, mask in key.schedule]
+        else:
+            masks = [] if key.mask is None else [key.mask]  # None: change nothing
+        return any(self.graph_edges - mask for mask in masks)
 
     def _said(self, out: RunOutcome) -> RunOutcome:
         """Tell on_first_usable of the first usable run."""

@@ -47,7 +47,7 @@ from bisect_prefetch.runs.outcome import RunOutcome
 from bisect_prefetch.runs.slots import RunRequest, Slots
 from bisect_prefetch.search.oracle import Finished, RunResult
 from bisect_prefetch.search.segments import Schedule
-from bisect_prefetch.vocab import OK, USABLE_OUTCOMES, Mask
+from bisect_prefetch.vocab import ADAPTER_NOT_ACTIVE, OK, USABLE_OUTCOMES, Mask
 
 # A finished run: its mask, or its schedule of several ((first step, mask) per segment).
 OnRun = Callable[[Mask | tuple[tuple[int, Mask], ...], RunOutcome], None]
@@ -174,6 +174,8 @@ class RealOracle:
             if out.usable:
                 return out.run_id
             failures.append(f"{out.run_id}: {out.outcome} ({out.reason})")
+            if out.reason.startswith(ADAPTER_NOT_ACTIVE):
+                break  # the job's engine: a retry would be refused the same way
         raise BisectPrefetchError(
             f"the reference run ({purpose}) failed {len(failures)} times: " + "; ".join(failures)
         )

@@ -36,7 +36,7 @@ def _experiment(tmp_path: Path, extra: str = "", *, argv: list[str] | None = Non
         name: hostile
         command: {json.dumps(argv or [sys.executable, str(script)])}
         metrics: {{format: jsonl, names: [loss]}}
-        graph: {{source: static, policy: fsdp2-chain, layers: 2}}
+        graph: {{source: static, policy: fsdp2-chain, layers: 1}}  # no edge: no mask to apply
         steps: 3
         timeout_s: 30
     """) + extra)
@@ -239,7 +239,7 @@ def test_static_policy_layers_are_bounded(tmp_path, capsys, layers):
     err = capsys.readouterr().err
     assert "--layers must be between 1 and" in err and "Traceback" not in err
     path = _experiment(tmp_path)
-    path.write_text(path.read_text().replace("layers: 2", f"layers: {layers}"))
+    path.write_text(path.read_text().replace("layers: 1", f"layers: {layers}"))
     assert "graph.layers" in _fails_at_load(tmp_path, capsys, path)
 
 

@@ -52,7 +52,7 @@ def project(tmp_path, monkeypatch):
         name: reading
         command: {json.dumps([str(python), "project/train.py"])}
         metrics: {{format: jsonl, names: [loss]}}
-        graph: {{source: static, policy: fsdp2-chain, layers: 2}}
+        graph: {{source: static, policy: fsdp2-chain, layers: 1}}  # no edge: no mask to apply
         steps: 3
     """))
     return root
@@ -166,6 +166,14 @@ def test_a_deleted_run_dir_is_run_again_and_said(project, capsys):
 
 
 def test_a_resumed_bisect_says_which_runs_it_runs_again_and_why(project, capsys):
+    # A bisection needs edges, and masks the job applies: the script under a stand-in engine.
+    experiment = project.parent / "exp.yaml"
+    python = json.loads(experiment.read_text().split("command: ", 1)[1].split("\n", 1)[0])[0]
+    experiment.write_text(experiment.read_text().replace(
+        json.dumps([python, "project/train.py"]),
+        json.dumps([python, str(JOB.parent / "gated.py"), "project/train.py"])).replace(
+        "layers: 1}", "layers: 2}"))
+
     def bisect(*extra: str) -> str:
         main(["bisect", "exp.yaml", "--max-runs", "2", "--state-dir", "state", *extra])
         return capsys.readouterr().out
