@@ -19,10 +19,13 @@ from bisect_prefetch.commands.bisect_record import (
     BisectRecord,
     StressRecord,
     fix_edges,
+    next_steps,
     reproduce_command,
     segments_json,
 )
 from bisect_prefetch.experiment import Experiment
+from bisect_prefetch.report.run_view import fingerprint_of, journal_groups
+from bisect_prefetch.report.verdict_block import guard_check
 from bisect_prefetch.runs.oracle import Earlier
 from bisect_prefetch.runs.state import OpenState
 from bisect_prefetch.runs.step_time import fix_costs
@@ -83,6 +86,9 @@ class Bisecting:
     current: Started | None = None
     result: SearchResult | None = None
     unstressed: SearchResult | None = None
+    state_dir: Path | None = None  # --state-dir as given: the next steps' commands carry it
+    discovery: dict | None = None  # the graph discovery run's journal record (a runtime graph)
+    size_one: list[str] | None = None  # edges its audit found size-one (None: not audited)
 
     def __post_init__(self) -> None:
         self.stress = StressRecord(self.experiment.stress.mode)
@@ -131,12 +137,18 @@ def bisect_record(b: Bisecting, experiment_path: Path, began: float) -> BisectRe
     stress["record"] = next(  # the first stressed run that delayed anything
         (s for s in stressed if s.get("delays") or s.get("no_window_edges")),
         stressed[0] if stressed else None)
+    launched, reused = _discovery_counts(b)
+    graph = b.opened.graph()
+    fingerprint = b.experiment.fingerprint()
+    guard = guard_check(journal_groups([r for r in records if fingerprint_of(r) == fingerprint]),
+                        edge_ids=graph.edge_ids())
     return BisectRecord(
-        result=result, reproduce=reproduce_command(experiment_path, result), run=b.numbers.of,
+        result=result, reproduce=reproduce_command(experiment_path, result, state_dir=b.state_dir),
+        run=b.numbers.of,
         experiment=b.experiment.name, elapsed_s=round(time.monotonic() - began, 1),
         deterministic_masks=[sorted(m) for o in every for m in o.deterministic_masks()],
-        runs_launched=sum(o.runs_launched for o in every),
-        runs_reused=sum(o.runs_reused for o in every),
+        runs_launched=launched + sum(o.runs_launched for o in every),
+        runs_reused=reused + sum(o.runs_reused for o in every),
         earlier_all_off=[{"golden": e.golden, "controls": [out.run_id for out in e.controls]}
                          for e in b.before],
         runs_lost=[lost for o in every for lost in getattr(o, "runs_lost", [])],
@@ -147,7 +159,20 @@ def bisect_record(b: Bisecting, experiment_path: Path, began: float) -> BisectRe
                        if n["event"] == "golden-drifted"],
         run_details=b.run_details, stress=stress,
         signals=next((r["signals"] for r in records if r.get("signals")), None),
-        step_time=fix_costs(records, edge_ids=b.opened.graph().edge_ids(),
+        step_time=fix_costs(records, edge_ids=graph.edge_ids(),
                             fix=fix_edges(result),
                             variant_suffix="@" + b.experiment.fingerprint()),
-        search=ONE_CAUSE if b.one_cause else EVERY_CAUSE)
+        search=ONE_CAUSE if b.one_cause else EVERY_CAUSE,
+        next_steps=next_steps(experiment_path, result, state_dir=b.state_dir,
+                              size_one=b.size_one, guard_result=guard),
+        size_one=b.size_one, graph=graph.to_dict())
+
+
+def _discovery_counts(b: Bisecting) -> tuple[int, int]:
+    """(launched, reused): the graph discovery run, when this command took it (the oracles
+    count every other run), so that the one count of runs holds every run it took."""
+    run_id = (b.discovery or {}).get("run_id")
+    runner = b.opened.runner
+    if run_id in runner.launched_ids:
+        return 1, 0  # launched once, however often the graph was asked for afterwards
+    return 0, int(run_id in runner.reused_ids)

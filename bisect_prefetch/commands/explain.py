@@ -337,13 +337,15 @@ def explanation_lines(explanation: Explanation, *, first_diff_step: int | None,
     return lines
 
 
-def explain_command(experiment_path: Path, verdict: str, minimal_set: Sequence[str]) -> str | None:
+def explain_command(experiment_path: Path, verdict: str, minimal_set: Sequence[str], *,
+                    state_dir: Path | None = None) -> str | None:
     """The explain command for a bisection's answer (None where there is nothing to explain):
-    the minimal set kept alone, or every edge off for drift that is not prefetch."""
+    the minimal set kept alone, or every edge off for drift that is not prefetch; with the
+    state dir given, explain reuses its graph discovery instead of tracing a new one."""
     if verdict == VERDICT_FOUND and minimal_set:
         mask = "keep-only:" + ",".join(minimal_set)
     elif verdict == VERDICT_NOT_PREFETCH:
         mask = "all-off"
     else:
         return None
-    return command_line("explain", str(experiment_path), *options(mask=mask))
+    return command_line("explain", str(experiment_path), *options(mask=mask, state_dir=state_dir))

@@ -90,6 +90,8 @@ class Runner:
         self.killed_leftovers: list[int] = []  # pids open() stopped
         self.code: str | None = None  # what the job runs (open(): runs/code_print.py)
         self.reused_finished_at: list[float | None] = []  # runs taken from the journal
+        self.reused_ids: list[str] = []  # the same runs' ids
+        self.launched_ids: list[str] = []  # runs this runner submitted (re-attached ones not)
         # A journaled run is reused only while what its job read is the same (runs/reuse.py);
         # no_reuse_before (--no-reuse: the command's start): runs journaled before it are
         # never reused. refused: (run id, first reason).
@@ -184,6 +186,7 @@ class Runner:
         found = self.reusable(self.state.find(key))
         if found is not None:
             self.reused_finished_at.append(found.get("finished_at"))
+            self.reused_ids.append(str(found.get("run_id")))
             return self._said(RunOutcome.from_record(found))
         mask = key.mask
         submitted = self.state.submitted(key)
@@ -199,6 +202,7 @@ class Runner:
         started = self._prepare(key, run_id, run_dir, mask=mask, reference=reference,
                                 fresh=True, stop=stop)
         started.job_id = self.executor.submit(started.job)
+        self.launched_ids.append(run_id)
         if self.executor.reattachable:
             # Journaled before waiting on it: a resumed orchestrator re-attaches to it.
             self.state.append_submitted(key, run_id=run_id, job_id=started.job_id,
