@@ -14,7 +14,7 @@ MF_STAMP := $(MF_VENV)/.installed
 TT_VENV := .venv-torchtitan
 TT_STAMP := $(TT_VENV)/.installed
 
-.PHONY: install slurm mindformers-venv torchtitan-venv test test-fast demo bench lint clean
+.PHONY: install slurm browser mindformers-venv torchtitan-venv test test-fast demo bench lint clean
 
 install: $(STAMP)
 
@@ -45,8 +45,12 @@ $(TT_STAMP):
 slurm:
 	.ci/install-slurm
 
+# The report is checked in a real browser: Debian's chromium, installed when missing.
+browser:
+	.ci/install-chromium
+
 # A skipped test fails here (tests/conftest.py): `make test` means the real engines ran.
-test: $(STAMP) slurm $(MF_STAMP) $(TT_STAMP)
+test: $(STAMP) slurm browser $(MF_STAMP) $(TT_STAMP)
 	BISECT_PREFETCH_NO_SKIPS=1 $(BIN)/python -m pytest -q
 
 # The fast tests alone, for iteration: the suite without tests/e2e (the real-engine
