@@ -172,6 +172,7 @@ ol.steps { margin: 0.3em 0; padding-left: 1.5em; } ol.steps li { margin: 0.2em 0
 .timeline table { margin: 0; }
 figure { margin: 0.5em 0; } img { max-width: 100%; }
 details { margin: 0.4em 0; } summary { cursor: pointer; }
+.causes td:nth-child(2) { white-space: pre; font-family: monospace; }
 """
 
 
@@ -306,14 +307,14 @@ def _causes_table(data: dict[str, Any]) -> str:
     for number, cause in enumerate(causes, start=1):
         confidence = cause.get("confidence")
         chance = cause.get("per_run_chance")
-        rows.append([f"cause {number}", ", ".join(cause["edges"]),
+        rows.append([f"cause {number}", "\n".join(cause["edges"]),
                      f"{confidence:.3f}" if confidence is not None else "-",
                      keep_only_words(data, cause),
                      f"drift in {chance_words(chance)}" if chance else "-",
                      size_one_words(cause).removeprefix("size-one: ")])
         ids.append(f"cause-{number}")
-    return _table(["cause", "edges", "confidence", "keep-only evidence",
-                   "with it alone on", "size-one"], rows, ids=ids)
+    return '<div class="causes">' + _table(["cause", "edges", "confidence", "keep-only evidence",
+                                            "with it alone on", "size-one"], rows, ids=ids) + "</div>"
 
 
 def _next_steps(data: dict[str, Any]) -> str:
@@ -634,12 +635,20 @@ def _build_report(state_dir: Path, target: Path, out_dir: Path, problems: list[s
         from bisect_prefetch.graph import render_png
 
         graph_png = out_dir / "graph.png"
-        render_png(graph, graph_png, causes=[c["edges"] for c in causes_of(bisect or {})],
-                   height=2.6)
+        try:
+            causes = [list(c["edges"]) for c in causes_of(bisect or {})]
+        except (KeyError, TypeError):
+            causes = []
+        render_png(graph, graph_png, causes=causes, height=2.6)
+    page = None
     if bisect is not None:
-        page = render_bisect_page(state_dir, bisect, records, edge_ids=edge_ids,
-                                  graph_png=graph_png, out_dir=out_dir, matrix=matrix)
-    else:
+        try:
+            page = render_bisect_page(state_dir, bisect, records, edge_ids=edge_ids,
+                                      graph_png=graph_png, out_dir=out_dir, matrix=matrix)
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:  # edited by hand?
+            problems.append(f"{state_dir / BISECT_FILE} is not one this version reads "
+                            f"({type(exc).__name__}: {exc}): the report shows the journal's runs")
+    if page is None:
         page = _commands_page(state_dir, records, groups, edge_ids, matrix, saved_matrix,
                               graph_png, out_dir)
     write_text_atomic(target, page)

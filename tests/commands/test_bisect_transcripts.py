@@ -603,6 +603,10 @@ def test_culprit_found(tmp_path):
     assert (data["verdict"], data["minimal_set"], data["runs_used"]) == ("culprit-found", [CULPRIT], 13)
     assert data["facts"][0].startswith(f"keep-only:{CULPRIT} diverged (run 7, step 19)")
     assert data == json.loads((tmp_path / "state" / "sim" / "bisect.json").read_text())
+    # One cause: reproduce is its keep-only step; no guard step where nothing was audited.
+    assert [s["step"] for s in data["next_steps"]] == ["reproduce", "fix", "explain"]
+    assert data["reproduce"] == data["next_steps"][0]["command"]
+    assert data["culprit_sets"][0]["size_one"] is None and data["size_one_edges"] is None
 
 
 def test_no_drift_reproduced(tmp_path):

@@ -439,7 +439,8 @@ def _page_text(path: Path) -> str:
     return " ".join(page.text)
 
 
-@pytest.mark.parametrize("damage", ["torn-journal", "run-dir-deleted", "no-bisection"])
+@pytest.mark.parametrize("damage", ["torn-journal", "run-dir-deleted", "no-bisection",
+                                    "bisect-json-edited"])
 def test_a_damaged_state_dir_is_reported_with_what_is_there_and_one_line_of_what_is_not(
         tmp_path, capsys, damage):
     import shutil
@@ -452,9 +453,13 @@ def test_a_damaged_state_dir_is_reported_with_what_is_there_and_one_line_of_what
     elif damage == "run-dir-deleted":
         shutil.rmtree(state / "runs" / "0002-search")
         said = "1 run dir(s) of the journal missing"
-    else:
+    elif damage == "no-bisection":
         (state / "bisect.json").unlink()
         said = f"no bisection in {state} (bisect.json missing)"
+    else:
+        (state / "bisect.json").write_text('{"verdict": "culprit-found", "confidence": 0.9, '
+                                           '"culprit_sets": [{"edges": 5}]}')
+        said = "bisect.json is not one this version reads"
     capsys.readouterr()
     assert main(["report", str(state)]) == 2
     out, err = capsys.readouterr()
