@@ -382,7 +382,7 @@ def _bisect_figures(state_dir: Path, data: dict[str, Any], mine: list[dict[str, 
             continue
         name = f"run {row.run} ({row.run_id})" if row.run is not None else row.run_id
         several = len(row.segments) > 1
-        title = (f"{name}: {len(row.segments)} masks by step, each named over its steps"
+        title = (f"{name}: {len(row.segments)} masks by step (segments marked, their masks below)"
                  if several else f"{name}: {row.segments[0][2]}")
         found = run_figures(state_dir, record | {"first_diff_step": row.first_diff_step},
                             name=(f"{why}: " if why else "") + name, title=title,

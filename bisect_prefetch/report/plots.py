@@ -32,7 +32,8 @@ def _pyplot():
 
 def _save(plt, fig, path: str | Path) -> Path:
     """Lay out, write atomically and close a figure (pyplot keeps every open one alive)."""
-    fig.tight_layout()
+    if not getattr(fig, "laid_out", False):  # group_figure lays its own out around its key
+        fig.tight_layout()
     path = Path(path)
     save_figure_atomic(fig, path, dpi=DPI)
     plt.close(fig)
@@ -52,9 +53,14 @@ def first_differing_step(a: Series, b: Series) -> int | None:
     return None
 
 
-def group_figure_size(n_metrics: int) -> tuple[int, int]:
-    """Pixel size of `plot_group`'s PNG for that many metrics."""
-    return max(6, 5 * n_metrics) * DPI, 4 * DPI
+KEY_LINE_IN = 0.18  # a line of the segments' key under the plots, in inches
+
+
+def group_figure_size(n_metrics: int, n_segments: int = 0) -> tuple[int, int]:
+    """Pixel size of `plot_group`'s PNG for that many metrics (and a run's segments, each a
+    line of the key under the plots)."""
+    key = (n_segments + 0.5) * KEY_LINE_IN if n_segments > 1 else 0.0
+    return max(6, 5 * n_metrics) * DPI, int(round((4 + key) * DPI))
 
 
 def plain_log_ticks(ax) -> None:
@@ -70,14 +76,23 @@ Segment = tuple[int, int, str]  # first step, last step, the mask it ran
 
 
 def _draw_segments(ax, segments: list[Segment], *, label: bool) -> None:
-    """A run of several masks: a line where each segment begins, its mask on top."""
-    for first, last, mask in segments:
+    """A run of several masks: a line where each segment begins, its number on top (the key
+    under the plots names each number's steps and mask)."""
+    for number, (first, last, _) in enumerate(segments, start=1):
         if first > 1:
             ax.axvline(first - 0.5, color="tab:gray", ls="-", lw=0.8)
         if label:
-            ax.text((first + last) / 2, 1.0, mask, transform=ax.get_xaxis_transform(),
-                    ha="center", va="bottom", fontsize=6, color="tab:gray", clip_on=False,
-                    wrap=True)
+            ax.text((first + last) / 2, 1.0, f"segment {number}" if len(segments) <= 4 else str(number),
+                    transform=ax.get_xaxis_transform(), ha="center", va="bottom", fontsize=7,
+                    color="tab:gray", clip_on=False)
+
+
+def _segment_key(fig, segments: list[Segment], height_in: float) -> None:
+    """Under the plots, a line a segment: `segment 2, steps 21-40: keep-only:...`."""
+    for number, (first, last, mask) in enumerate(segments, start=1):
+        y = (len(segments) - number + 0.5) * KEY_LINE_IN / height_in
+        fig.text(0.01, y, f"segment {number}, steps {first}-{last}: {mask}", fontsize=7,
+                 ha="left", va="center", color="dimgray")
 
 
 def plot_group(a: Mapping[str, Series], b: Mapping[str, Series], path: str | Path,
@@ -106,7 +121,8 @@ def group_figure(
     """
     plt = _pyplot()
     names = [n for n in a if n in b] or sorted(set(a) | set(b))
-    fig_w, fig_h = group_figure_size(len(names))
+    several = segments if segments and len(segments) > 1 else []
+    fig_w, fig_h = group_figure_size(len(names), len(several))
     fig, axes = plt.subplots(2, max(1, len(names)), figsize=(fig_w / DPI, fig_h / DPI),
                              squeeze=False, sharex="col")
     for col, name in enumerate(names):
@@ -136,15 +152,21 @@ def group_figure(
                 ax.axvline(step, color="black", ls=":", lw=1)
             if stopped_at is not None and step is None:  # where the digests stopped it
                 ax.axvline(stopped_at, color="tab:red", ls="--", lw=0.8)
-            if segments and len(segments) > 1:
-                _draw_segments(ax, segments, label=ax is top)
+            if several:
+                _draw_segments(ax, several, label=ax is top)
         top.set_title(name + (f" (first diff at step {step})" if step is not None else ""),
-                      fontsize=9, pad=14 if segments and len(segments) > 1 else 6)
+                      fontsize=9, pad=14 if several else 6)
         top.legend(fontsize=7)
         bottom.set_xlabel("step")
         bottom.set_ylabel("|A - B|")
     if title:
         fig.suptitle(title, fontsize=10)
+    # The plots above the segments' key (tight_layout leaves figure text where it is).
+    key = (len(several) + 0.5) * KEY_LINE_IN / (fig_h / DPI) if several else 0.0
+    fig.tight_layout(rect=(0, key, 1, 1))
+    fig.laid_out = True
+    if several:
+        _segment_key(fig, several, fig_h / DPI)
     return fig
 
 

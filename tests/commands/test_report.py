@@ -188,8 +188,12 @@ def test_a_run_of_several_masks_is_drawn_with_each_segment_and_its_mask():
     segments = [(1, 20, "backward-off"), (21, 40, "keep-only:bwd:layers.2->layers.1"),
                 (41, 60, "all-off")]
     fig = plots.group_figure(a, b, segments=segments, title="run 4: 3 masks by step")
-    said = _texts(fig)
-    assert all(mask in said for _, _, mask in segments)  # each segment's mask over its steps
+    said = _texts(fig) + [t.get_text() for t in fig.texts]
+    assert [t for t in said if t.startswith("segment ")] == [
+        "segment 1", "segment 2", "segment 3",  # over each segment's steps
+        "segment 1, steps 1-20: backward-off",  # the key under the plots
+        "segment 2, steps 21-40: keep-only:bwd:layers.2->layers.1", "segment 3, steps 41-60: all-off"]
+    assert fig.get_size_inches()[1] * plots.DPI == plots.group_figure_size(1, 3)[1]
     boundaries = sorted({line.get_xdata()[0] for line in fig.axes[0].get_lines()
                          if line.get_linestyle() == "-" and len(set(line.get_xdata())) == 1})
     assert boundaries == [20.5, 40.5]
