@@ -116,7 +116,7 @@ def step_title(step: dict[str, Any], *, several: bool) -> str:
 
 
 def guard_result_words(result: dict[str, Any] | None) -> str:
-    """e.g. `consistent over 4 runs (0031-aa-k0 ...)`, or that it was not run."""
+    """e.g. `consistent over 4 runs with the guard on: ...`, or that it was not run."""
     if result is None:
         return "not run yet"
     runs = f"{result['runs']} run{'s' * (result['runs'] != 1)}"
@@ -149,10 +149,10 @@ def counts_line(data: dict[str, Any]) -> str:
     segments = data.get("segments") or {}
     if segments.get("used"):
         used = (f"the search's verdict stands on {data['runs_used']} trials in "
-                f"{segments['startups']} of them (a trial: one mask's segment of a run, "
+                f"{segments['startups']} runs (a trial: one mask's segment of a run, "
                 "several masks a run)")
     else:
-        used = f"the search's verdict stands on {data['runs_used']} of them"
+        used = f"the search's verdict stands on {data['runs_used']} runs"
     return f"{head}; {used}; steps: {data['steps_used']}"
 
 

@@ -227,7 +227,7 @@ next steps:
     bisect-prefetch aa TMP/exp.yaml --runs=3 '--mask=drop-only:bwd:layers.2->layers.1' --state-dir=TMP/state
   explain cause 1: the first op that differs:
     bisect-prefetch explain TMP/exp.yaml '--mask=keep-only:bwd:layers.2->layers.1' --state-dir=TMP/state
-runs: 14 launched, 0 reused from the journal; the search's verdict stands on 13 of them; steps: 243
+runs: 14 launched, 0 reused from the journal; the search's verdict stands on 13 runs; steps: 243
   - keep-only:bwd:layers.2->layers.1 diverged (run 7, step 19): the set is enough for drift
   - drop-only:bwd:layers.2->layers.1: 7 runs, all consistent: removing the set removes drift
   - all-off and drop-only:bwd:layers.2->layers.1 after the search: 8 runs (counting the golden run as 1: the steps runs matched), all consistent: drift without
@@ -281,7 +281,7 @@ checking that all-on diverges...
   -> clean (8 runs)
 
 verdict: no-drift-reproduced (confidence 0.950)
-runs: 14 launched, 0 reused from the journal; the search's verdict stands on 13 of them; steps: 260
+runs: 14 launched, 0 reused from the journal; the search's verdict stands on 13 runs; steps: 260
   - every edge enabled in 10 clean runs (9 of them all-on), none diverged: a per-run chance of 0.259 or more is ruled out at 95% (fewer than 3/10)
 evidence
 ┏━━━━━━━━━━━┳━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━┳━━━━━━━┳━━━━━━┳━━━━━━━━━━┳━━━━━━━━━━━━━━━━━━━━━━━┳━━━━━━━━━┓
@@ -326,7 +326,7 @@ verdict: not-prefetch (confidence 1.000)
 next steps:
   explain the drift without prefetch (all-off): the first op that differs:
     bisect-prefetch explain TMP/exp.yaml --mask=all-off --state-dir=TMP/state
-runs: 14 launched, 0 reused from the journal; the search's verdict stands on 13 of them; steps: 102
+runs: 14 launched, 0 reused from the journal; the search's verdict stands on 13 runs; steps: 102
   - all-off diverged (11 of 12 runs): drift happens with every prefetch edge off, so it has another cause
 evidence
 ┏━━━━━━━━━━━┳━━━━━━━━━┳━━━━━━━┳━━━━━━┳━━━━━━━━━━┳━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━┳━━━━━━━━━━┓
@@ -356,7 +356,7 @@ testing forward-off...
   -> clean (1 run)
 
 verdict: inconclusive (confidence 0.272)
-runs: 5 launched, 0 reused from the journal; the search's verdict stands on 4 of them; steps: 77
+runs: 5 launched, 0 reused from the journal; the search's verdict stands on 4 runs; steps: 77
   - stopped: the run budget (--max-runs 4) ran out; best guess {fwd:layers.0->layers.1} at probability 0.272
 evidence
 ┏━━━━━━━━━━━┳━━━━━━━━━━━━━┳━━━━━━━┳━━━━━━┳━━━━━━━━━━┳━━━━━━━━━━━━━━━━━━━━━━━┳━━━━━━━━━━┓
@@ -433,7 +433,7 @@ next steps:
     bisect-prefetch aa TMP/exp.yaml --runs=3 '--mask=drop-only:bwd:layers.2->layers.1' --state-dir=TMP/state
   explain cause 1: the first op that differs:
     bisect-prefetch explain TMP/exp.yaml '--mask=keep-only:bwd:layers.2->layers.1' --state-dir=TMP/state
-runs: 10 launched, 4 reused from the journal; the search's verdict stands on 13 of them; steps: 226
+runs: 10 launched, 4 reused from the journal; the search's verdict stands on 13 runs; steps: 226
   - keep-only:bwd:layers.2->layers.1 diverged (run 7, step 2): the set is enough for drift
   - drop-only:bwd:layers.2->layers.1: 7 runs, all consistent: removing the set removes drift
   - all-off and drop-only:bwd:layers.2->layers.1 after the search: 8 runs (counting the golden run as 1: the steps runs matched), all consistent: drift without
@@ -510,7 +510,7 @@ next steps:
     bisect-prefetch aa TMP/exp.yaml --runs=3 '--mask=drop-only:bwd:layers.2->layers.1' --state-dir=TMP/state
   explain cause 1: the first op that differs:
     bisect-prefetch explain TMP/exp.yaml '--mask=keep-only:bwd:layers.2->layers.1' --state-dir=TMP/state
-runs: 17 launched, 0 reused from the journal; the search's verdict stands on 15 of them; steps: 283
+runs: 17 launched, 0 reused from the journal; the search's verdict stands on 15 runs; steps: 283
   - keep-only:bwd:layers.2->layers.1 diverged (run 6, step 19): the set is enough for drift
   - drop-only:bwd:layers.2->layers.1: 8 runs, all consistent: removing the set removes drift
   - all-off and drop-only:bwd:layers.2->layers.1 after the search: 8 runs (counting the golden run as 1: the steps runs matched), all consistent: drift without
@@ -568,7 +568,7 @@ next steps:
     bisect-prefetch aa TMP/exp.yaml --runs=3 '--mask=drop-only:bwd:layers.2->layers.1' --state-dir=TMP/state
   explain cause 1: the first op that differs:
     bisect-prefetch explain TMP/exp.yaml '--mask=keep-only:bwd:layers.2->layers.1' --state-dir=TMP/state
-runs: 9 launched, 0 reused from the journal; the search's verdict stands on 12 trials in 7 of them (a trial: one mask's segment of a run, several masks a run); steps: 223
+runs: 9 launched, 0 reused from the journal; the search's verdict stands on 12 trials in 7 runs (a trial: one mask's segment of a run, several masks a run); steps: 223
   - keep-only:bwd:layers.2->layers.1 diverged (run 5, step 19): the set is enough for drift
   - drop-only:bwd:layers.2->layers.1: 7 runs, all consistent: removing the set removes drift
   - all-off and drop-only:bwd:layers.2->layers.1 after the search: 9 runs (counting the golden run as 3: the steps runs matched), all consistent: drift without

@@ -84,7 +84,7 @@ def test_bisect_with_segments_takes_fewer_runs_than_trials_and_resumes_exactly(t
     assert segments["used"] and segments["cap_steps"] > 8
     assert segments["startups"] < segments["trials"] == result["runs_used"]
     assert (f"the search's verdict stands on {segments['trials']} trials in "
-            f"{segments['startups']} of them") in out
+            f"{segments['startups']} runs") in out
     # Nothing that finished before the kill ran again: every earlier key was reused,
     # and no key appears twice in the journal.
     after = journal_keys(state)
