@@ -24,7 +24,7 @@ LOW_VENV := .venv-torch-$(TORCH_LOW)
 HIGH_VENV := .venv-torch-$(TORCH_HIGH)
 TORCH_STAMPS := $(LOW_VENV)/.installed $(HIGH_VENV)/.installed
 
-.PHONY: install slurm mindformers-venv torchtitan-venv torch-venvs test test-fast demo bench lint clean
+.PHONY: install slurm browser mindformers-venv torchtitan-venv torch-venvs test test-fast demo bench lint clean
 
 install: $(STAMP)
 
@@ -62,8 +62,12 @@ torch-venvs: $(TORCH_STAMPS)
 slurm:
 	.ci/install-slurm
 
+# The report is checked in a real browser: Debian's chromium, installed when missing.
+browser:
+	.ci/install-chromium
+
 # A skipped test fails here (tests/conftest.py): `make test` means the real engines ran.
-test: $(STAMP) slurm $(MF_STAMP) $(TT_STAMP) $(TORCH_STAMPS)
+test: $(STAMP) slurm browser $(MF_STAMP) $(TT_STAMP) $(TORCH_STAMPS)
 	BISECT_PREFETCH_NO_SKIPS=1 $(BIN)/python -m pytest -q
 
 # The fast tests alone, for iteration: the suite without tests/e2e (the real-engine

@@ -21,7 +21,7 @@ ELSEWHERE = {
     ("commands/bisect.py", "search"): "the bisect command's run purpose in the journal",
     ("runs/oracle.py", "search"): "the real oracle's default run purpose",
     ("experiment_model.py", "search"): "the experiment file's search: key",
-    ("report/html.py", "search"): "the bisect command's run purpose in the journal",
+    ("report/run_view.py", "search"): "the bisect command's run purpose in the journal",
     ("search/simulate.py", "search"): "simulate's method: the tool's own search, not a baseline",
 }
 

@@ -58,7 +58,6 @@ from bisect_prefetch.commands.common import (
     search_settings,
     write_json,
 )
-from bisect_prefetch.commands.explain import explain_command
 from bisect_prefetch.errors import BisectPrefetchError
 from bisect_prefetch.experiment import (
     Experiment,
@@ -178,7 +177,10 @@ def _bisect(experiment: Experiment, experiment_path: Path, *, hint: str, resume:
         _say_what_runs(b, hint=hint, resume=resume, fresh=reuse is False)
         # stage 1: the graph and the audit's suspects
         opened.graph()
-        b.suspects = audit_suspects(opened, console)
+        b.discovery, audit = discovery_audit(opened)
+        if audit is not None:
+            b.suspects = audit_suspects(opened, console, audit)
+            b.size_one = sorted(e["id"] for e in audit["edges"] if e.get("size_one"))
         try:
             # stage 2: does stress make drift show more often? (--stress auto)
             if b.stress.mode == STRESS_AUTO:
@@ -204,11 +206,7 @@ def _bisect(experiment: Experiment, experiment_path: Path, *, hint: str, resume:
                               json.dumps(record.to_json(), indent=2) + "\n")
             build_report(opened.path)
     console.print()
-    render_result(record.result, console, reproduce=record.reproduce, run=b.numbers.of,
-                  asked=record.confidence_asked)
-    if explain := explain_command(given, record.result.verdict, record.result.minimal_set,
-                                  stress=_traced_stress(b)):
-        console.print(f"explain: {explain}", markup=False, soft_wrap=True)  # the mechanism
+    render_result(record.to_json(), console)
     say_after_verdict(record.result, record.to_json(), experiment, console,
                       report=opened.path / REPORT_FILE, before=b.before)
     return record
@@ -403,22 +401,31 @@ def _leading_checks(b: Bisecting) -> tuple[Hazard | None, bool]:
     return hazard, any(r.diverged for r in results[False])
 
 
-def audit_suspects(opened: OpenState, console: Console) -> list[str]:
+def discovery_audit(opened: OpenState) -> tuple[dict | None, dict | None]:
+    """The discovery run's journal record and its audit (audit.py); None where there is no
+    discovery run (a static graph) or its records cannot be audited."""
+    key = opened.runner.key("discover", mask=None, guard="none", steps=DISCOVERY_STEPS, index=0,
+                            stress=False)
+    found = opened.runner.holds(key)  # the discovery run this command made or took
+    if found is None:
+        return None, None
+    try:
+        return found, audit_run_dir(opened.state.run_dir(found["run_id"]))
+    except BisectPrefetchError:
+        return found, None
+
+
+def audit_suspects(opened: OpenState, console: Console, audit: dict | None = None) -> list[str]:
     """Edges the audit of the discovery run flags as wasting work or racing (audit.py).
 
     The search gives them more prior weight; with no discovery run (a static
     graph) or no order recorded there are none.
     """
-    key = opened.runner.key("discover", mask=None, guard="none", steps=DISCOVERY_STEPS, index=0,
-                            stress=False)
-    found = opened.runner.holds(key)  # the discovery run this command made or took
-    if found is None:
-        return []
-    try:
-        result = audit_run_dir(opened.state.run_dir(found["run_id"]))
-    except BisectPrefetchError:
-        return []
-    failing = [f for f in result["findings"] if f["kind"] in FAILING_KINDS]
+    if audit is None:
+        found, audit = discovery_audit(opened)
+        if found is None or audit is None:
+            return []
+    failing = [f for f in audit["findings"] if f["kind"] in FAILING_KINDS]
     suspects = sorted({f["edge"] for f in failing})
     kinds = sorted({f["kind"] for f in failing})
     if suspects:
@@ -440,12 +447,6 @@ def _earlier_search_runs(opened: OpenState, experiment: Experiment, *,
                if r["variant"].startswith(PURPOSE) and r["variant"].endswith(suffix)
                and (not own_session or r.get(SESSION_FIELD) == session)
                and (not reusable_only or opened.runner.reusable(r) is not None))
-
-
-def _traced_stress(b: Bisecting) -> str | None:
-    """The stress an explain of the answer traces under, where the search chose it
-    (--stress auto): explain traces one setting."""
-    return (STRESS_ON if b.stress.used else STRESS_OFF) if b.stress.mode == STRESS_AUTO else None
 
 
 __all__ = ["EXIT_CODES", "bisect", "result_to_json"]

@@ -106,6 +106,7 @@ class Runner:
         self.scope = scope or Scope("runner")
         self.made: set[str] = set()
         self.reused: dict[str, float | None] = {}  # run id -> finished_at
+        self.launched_ids: list[str] = []  # runs this runner submitted (re-attached ones not)
         self.reuse_check: ReuseCheck | None = None  # open()
         self.refused: list[tuple[str, str]] = []
         # Whether runs keyed from now on run under stress (adapters/stress.py); a key can
@@ -228,6 +229,7 @@ class Runner:
         started = self._prepare(key, run_id, run_dir, mask=mask, reference=reference,
                                 fresh=True, stop=stop)
         started.job_id = self.executor.submit(started.job)
+        self.launched_ids.append(run_id)
         if self.executor.reattachable:
             # Journaled before waiting on it: a resumed orchestrator re-attaches to it.
             self.state.append_submitted(key, run_id=run_id, job_id=started.job_id,

@@ -349,6 +349,8 @@ def _killed(record: Mapping[str, Any], unclosed: list[dict[str, Any]]) -> str | 
         recorded = process.get("step")
         if record.get("outcome") != STOPPED_EARLY or not isinstance(stopped_at, int):
             return f"{who} was killed before it ended its manifest"
+        if stopped_at <= 1 and recorded is None:
+            continue  # stopped in its first step (steps count from 1, runs/plan.py): its start is all
         if not isinstance(recorded, int) or recorded < stopped_at - 1:
             return (f"{who} was killed before it ended its manifest, which ends "
                     + (f"at step {recorded}" if isinstance(recorded, int) else "before any step")

@@ -87,6 +87,23 @@ def test_a_process_killed_before_it_closed_leaves_the_run_not_reusable_unless_st
     assert "which ends at step 2, before step 3" in why("stopped-early", 4)
 
 
+def test_a_process_stopped_in_its_first_step_stands_on_its_start(tmp_path, monkeypatch):
+    """Stopped at a difference in step 1, nothing came before it but the start-up: the run
+    is reusable on what its manifest recorded then; a later stop is not."""
+    _, run_dir, manifest = _manifest(tmp_path, monkeypatch)
+    manifest.write()  # begun, then killed inside step 1
+    record = collect(run_dir)
+    assert record["unclosed"] == [{"pid": os.getpid(), "rank": 0, "step": None}]
+
+    def why(first_diff_step):
+        run = {"run_id": "run", "outcome": "stopped-early", "first_diff_step": first_diff_step,
+               "manifest": record, "launched": launch_print(os.environ, cwd=None)}
+        return ReuseCheck(os.environ, records=[], runs_path=run_dir.parent).why_not(run)
+
+    assert why(1) is None
+    assert "which ends before any step, before step 1" in why(2)
+
+
 def test_opened_files_are_bounded_and_a_bounded_manifest_is_not_reusable(tmp_path, monkeypatch):
     monkeypatch.setattr(m, "OPENED_LIMIT", 2)
     project, run_dir, manifest = _manifest(tmp_path, monkeypatch)

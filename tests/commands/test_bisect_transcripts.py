@@ -226,9 +226,16 @@ ruling out drift without prefetch as strong as the answer's: checking that all-o
     run 13 (0 edges on): clean over 20 steps [0.2s]
   -> clean (1 run)
 
-verdict: culprit-found
-minimal set: bwd:layers.2->layers.1
-confidence: 0.972   runs: 13   steps: 243
+verdict: culprit-found, one cause (confidence 0.972)
+cause 1: bwd:layers.2->layers.1 (confidence 0.972; keep-only diverged in run 7 (0008-sim) at step 19; drift in about 8 of 10 runs with it alone on; size-one: not known (no discovery run audited))
+next steps:
+  reproduce cause 1 alone (keep-only):
+    bisect-prefetch aa TMP/exp.yaml --runs=3 '--mask=keep-only:bwd:layers.2->layers.1' --state-dir=TMP/state
+  check the fix (drop-only of the cause):
+    bisect-prefetch aa TMP/exp.yaml --runs=3 '--mask=drop-only:bwd:layers.2->layers.1' --state-dir=TMP/state
+  explain cause 1: the first op that differs:
+    bisect-prefetch explain TMP/exp.yaml '--mask=keep-only:bwd:layers.2->layers.1' --state-dir=TMP/state
+runs: 14 launched, 0 reused from the journal; the search's verdict stands on 13 runs; steps: 243
   - keep-only:bwd:layers.2->layers.1 diverged (run 7, step 19): the set is enough for drift
   - drop-only:bwd:layers.2->layers.1: 7 runs, all consistent: removing the set removes drift
   - all-off and drop-only:bwd:layers.2->layers.1 after the search: 8 runs (counting the golden run as 1: the steps runs matched), all consistent: drift without
@@ -247,9 +254,7 @@ evidence
 │ check-off   │ all-off                          │ 0     │ 1    │ 0        │ -                     │ clean    │
 └─────────────┴──────────────────────────────────┴───────┴──────┴──────────┴───────────────────────┴──────────┘
 per-run chance 0.75 (95% interval 0.194-0.994), per-step hazard 0.0476, from 4 runs that enabled the set
-reproduce: bisect-prefetch aa TMP/exp.yaml --runs=4 '--mask=keep-only:bwd:layers.2->layers.1' --state-dir=TMP/state
-explain: bisect-prefetch explain TMP/exp.yaml '--mask=keep-only:bwd:layers.2->layers.1' --state-dir=TMP/state
-runs launched 14, reused from the journal 0; report: TMP/state/sim/report.html
+report: TMP/state/sim/report.html
 wrote TMP/out.json
 """
 
@@ -283,8 +288,8 @@ checking that all-on diverges...
     run 13 (4 edges on): clean over 20 steps [0.2s]
   -> clean (8 runs)
 
-verdict: no-drift-reproduced
-confidence: 0.950   runs: 13   steps: 260
+verdict: no-drift-reproduced (confidence 0.950)
+runs: 14 launched, 0 reused from the journal; the search's verdict stands on 13 runs; steps: 260
   - every edge enabled in 10 clean runs (9 of them all-on), none diverged: a per-run chance of 0.259 or more is ruled out at 95% (fewer than 3/10)
 evidence
 ┏━━━━━━━━━━━┳━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━┳━━━━━━━┳━━━━━━┳━━━━━━━━━━┳━━━━━━━━━━━━━━━━━━━━━━━┳━━━━━━━━━┓
@@ -298,9 +303,8 @@ evidence
 │ calibrate │ all-on                           │ 4     │ 8    │ 0        │ -                     │ clean   │
 └───────────┴──────────────────────────────────┴───────┴──────┴──────────┴───────────────────────┴─────────┘
 per-run chance 0 (95% interval 0-0.336), from 9 runs that enabled every edge (all-on)
-reproduce: bisect-prefetch aa TMP/exp.yaml --runs=4 --state-dir=TMP/state
 drift at a per-run chance below 0.259 can still hide: for a prefetch race, --stress auto checks whether delays before each prefetch make it show more often (docs/stress.md)
-runs launched 14, reused from the journal 0; report: TMP/state/sim/report.html
+report: TMP/state/sim/report.html
 wrote TMP/out.json
 """
 
@@ -326,8 +330,11 @@ checking that all-off is consistent...
     run 13 (0 edges on): clean over 20 steps [0.2s]
   -> diverged at run 2 (step 8)
 
-verdict: not-prefetch
-confidence: 1.000   runs: 13   steps: 102
+verdict: not-prefetch (confidence 1.000)
+next steps:
+  explain the drift without prefetch (all-off): the first op that differs:
+    bisect-prefetch explain TMP/exp.yaml --mask=all-off --state-dir=TMP/state
+runs: 14 launched, 0 reused from the journal; the search's verdict stands on 13 runs; steps: 102
   - all-off diverged (11 of 12 runs): drift happens with every prefetch edge off, so it has another cause
 evidence
 ┏━━━━━━━━━━━┳━━━━━━━━━┳━━━━━━━┳━━━━━━┳━━━━━━━━━━┳━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━┳━━━━━━━━━━┓
@@ -337,9 +344,7 @@ evidence
 │ check-off │ all-off │ 0     │ 12   │ 11       │ 8, 16, 11, 6, 3, 2, 4, 9, 3, 2, 3 │ diverged │
 └───────────┴─────────┴───────┴──────┴──────────┴───────────────────────────────────┴──────────┘
 per-run chance 1 (95% interval 0.025-1), per-step hazard 0.0667, from 1 runs that enabled every edge (all-on)
-reproduce: bisect-prefetch aa TMP/exp.yaml --runs=4 --state-dir=TMP/state
-explain: bisect-prefetch explain TMP/exp.yaml --mask=all-off --state-dir=TMP/state
-runs launched 14, reused from the journal 0; report: TMP/state/sim/report.html
+report: TMP/state/sim/report.html
 wrote TMP/out.json
 """
 
@@ -358,8 +363,8 @@ testing forward-off...
     run 4 (2 edges on): clean over 20 steps [0.2s]
   -> clean (1 run)
 
-verdict: inconclusive
-confidence: 0.272   runs: 4   steps: 77
+verdict: inconclusive (confidence 0.272)
+runs: 5 launched, 0 reused from the journal; the search's verdict stands on 4 runs; steps: 77
   - stopped: the run budget (--max-runs 4) ran out; best guess {fwd:layers.0->layers.1} at probability 0.272
 evidence
 ┏━━━━━━━━━━━┳━━━━━━━━━━━━━┳━━━━━━━┳━━━━━━┳━━━━━━━━━━┳━━━━━━━━━━━━━━━━━━━━━━━┳━━━━━━━━━━┓
@@ -370,8 +375,7 @@ evidence
 │ search    │ forward-off │ 2     │ 1    │ 0        │ -                     │ clean    │
 └───────────┴─────────────┴───────┴──────┴──────────┴───────────────────────┴──────────┘
 per-run chance 0.5 (95% interval 0.0126-0.987), per-step hazard 0.027, from 2 runs that enabled every edge (all-on)
-reproduce: bisect-prefetch aa TMP/exp.yaml --runs=4 --state-dir=TMP/state
-runs launched 5, reused from the journal 0; report: TMP/state/sim/report.html
+report: TMP/state/sim/report.html
 wrote TMP/out.json
 """
 
@@ -428,9 +432,16 @@ ruling out drift without prefetch as strong as the answer's: checking that all-o
     run 13 (0 edges on): clean over 20 steps [0.2s]
   -> clean (1 run)
 
-verdict: culprit-found
-minimal set: bwd:layers.2->layers.1
-confidence: 0.972   runs: 13   steps: 226
+verdict: culprit-found, one cause (confidence 0.972)
+cause 1: bwd:layers.2->layers.1 (confidence 0.972; keep-only diverged in run 7 (0008-sim) at step 2; drift in about 8 of 10 runs with it alone on; size-one: not known (no discovery run audited))
+next steps:
+  reproduce cause 1 alone (keep-only):
+    bisect-prefetch aa TMP/exp.yaml --runs=3 '--mask=keep-only:bwd:layers.2->layers.1' --state-dir=TMP/state
+  check the fix (drop-only of the cause):
+    bisect-prefetch aa TMP/exp.yaml --runs=3 '--mask=drop-only:bwd:layers.2->layers.1' --state-dir=TMP/state
+  explain cause 1: the first op that differs:
+    bisect-prefetch explain TMP/exp.yaml '--mask=keep-only:bwd:layers.2->layers.1' --state-dir=TMP/state
+runs: 10 launched, 4 reused from the journal; the search's verdict stands on 13 runs; steps: 226
   - keep-only:bwd:layers.2->layers.1 diverged (run 7, step 2): the set is enough for drift
   - drop-only:bwd:layers.2->layers.1: 7 runs, all consistent: removing the set removes drift
   - all-off and drop-only:bwd:layers.2->layers.1 after the search: 8 runs (counting the golden run as 1: the steps runs matched), all consistent: drift without
@@ -449,9 +460,7 @@ evidence
 │ check-off   │ all-off                          │ 0     │ 1    │ 0        │ -                     │ clean    │
 └─────────────┴──────────────────────────────────┴───────┴──────┴──────────┴───────────────────────┴──────────┘
 per-run chance 0.75 (95% interval 0.194-0.994), per-step hazard 0.0652, from 4 runs that enabled the set
-reproduce: bisect-prefetch aa TMP/exp.yaml --runs=4 '--mask=keep-only:bwd:layers.2->layers.1' --state-dir=TMP/state
-explain: bisect-prefetch explain TMP/exp.yaml '--mask=keep-only:bwd:layers.2->layers.1' --state-dir=TMP/state
-runs launched 10, reused from the journal 4; report: TMP/state/sim/report.html
+report: TMP/state/sim/report.html
 wrote TMP/out.json
 """
 
@@ -500,9 +509,16 @@ testing drop-only:bwd:layers.2->layers.1...
     run 15 (0 edges on): clean over 20 steps [0.2s]
   -> ruling out drift without prefetch as strong as the answer's: checking that all-off is consistent: clean (2 runs)
 
-verdict: culprit-found
-minimal set: bwd:layers.2->layers.1
-confidence: 0.976   runs: 15   steps: 283
+verdict: culprit-found, one cause (confidence 0.976)
+cause 1: bwd:layers.2->layers.1 (confidence 0.976; keep-only diverged in run 6 (0008-sim) at step 19; drift in about 8 of 10 runs with it alone on; size-one: not known (no discovery run audited))
+next steps:
+  reproduce cause 1 alone (keep-only):
+    bisect-prefetch aa TMP/exp.yaml --runs=3 '--mask=keep-only:bwd:layers.2->layers.1' --state-dir=TMP/state
+  check the fix (drop-only of the cause):
+    bisect-prefetch aa TMP/exp.yaml --runs=3 '--mask=drop-only:bwd:layers.2->layers.1' --state-dir=TMP/state
+  explain cause 1: the first op that differs:
+    bisect-prefetch explain TMP/exp.yaml '--mask=keep-only:bwd:layers.2->layers.1' --state-dir=TMP/state
+runs: 17 launched, 0 reused from the journal; the search's verdict stands on 15 runs; steps: 283
   - keep-only:bwd:layers.2->layers.1 diverged (run 6, step 19): the set is enough for drift
   - drop-only:bwd:layers.2->layers.1: 8 runs, all consistent: removing the set removes drift
   - all-off and drop-only:bwd:layers.2->layers.1 after the search: 8 runs (counting the golden run as 1: the steps runs matched), all consistent: drift without
@@ -524,9 +540,7 @@ evidence
 │ check-off   │ all-off                          │ 0     │ 2    │ 0        │ -                     │ clean    │
 └─────────────┴──────────────────────────────────┴───────┴──────┴──────────┴───────────────────────┴──────────┘
 per-run chance 0.75 (95% interval 0.194-0.994), per-step hazard 0.0476, from 4 runs that enabled the set
-reproduce: bisect-prefetch aa TMP/exp.yaml --runs=4 '--mask=keep-only:bwd:layers.2->layers.1' --state-dir=TMP/state
-explain: bisect-prefetch explain TMP/exp.yaml '--mask=keep-only:bwd:layers.2->layers.1' --state-dir=TMP/state
-runs launched 17, reused from the journal 0; report: TMP/state/sim/report.html
+report: TMP/state/sim/report.html
 wrote TMP/out.json
 """
 
@@ -553,9 +567,16 @@ running the golden reference again, 60 steps: as long as the longest run...
     run 7 (2 segments, 3 edges on first): clean over 40 steps [0.2s]
   -> double checking the answer: drop-only:bwd:layers.2->layers.1 should be consistent: clean (5 runs)
 
-verdict: culprit-found
-minimal set: bwd:layers.2->layers.1
-confidence: 0.977   runs: 7 (12 trials, several masks a run)   steps: 223
+verdict: culprit-found, one cause (confidence 0.977)
+cause 1: bwd:layers.2->layers.1 (confidence 0.977; keep-only diverged in run 5 (0007-sim) at step 19; drift in about 8 of 10 runs with it alone on; size-one: not known (no discovery run audited))
+next steps:
+  reproduce cause 1 alone (keep-only):
+    bisect-prefetch aa TMP/exp.yaml --runs=3 '--mask=keep-only:bwd:layers.2->layers.1' --state-dir=TMP/state
+  check the fix (drop-only of the cause):
+    bisect-prefetch aa TMP/exp.yaml --runs=3 '--mask=drop-only:bwd:layers.2->layers.1' --state-dir=TMP/state
+  explain cause 1: the first op that differs:
+    bisect-prefetch explain TMP/exp.yaml '--mask=keep-only:bwd:layers.2->layers.1' --state-dir=TMP/state
+runs: 9 launched, 0 reused from the journal; the search's verdict stands on 12 trials in 7 runs (a trial: one mask's segment of a run, several masks a run); steps: 223
   - keep-only:bwd:layers.2->layers.1 diverged (run 5, step 19): the set is enough for drift
   - drop-only:bwd:layers.2->layers.1: 7 runs, all consistent: removing the set removes drift
   - all-off and drop-only:bwd:layers.2->layers.1 after the search: 9 runs (counting the golden run as 3: the steps runs matched), all consistent: drift without
@@ -573,9 +594,7 @@ evidence
 │ drop-only   │ drop-only:bwd:layers.2->layers.1 │ 3     │ 5    │ 0        │ -                     │ clean    │
 └─────────────┴──────────────────────────────────┴───────┴──────┴──────────┴───────────────────────┴──────────┘
 per-run chance 0.75 (95% interval 0.194-0.994), per-step hazard 0.0476, from 4 runs that enabled the set
-reproduce: bisect-prefetch aa TMP/exp.yaml --runs=4 '--mask=keep-only:bwd:layers.2->layers.1' --state-dir=TMP/state
-explain: bisect-prefetch explain TMP/exp.yaml '--mask=keep-only:bwd:layers.2->layers.1' --state-dir=TMP/state
-runs launched 9, reused from the journal 0; report: TMP/state/sim/report.html
+report: TMP/state/sim/report.html
 wrote TMP/out.json
 """
 
@@ -592,6 +611,10 @@ def test_culprit_found(tmp_path):
     assert (data["verdict"], data["minimal_set"], data["runs_used"]) == ("culprit-found", [CULPRIT], 13)
     assert data["facts"][0].startswith(f"keep-only:{CULPRIT} diverged (run 7, step 19)")
     assert data == json.loads((tmp_path / "state" / "sim" / "bisect.json").read_text())
+    # One cause: reproduce is its keep-only step; no guard step where nothing was audited.
+    assert [s["step"] for s in data["next_steps"]] == ["reproduce", "fix", "explain"]
+    assert data["reproduce"] == data["next_steps"][0]["command"]
+    assert data["culprit_sets"][0]["size_one"] is None and data["size_one_edges"] is None
 
 
 def test_no_drift_reproduced(tmp_path):
@@ -632,9 +655,21 @@ def test_two_independent_causes(tmp_path):
             "smallest diverged mask first, every other edge off") in said
     assert (f"  cause 1: {{{CULPRIT}}}; drift may remain without it: searching the other 3 edges with "
             "every cause found off") in said
-    assert f"causes (2, each enough alone): {{{CULPRIT}}}; {{{second}}}" in said
+    head = next(i for i, line in enumerate(said) if line.startswith("verdict: "))
+    assert said[head].startswith("verdict: culprit-found, 2 independent causes, each enough alone")
+    assert said[head + 1].startswith(f"cause 1: {CULPRIT} (confidence ")
+    assert said[head + 2].startswith(f"cause 2: {second} (confidence ")
+    assert said[head + 3] == "next steps:"
     data = json.loads((tmp_path / "out.json").read_text())
     assert f"'--mask=drop-only:{CULPRIT},{second}'" in data["reproduce"]  # the whole fix
+    # Next steps: each cause alone, the whole fix, each cause explained; all in the state dir.
+    steps = data["next_steps"]
+    assert [(s["step"], s["cause"]) for s in steps] == [
+        ("reproduce", 1), ("reproduce", 2), ("fix", None), ("explain", 1), ("explain", 2)]
+    assert f"'--mask=keep-only:{second}'" in steps[1]["command"]
+    assert steps[2]["command"] == data["reproduce"]
+    assert all(s["command"].endswith(f"--state-dir={tmp_path / 'state'}") for s in steps)
+    assert all(f"    {s['command'].replace(str(tmp_path), 'TMP')}" in said for s in steps)
     assert [c["edges"] for c in data["culprit_sets"]] == [[CULPRIT], [second]]
     assert data["minimal_set"] == [CULPRIT] and data["confidence"] >= 0.95
     assert data["facts"][0].startswith(f"2 independent causes: {{{CULPRIT}}} (keep-only diverged, run ")
@@ -642,6 +677,7 @@ def test_two_independent_causes(tmp_path):
     assert union and int(union[1]) >= 3, data["facts"][0]
     for found in data["culprit_sets"]:  # the runs are the transcript's
         assert all(f"    run {n} (1 edges on): diverged at step" in text for n in found["keep_only_runs"])
+    assert [d["run"] for d in data["run_details"]] == list(range(1, len(data["run_details"]) + 1))
 
 
 def test_localization_steers_the_search_and_is_said(tmp_path):
@@ -697,12 +733,13 @@ def test_every_printed_command_carries_the_options_given_and_the_resume_ends_as_
                                "--json=TMP/out.json")
     simulation.interrupt_after = None
     code, text = run_command(tmp_path, simulation, resume=True, **given)  # that line, as given
-    assert code == 1 and "verdict: culprit-found" in lines(text)
+    assert code == 1 and lines(text)[lines(text).index("next steps:") - 2].startswith(
+        "verdict: culprit-found")
     assert "resuming: 4 finished run(s) in the journal are reused" in lines(text)
     mask = f"'--mask=keep-only:{CULPRIT}'"
-    assert (f"reproduce: bisect-prefetch aa TMP/exp.yaml --runs=4 {mask} --state-dir=TMP/state "
+    assert (f"    bisect-prefetch aa TMP/exp.yaml --runs=3 {mask} --state-dir=TMP/state "
             "--executor=local --slots=1 --stress=off --no-reuse") in lines(text)
-    assert (f"explain: bisect-prefetch explain TMP/exp.yaml {mask} --stress=off "
+    assert (f"    bisect-prefetch explain TMP/exp.yaml {mask} --stress=off "
             "--state-dir=TMP/state") in lines(text)
 
 

@@ -367,4 +367,4 @@ def test_reported_matrix_on_the_fsdp2_workload(tmp_path, monkeypatch, capsys):
     # A run stopped at its first differing digest may have no metric line to plot: its
     # digests are plotted then.
     report_dir = state / exp["name"] / "report"
-    assert list(report_dir.glob("group-*.png")) or list(report_dir.glob("digests-*.png"))
+    assert list(report_dir.glob("run-*.png")) or list(report_dir.glob("digests-*.png"))

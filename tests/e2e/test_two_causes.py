@@ -63,6 +63,13 @@ def test_bisect_names_both_causes_and_a_matrix_of_its_sets_confirms_them(tmp_pat
     for found in sets:
         assert found["keep_only_runs"], found  # each set diverged alone
         assert found["per_run_chance"] is None or 0 < found["per_run_chance"] <= 1
+        # numbered as the transcript's run lines, as run_details says them
+        assert all(result["run_details"][n - 1]["run"] == n for n in found["keep_only_runs"])
+        assert found["size_one"] is False  # 2 ranks shard every unit: no guard step below
+    # Next steps: each cause alone, the whole fix, each explained; in the state dir given.
+    assert [(s["step"], s["cause"]) for s in result["next_steps"]] == [
+        ("reproduce", 1), ("reproduce", 2), ("fix", None), ("explain", 1), ("explain", 2)]
+    assert all(s["command"].endswith(f"--state-dir={state}") for s in result["next_steps"])
 
     # The verdict's sets as matrix cells: each dropped alone, then both.
     matrix = tmp_path / "causes.yaml"
