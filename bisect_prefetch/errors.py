@@ -7,3 +7,13 @@ one-line message on stderr and exit code 2 (exit code 1 is for findings).
 
 class BisectPrefetchError(Exception):
     """A usage or input error: bad file, bad selector, missing metrics, ..."""
+
+
+class ResumableError(BisectPrefetchError):
+    """Runs cannot go on here, but the command can go on elsewhere with what it has: the
+    journal holds every finished run (the Slurm allocation it ran in ended, or lost too many
+    nodes). A command adds how to resume; `where` says where (" in a new allocation")."""
+
+    def __init__(self, message: str, *, where: str = "") -> None:
+        super().__init__(message)
+        self.where = where

@@ -180,6 +180,7 @@ ENV_FILE = "env.json"  # the environment the orchestrator started the job with
 GRAPH_FILE = "graph.json"  # the ranks' graph files merged (runs/merge.py)
 PROBE_FILE = "probe.json"  # the ranks' probes merged
 SCRIPT_FILE = "job.sbatch"  # a Slurm run's batch script
+STEP_FILE = "job.srun"  # a run's srun command line, when it is a step of the tool's allocation
 EXIT_FILE = "job_exit_code"  # a Slurm run's exit code, as its script saw it
 MANIFEST_FILES = "manifest.*.jsonl"  # every process's manifest (adapters/manifest.py)
 RANK_LOG_DIR = "rank_logs"  # {rank_log_dir} of a run's command: a launcher's per-worker logs

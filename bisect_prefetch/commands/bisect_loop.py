@@ -195,7 +195,8 @@ def run_bisection(search: Search, oracle: Oracle, *, console: Console,
     running = 0  # runs requested and not yet heard (a retry keeps its run's slot)
     try:
         while not search.done:
-            while running < slots and (planned := propose()) is not None:
+            # oracle.slots, not the first count: a Slurm allocation that lost a node holds fewer.
+            while running < oracle.slots and (planned := propose()) is not None:
                 if isinstance(planned, Schedule):
                     oracle.request_schedule(planned)
                 else:

@@ -15,6 +15,7 @@ from typing import Any
 
 from rich.console import Console
 
+from bisect_prefetch.errors import BisectPrefetchError, ResumableError
 from bisect_prefetch.experiment import Experiment
 from bisect_prefetch.files import check_writable, write_text_atomic
 from bisect_prefetch.runs.store import StateDir
@@ -53,13 +54,16 @@ def command_line(*argv: str) -> str:
 
 @contextmanager
 def resume_hint_on_interrupt(console: Console, resume: str) -> Iterator[None]:
-    """On Ctrl-C or SIGTERM, print the command that resumes (once), then stop as before."""
+    """On Ctrl-C or SIGTERM, print the command that resumes (once), then stop as before.
+    When runs cannot go on here (a ResumableError), its one line ends with that command."""
     try:
         yield
     except KeyboardInterrupt:
         console.print(INTERRUPTED_LINE, markup=False)
         console.print(f"  {resume}", markup=False, soft_wrap=True)
         raise
+    except ResumableError as exc:
+        raise BisectPrefetchError(f"{exc}; to resume{exc.where}, run again: {resume}") from None
 
 
 @contextmanager

@@ -23,7 +23,7 @@ from typing import Any, Protocol
 from bisect_prefetch.metrics.compare import compare_group
 from bisect_prefetch.runs import envprint
 from bisect_prefetch.runs.execute import Runner
-from bisect_prefetch.runs.executors.base import LOST
+from bisect_prefetch.runs.executors.base import LOST, LOST_RETRIES
 from bisect_prefetch.runs.merge import GRAPH_FILE
 from bisect_prefetch.runs.outcome import RunOutcome
 from bisect_prefetch.runs.signals import identical_wording
@@ -40,7 +40,6 @@ from bisect_prefetch.vocab import (
     Mask,
 )
 
-LOST_RETRIES = 2  # runs of a group whose job the scheduler took away are run again this often
 STAT_FIELDS = ("first_diff_step", "mae", "p95", "max_abs", "steps_compared", "steps_differing")
 
 

@@ -61,6 +61,9 @@ def open_state(experiment: Experiment, state_dir: str | Path, *,
                           markup=False)
         runner = Runner(experiment, state, scope=scope).open()
         if console is not None:
+            for line in runner.executor.lines:  # where runs go (a Slurm allocation's steps)
+                console.print(line, markup=False, soft_wrap=True)
+        if console is not None:
             runner.on_first_usable = lambda out, run_dir: _say_first_run(console, experiment,
                                                                          out.signals, run_dir)
         if console is not None and runner.killed_leftovers:
