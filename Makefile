@@ -13,8 +13,18 @@ MF_STAMP := $(MF_VENV)/.installed
 # About 2.5 GB.
 TT_VENV := .venv-torchtitan
 TT_STAMP := $(TT_VENV)/.installed
+# FSDP2 jobs in venvs of their own with the lowest torch the adapter supports and the newest
+# the package index serves here by default (tests/e2e/test_torch_versions.py). Both are CUDA
+# builds that run on CPU, with their NVIDIA libraries (torch does not import without them):
+# 2.8.0 (public index) 88-155 s and 6.5 GB, 2.14.1 (this machine's disk) 45-344 s and 5.4 GB
+# (load 2 to 8 on 2 cores). numpy as in a user's venv (torch warns at import without it).
+TORCH_LOW := 2.8.0
+TORCH_HIGH := 2.14.1
+LOW_VENV := .venv-torch-$(TORCH_LOW)
+HIGH_VENV := .venv-torch-$(TORCH_HIGH)
+TORCH_STAMPS := $(LOW_VENV)/.installed $(HIGH_VENV)/.installed
 
-.PHONY: install slurm mindformers-venv torchtitan-venv test test-fast demo bench lint clean
+.PHONY: install slurm browser mindformers-venv torchtitan-venv torch-venvs test test-fast demo bench lint clean
 
 install: $(STAMP)
 
@@ -41,12 +51,23 @@ $(TT_STAMP):
 	$(TT_VENV)/bin/pip install --quiet "torchtitan==0.3.0" "triton==3.9.0" tokenizers
 	touch $(TT_STAMP)
 
+torch-venvs: $(TORCH_STAMPS)
+
+.venv-torch-%/.installed:
+	$(PYTHON) -m venv .venv-torch-$*
+	.venv-torch-$*/bin/pip install --quiet "torch==$*" numpy
+	touch $@
+
 # The tests start a real Slurm (one node; two nodes in network namespaces): Debian's slurm-wlm and munge, installed when missing.
 slurm:
 	.ci/install-slurm
 
+# The report is checked in a real browser: Debian's chromium, installed when missing.
+browser:
+	.ci/install-chromium
+
 # A skipped test fails here (tests/conftest.py): `make test` means the real engines ran.
-test: $(STAMP) slurm $(MF_STAMP) $(TT_STAMP)
+test: $(STAMP) slurm browser $(MF_STAMP) $(TT_STAMP) $(TORCH_STAMPS)
 	BISECT_PREFETCH_NO_SKIPS=1 $(BIN)/python -m pytest -q
 
 # The fast tests alone, for iteration: the suite without tests/e2e (the real-engine
@@ -74,4 +95,4 @@ lint: $(STAMP)
 	$(BIN)/ruff check bisect_prefetch tests benchmarks examples
 
 clean:
-	rm -rf $(VENV) $(MF_VENV) $(TT_VENV) .bisect-prefetch
+	rm -rf $(VENV) $(MF_VENV) $(TT_VENV) .venv-torch-* .bisect-prefetch

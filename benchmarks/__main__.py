@@ -5,7 +5,7 @@ import sys
 import time
 
 BENCHES = ["bench_metrics", "bench_search", "bench_adapter", "bench_audit", "bench_workloads",
-           "bench_digest_steps", "bench_executors", "bench_race", "bench_torchtitan", "bench_scale",
+           "bench_digest_steps", "bench_executors", "bench_allocation", "bench_race", "bench_torchtitan", "bench_scale",
            "bench_reuse", "bench_explain"]
 
 

@@ -23,6 +23,13 @@ repeats, each repeat's own figure a median over its steps.
 
 Start-up (launch to the first step) and its share of a ``--startup-steps`` run
 come from whole jobs with and without the adapter, alternated.
+
+The digests' xor before torch 2.9 (no ``torch.hash_tensor``: adapters/torch_digest.py folds
+halves in plain tensor ops instead) is timed side by side with hash_tensor on this torch, in
+one process: a step's digests of one rank of the workload (each parameter's local shard of 2
+ranks, gradient and value, as ``TensorBatch`` takes them), and of 8 large float32 tensors of
+4M elements (where the cost is per byte, not per op; a tenth of the rounds), alternating the
+two, medians of the thread's CPU time. ``--digest-fallback-only`` runs this part alone.
 Run: ``python -m benchmarks.bench_adapter [--repeats N] [--json FILE]``.
 """
 
@@ -130,6 +137,52 @@ def worker(out: str, layers: int, steps: int) -> None:
     dist.destroy_process_group()
 
 
+def digest_fallback(layers: int, rounds: int) -> dict:
+    """CPU ms of a step's digests with torch.hash_tensor's xor and with the fallback's."""
+    import torch
+
+    from bisect_prefetch.adapters.torch_digest import (
+        TensorBatch,
+        xor_by_folding,
+        xor_by_hash_tensor,
+    )
+    from bisect_prefetch.workloads import fsdp2 as workload
+
+    torch.set_num_threads(1)
+    torch.manual_seed(1234)
+    model = workload.TinyTransformer(vocab=64, dim=32, heads=2, layers=layers)
+    shards = [p.detach().chunk(2, dim=0)[0].contiguous() for p in model.parameters()]
+    cases = {  # the tensors, and how many times each way (a large step takes ~0.1-0.3 s)
+        "workload_rank": ([*shards, *(torch.randn_like(s) for s in shards)], rounds),
+        "large_8x4M": ([torch.randn(4 << 20) for _ in range(8)], max(5, rounds // 10)),
+    }
+    xors = {"hash_tensor": xor_by_hash_tensor, "fallback": xor_by_folding}
+    figures = {}
+    for case, (tensors, times_each) in cases.items():
+        names = [f"t{k}" for k in range(len(tensors))]
+        batches = {how: TensorBatch(names, tensors, xor=xor) for how, xor in xors.items()}
+        assert batches["fallback"].measure(tensors)[1] == batches["hash_tensor"].measure(tensors)[1]
+        times: dict[str, list[float]] = {how: [] for how in xors}
+        for k in range(times_each):
+            for how in (("hash_tensor", "fallback") if k % 2 == 0 else ("fallback", "hash_tensor")):
+                started = time.thread_time()
+                batches[how].measure(tensors)
+                times[how].append(1000 * (time.thread_time() - started))
+        medians = {how: statistics.median(t) for how, t in times.items()}
+        figures[case] = {"tensors": len(tensors), "elements": sum(t.numel() for t in tensors),
+                         "rounds": times_each, "median_cpu_ms": medians,
+                         "ratio": medians["fallback"] / medians["hash_tensor"]}
+    return figures
+
+
+def _say_digest_fallback(figures: dict) -> None:
+    for case, f in figures.items():
+        ms = f["median_cpu_ms"]
+        print(f"digests without torch.hash_tensor ({case}, {f['tensors']} tensors, "
+              f"{f['elements']:,} elements): {ms['fallback']:.3f} ms CPU against "
+              f"{ms['hash_tensor']:.3f} ms with it (x{f['ratio']:.2f}, medians)", flush=True)
+
+
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description="adapter overhead on the FSDP2 workload")
     parser.add_argument("--steps", type=int, default=183, help="steps of the interleaved job")
@@ -140,11 +193,22 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--nproc", type=int, default=2)
     parser.add_argument("--timeout", type=float, default=600)
     parser.add_argument("--json", default=None, help="write the figures here")
+    parser.add_argument("--digest-rounds", type=int, default=200,
+                        help="digests timed each way (figures: medians)")
+    parser.add_argument("--digest-fallback-only", action="store_true",
+                        help="only the digests' xor with and without torch.hash_tensor")
     parser.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.worker:
         worker(args.worker, args.layers, args.steps)
         return {}
+    print("digests with and without torch.hash_tensor, side by side...", flush=True)
+    fallback = digest_fallback(args.layers, args.digest_rounds)
+    _say_digest_fallback(fallback)
+    if args.digest_fallback_only:
+        if args.json:
+            Path(args.json).write_text(json.dumps({"digest_fallback": fallback}, indent=1))
+        return {"digest_fallback": fallback}
 
     with tempfile.TemporaryDirectory(prefix="bench-adapter-") as tmp:
         root = Path(tmp)
@@ -206,6 +270,7 @@ def main(argv: list[str] | None = None) -> dict:
         "per_repeat": repeats,
         "startup": startup_figures,
         "startup_steps": args.startup_steps,
+        "digest_fallback": fallback,
     }
 
     print("\nmedian step (ms): " + ", ".join(f"{c} {m:.2f}" for c, m in median_ms.items()))
@@ -224,6 +289,7 @@ def main(argv: list[str] | None = None) -> dict:
         f"(median of {args.repeats} jobs: "
         + ", ".join(f"{r['digests_cpu_pct']:+.2f}%" for r in repeats) + ")"
     )
+    _say_digest_fallback(fallback)
     for name, f in startup_figures.items():
         print(
             f"start-up {name:<8} {f['startup_s']:.2f} s before the first step, "

@@ -2,20 +2,22 @@
 
 A synthetic job imports ``--modules`` source files of its own (a project package beside
 the script, not installed: every one is in its manifest) and writes its manifest the way
-the adapter does at exit; the orchestrator then checks the run for reuse the way a command
-does before reusing it:
+the adapter does when its first step ends (everything imported so far); the orchestrator
+then checks the run for reuse the way `--reuse` or `--resume` does before taking it:
 
-- ``write``: the in-job manifest (sys.modules walk, stat and sha256 of each file, the
-  distributions on sys.path), timed inside the job; it runs after the first step and at
-  exit, never inside a step;
-- ``check unchanged``: every file's size and mtime as recorded (no hashing);
+- ``write``: the in-job manifest (sys.modules walk, stat and sha256 of each own file, stat of
+  each installed module file, the distributions on sys.path), timed inside the job; later
+  writes (each step end, exit) hold only what is new;
+- ``check unchanged``: every file's size and mtime as recorded (no hashing), the installed
+  module files' too (read back from the run dir), the variables it started with;
 - ``check touched``: every file's mtime moved, bytes unchanged (each file hashed again,
   the run still reused);
 - ``check edited``: one file edited (found, reason said).
 
 Where .venv-torchtitan is built (``--skip-torchtitan`` leaves it out), the same for a process of that venv that
 imports torchtitan's trainer: how many source files it imported, how many of them its
-manifest holds (installed distributions are not in it), and the write and check times.
+manifest hashes (installed distributions' files are in it by size and mtime only), and the
+write and check times.
 Each figure is the median of ``--repeats``. Run: ``python -m benchmarks.bench_reuse
 [--modules N] [--repeats R] [--skip-torchtitan] [--json FILE]``.
 """
@@ -32,6 +34,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from bisect_prefetch.runs.launch_env import launch_print
 from bisect_prefetch.runs.reuse import ReuseCheck, collect
 
 REPO = Path(__file__).resolve().parent.parent
@@ -42,9 +45,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import proj
 from bisect_prefetch.adapters.manifest import Manifest
 m = Manifest(out_dir=sys.argv[1])
-m.start()
 began = time.perf_counter()
-m.write(0, trained=True)
+m.write(closed=True)
 imported = sum(1 for mod in list(sys.modules.values()) if str(getattr(mod, "__file__", "") or "").endswith(".py"))
 print(json.dumps({"write_s": time.perf_counter() - began, "imported": imported}))
 """
@@ -55,7 +57,7 @@ import torchtitan.train
 from bisect_prefetch.adapters.manifest import Manifest
 m = Manifest(out_dir=sys.argv[1])
 began = time.perf_counter()
-m.write(0, trained=True)
+m.write(closed=True)
 imported = sum(1 for mod in list(sys.modules.values()) if str(getattr(mod, "__file__", "") or "").endswith(".py"))
 print(json.dumps({"write_s": time.perf_counter() - began, "imported": imported}))
 """
@@ -81,12 +83,13 @@ def _job(python: str, script: Path, run_dir: Path) -> dict:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def _check_s(manifest: dict, repeats: int) -> tuple[float, str | None]:
+def _check_s(root: Path, manifest: dict, repeats: int) -> tuple[float, str | None]:
     times, why = [], None
+    record = {"run_id": "run0", "outcome": "ok", "finished_at": 0, "manifest": manifest,
+              "launched": launch_print(os.environ, cwd=None)}
     for _ in range(repeats):
         began = time.perf_counter()
-        why = ReuseCheck(os.environ, records=[]).why_not(
-            {"run_id": "0001-aa-k0", "finished_at": 0, "manifest": manifest})
+        why = ReuseCheck(os.environ, records=[], runs_path=root).why_not(record)
         times.append(time.perf_counter() - began)
     return statistics.median(times), why
 
@@ -108,8 +111,9 @@ def measure(python: str, job: str, repeats: int, modules: int | None) -> dict:
         manifest = collect(root / "run0")
         files = manifest["files"]
         figures = {"imported_source_files": imported, "manifest_files": len(files),
+                   "installed_module_files": manifest["installed"]["count"],
                    "write_ms": round(statistics.median(writes) * 1000, 1)}
-        unchanged, why = _check_s(manifest, repeats)
+        unchanged, why = _check_s(root, manifest, repeats)
         assert why is None, why
         figures["check_unchanged_ms"] = round(unchanged * 1000, 1)
         own = [p for p in files if p.startswith(str(root))]
@@ -117,11 +121,11 @@ def measure(python: str, job: str, repeats: int, modules: int | None) -> dict:
             for path in own:
                 info = os.stat(path)
                 os.utime(path, ns=(info.st_atime_ns, info.st_mtime_ns + 1000))
-            touched, why = _check_s(manifest, 1)  # once: the next would hash nothing
+            touched, why = _check_s(root, manifest, 1)  # once: the next would hash nothing
             assert why is None, why
             figures["check_touched_ms"] = round(touched * 1000, 1)
             Path(own[-1]).write_text(Path(own[-1]).read_text() + "# edited\n")
-            edited, why = _check_s(manifest, 1)
+            edited, why = _check_s(root, manifest, 1)
             figures["check_edited_ms"] = round(edited * 1000, 1)
             figures["edited_reason"] = why
         return figures

@@ -61,7 +61,12 @@ StateDirOpt = Annotated[
     Path, typer.Option("--state-dir", help="Where run state lives (default .bisect-prefetch).")
 ]
 JsonOpt = Annotated[Path | None, typer.Option("--json", help="Also write the result as JSON here.")]
-NoReuseOpt = Annotated[bool, typer.Option("--no-reuse", help="Run afresh: reuse no run the journal held before this command (by default a run is reused while every file its job read, its packages and numerics variables are unchanged).")]
+ReuseOpt = Annotated[bool | None, typer.Option("--reuse/--no-reuse", help="--reuse: take runs of earlier commands from the journal while every file their jobs read, the symlinks they went through, their packages and every variable they started with are unchanged (what no check can see is said). --no-reuse (the default): run afresh.")]
+
+
+def resume_opt(what: str) -> object:
+    """--resume of a command: `what` it continues."""
+    return typer.Option("--resume", help=f"Continue the latest {what} in the state dir: its finished runs are taken again after the checks of --reuse, no run of another command.")
 
 
 class ExecutorKind(StrEnum):
@@ -129,7 +134,8 @@ def aa(
     executor: ExecutorOpt = None,
     slots: SlotsOpt = None,
     stress: StressOpt = None,
-    no_reuse: NoReuseOpt = False,
+    reuse: ReuseOpt = None,
+    resume: Annotated[bool, resume_opt("aa of this experiment")] = False,
 ) -> None:
     """Run an A/A group under a mask: exit 0 consistent, 1 diverged."""
     from bisect_prefetch.commands.aa import aa as command
@@ -138,7 +144,8 @@ def aa(
                              guard=guard.value if guard else None, state_dir=state_dir,
                              console=console, json_out=json_out,
                              executor=executor.value if executor else None, slots=slots,
-                             stress=stress.value if stress else None, no_reuse=no_reuse))
+                             stress=stress.value if stress else None, reuse=reuse,
+                             resume=resume))
 
 
 @app.command()
@@ -151,13 +158,14 @@ def explain(
     all_units: Annotated[bool, typer.Option("--all-units", help="Trace every unit's ops (by default a mask that enables at most 4 edges traces only their source and target units).")] = False,
     json_out: JsonOpt = None,
     state_dir: StateDirOpt = Path(".bisect-prefetch"),
+    resume: Annotated[bool, resume_opt("explain of this experiment")] = False,
 ) -> None:
     """Trace the ops of an A/A group and name the first op whose output differs, and its edge: exit 0 consistent, 1 a finding, 3 the tool failed in a traced run."""
     from bisect_prefetch.commands.explain import explain as command
 
     raise typer.Exit(command(experiment, masks=mask or [], stress=stress.value if stress else None,
                              runs=runs, steps=steps, all_units=all_units, state_dir=state_dir,
-                             console=console, json_out=json_out))
+                             console=console, json_out=json_out, resume=resume))
 
 
 @app.command()
@@ -165,14 +173,14 @@ def bisect(
     experiment: Annotated[Path, typer.Argument(metavar="EXPERIMENT.yaml", help="Experiment YAML.")],
     confidence: Annotated[float | None, typer.Option("--confidence", help="Confidence the answer must reach (default: the experiment's search.confidence).")] = None,
     max_runs: Annotated[int | None, typer.Option("--max-runs", help="Run budget (default: the experiment's search.max_runs).")] = None,
-    resume: Annotated[bool, typer.Option("--resume", help="Continue the bisection in the state dir, reusing every finished run.")] = False,
+    resume: Annotated[bool, typer.Option("--resume", help="Continue the latest bisection of this experiment in the state dir: its finished runs are taken again after the checks of --reuse (replayed, nothing of other commands unless --reuse).")] = False,
     json_out: JsonOpt = None,
     state_dir: StateDirOpt = Path(".bisect-prefetch"),
     executor: ExecutorOpt = None,
     slots: SlotsOpt = None,
     stress: StressOpt = None,
     segments: Annotated[str | None, typer.Option("--segments", help="auto: several masks a run, so that a start-up is paid about once per divergence (docs/segments.md); off: one mask a run (default: the experiment's search.segments).")] = None,
-    no_reuse: NoReuseOpt = False,
+    reuse: ReuseOpt = None,
     explain: Annotated[bool, typer.Option("--explain", help="After the verdict, trace each cause's keep-only (explain) and show its first divergence and edge.")] = False,
 ) -> None:
     """Find the smallest edge set whose presence makes A/A runs diverge."""
@@ -182,7 +190,7 @@ def bisect(
                              state_dir=state_dir, console=console, json_out=json_out,
                              executor=executor.value if executor else None, slots=slots,
                              stress=stress.value if stress else None, segments=segments,
-                             no_reuse=no_reuse, explain=explain))
+                             reuse=reuse, explain=explain))
 
 
 @app.command()
@@ -195,7 +203,8 @@ def matrix(
     executor: ExecutorOpt = None,
     slots: SlotsOpt = None,
     stress: StressOpt = None,
-    no_reuse: NoReuseOpt = False,
+    reuse: ReuseOpt = None,
+    resume: Annotated[bool, resume_opt("run of this matrix")] = False,
 ) -> None:
     """Run an experiment matrix: exit 0 when every cell meets its expectation, 1 otherwise."""
     from bisect_prefetch.commands.matrix import matrix as command
@@ -203,7 +212,8 @@ def matrix(
     raise typer.Exit(command(matrix_file, state_dir=state_dir, console=console, junit=junit,
                              markdown=markdown, json_out=json_out,
                              executor=executor.value if executor else None, slots=slots,
-                             stress=stress.value if stress else None, no_reuse=no_reuse))
+                             stress=stress.value if stress else None, reuse=reuse,
+                             resume=resume))
 
 
 @app.command()

@@ -19,10 +19,12 @@ from bisect_prefetch.experiment_model import (
     Stress,
     Workload,
     arg_max,
+    check_steps_settable,
     check_stress_fits,
     exec_bytes,
     parse_steps_window,
     segments_unfit,
+    steps_fixed,
     stress_fits,
     with_segments,
     with_stress,
@@ -31,7 +33,7 @@ from bisect_prefetch.experiment_yaml import apply_overrides, load_experiment, wi
 
 __all__ = [
     "Cell", "ExecutorConfig", "Experiment", "Fault", "GraphSource", "Matrix", "Metrics", "Record",
-    "Search", "Stress", "Workload", "apply_overrides", "arg_max", "check_stress_fits",
+    "Search", "Stress", "Workload", "apply_overrides", "arg_max", "check_steps_settable", "check_stress_fits",
     "exec_bytes", "parse_steps_window", "expectation_met", "load_experiment", "load_matrix", "segments_unfit",
-    "stress_fits", "with_overrides", "with_segments", "with_stress",
+    "steps_fixed", "stress_fits", "with_overrides", "with_segments", "with_stress",
 ]

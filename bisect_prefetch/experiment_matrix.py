@@ -14,8 +14,19 @@ from typing import Annotated, Any
 from pydantic import Field, PrivateAttr, model_validator
 
 from bisect_prefetch.errors import BisectPrefetchError
-from bisect_prefetch.experiment_model import ExecutorConfig, Expectation, Experiment, Guard, _Strict
-from bisect_prefetch.experiment_verdict_cells import read_culprit_sets, verdict_cells
+from bisect_prefetch.experiment_model import (
+    ExecutorConfig,
+    Expectation,
+    Experiment,
+    Guard,
+    _Strict,
+    check_steps_settable,
+)
+from bisect_prefetch.experiment_verdict_cells import (
+    read_culprit_sets,
+    verdict_cells,
+    verdict_shortfall,
+)
 from bisect_prefetch.experiment_yaml import (
     _read_yaml,
     _validate_experiment,
@@ -34,10 +45,17 @@ class Cell(_Strict):
     runs: Annotated[int, Field(ge=2)]
     expect: Expectation
     _origin: str = PrivateAttr(default="")  # where a cell not written in the file came from
+    # Why the verdict a cells_from cell checks falls short (confidence below the one asked):
+    # such a cell never meets its expectation.
+    _shortfall: str | None = PrivateAttr(default=None)
 
     @property
     def origin(self) -> str:
         return self._origin
+
+    @property
+    def shortfall(self) -> str | None:
+        return self._shortfall
 
     def mask_specs(self) -> list[str]:
         return [self.mask] if isinstance(self.mask, str) else list(self.mask)
@@ -108,7 +126,8 @@ def load_matrix(path: str | Path) -> Matrix:
             raise BisectPrefetchError(f"{path}: {exc} (cells_from names its cells so)") from None
     for cell in cells:
         try:
-            with_overrides(experiment, cell.overrides)
+            cell_experiment = with_overrides(experiment, cell.overrides)
+            check_steps_settable(experiment, cell_experiment.steps, "steps")
         except BisectPrefetchError as exc:
             raise BisectPrefetchError(f"{path}: cell {cell.name!r}: {exc}") from None
     return Matrix(experiment, cells)
@@ -117,6 +136,8 @@ def load_matrix(path: str | Path) -> Matrix:
 def _cells_from(verdict: Path, experiment_name: str) -> list[Cell]:
     """The cells a bisect.json's causes make (experiment_verdict_cells.py)."""
     cells = [Cell(**cell) for cell in verdict_cells(read_culprit_sets(verdict, experiment_name))]
+    shortfall = verdict_shortfall(verdict)
     for cell in cells:
         cell._origin = f"cells_from {verdict}"
+        cell._shortfall = shortfall
     return cells

@@ -501,6 +501,29 @@ def segments_unfit(experiment: Experiment) -> str | None:
     return None
 
 
+def steps_fixed(experiment: Experiment) -> str | None:
+    """Why no run of this experiment can be given another step count than `steps:` (a
+    command that sets its own count: no `{steps}` in any of its arguments), or None.
+
+    Such a job runs its own number of steps whatever the tool asks: a run asked for more
+    stops short (truncated), one asked for fewer runs on. A built-in workload takes any.
+    """
+    if experiment.command is None:
+        return None
+    if any("steps" in placeholders_in(word) for word in experiment.command):
+        return None
+    return "the command sets its own step count ({steps} is in none of its arguments)"
+
+
+def check_steps_settable(experiment: Experiment, steps: int, option: str) -> None:
+    """Refuse, before any run, a step count the job cannot be given (steps_fixed)."""
+    if steps != experiment.steps and (fixed := steps_fixed(experiment)):
+        raise BisectPrefetchError(
+            f"{option} {steps}: {fixed}, so every run makes the steps: {experiment.steps} of "
+            "the experiment; put {steps} where the command takes its step count to choose "
+            "another")
+
+
 def with_segments(experiment: Experiment, mode: str | None) -> Experiment:
     """The experiment with --segments applied (None: its own search.segments)."""
     if mode is None or mode == experiment.search.segments:

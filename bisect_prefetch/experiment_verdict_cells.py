@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from bisect_prefetch.errors import BisectPrefetchError
-from bisect_prefetch.vocab import CONSISTENT, DIVERGED, DROP_ONLY
+from bisect_prefetch.vocab import CONSISTENT, DIVERGED, DROP_ONLY, quote_edges
 
 DEFAULT_RUNS = 4  # a cell's runs where the verdict gives no per-run chance
 MAX_RUNS = 12
@@ -55,6 +55,20 @@ def read_culprit_sets(path: Path, experiment_name: str) -> list[CulpritSet]:
             f"cells_from {path}: the verdict ({data.get('verdict', 'none')}) names no culprit set, "
             "so there is nothing to drop")
     return sets
+
+
+def verdict_shortfall(path: Path) -> str | None:
+    """Why the verdict a bisect.json holds falls short of what was asked (its confidence
+    below the one asked: `confidence_met` false), or None. A cell built from such a verdict
+    cannot meet its expectation: CI must see that the verdict was never reached."""
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, ValueError):
+        return None  # read_culprit_sets says why
+    if not isinstance(data, dict) or data.get("confidence_met", True) is not False:
+        return None
+    return (f"the verdict it checks ({data.get('verdict')}) holds at confidence "
+            f"{data.get('confidence', 0):.3f}, below the {data.get('confidence_asked')} asked")
 
 
 def _list(path: Path, value: Any) -> list:
@@ -101,9 +115,9 @@ def verdict_cells(sets: list[CulpritSet]) -> list[dict[str, Any]]:
         for number, dropped in enumerate(sets, start=1):
             others = [s.per_run_chance for s in sets if s is not dropped]
             cells.append({"name": f"cause-{number}-dropped",
-                          "mask": f"{DROP_ONLY}:" + ",".join(dropped.edges),
+                          "mask": f"{DROP_ONLY}:" + quote_edges(dropped.edges),
                           "runs": runs_to_see(others), "expect": DIVERGED})
     union = list(dict.fromkeys(e for s in sets for e in s.edges))
-    cells.append({"name": ALL_DROPPED, "mask": f"{DROP_ONLY}:" + ",".join(union),
+    cells.append({"name": ALL_DROPPED, "mask": f"{DROP_ONLY}:" + quote_edges(union),
                   "runs": runs_to_see([s.per_run_chance for s in sets]), "expect": CONSISTENT})
     return cells

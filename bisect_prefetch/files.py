@@ -85,6 +85,18 @@ def state_file(path: Path) -> str | None:
     return None
 
 
+def run_dir_of(path: Path) -> Path | None:
+    """The run dir of a state dir that path lies in (a runs/<run id>/ beside a journal or a
+    lock), else None: the files there are the evidence of a run, and no output may land on
+    one (`--json stdout.log` would replace a run's log, `--html plan.json` its plan)."""
+    path = path.resolve()
+    for ancestor in path.parents:
+        if ancestor.name == STATE_RUNS and any(
+                (ancestor.parent / name).exists() for name in (STATE_JOURNAL, STATE_LOCK)):
+            return ancestor / path.relative_to(ancestor).parts[0]
+    return None
+
+
 def _refuse_state_files(path: Path) -> None:
     if (what := _protected.get(path.resolve()) or state_file(path)) is not None:
         raise BisectPrefetchError(f"refusing to write {path}: it is {what}")
@@ -95,6 +107,9 @@ def check_writable(path: str | Path) -> None:
     directory, or in a directory this process cannot write (checked before any run starts)."""
     path = Path(path)
     _refuse_state_files(path)
+    if (run_dir := run_dir_of(path)) is not None:
+        raise BisectPrefetchError(f"refusing to write {path}: it is inside run dir {run_dir}, "
+                                  "whose files are a run's evidence (write outputs elsewhere)")
     if path.is_dir():
         raise BisectPrefetchError(f"cannot write {path}: it is a directory")
     ancestor = path.parent

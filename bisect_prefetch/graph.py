@@ -12,7 +12,7 @@ from __future__ import annotations
 import itertools
 import json
 import math
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -307,8 +307,16 @@ def render_mermaid(graph: PrefetchGraph) -> str:
     return "\n".join(lines)
 
 
-def render_png(graph: PrefetchGraph, path: str | Path, *, highlight: Iterable[str] = ()) -> None:
-    """Layers left to right; fwd edges arc above, bwd below; highlighted edges thick."""
+CAUSE_COLOURS = ("black", "tab:purple", "tab:green", "tab:orange", "tab:brown", "tab:olive")
+
+
+def render_png(graph: PrefetchGraph, path: str | Path, *, highlight: Iterable[str] = (),
+               causes: Sequence[Sequence[str]] = (), height: float = 3.2) -> None:
+    """Layers left to right; fwd edges arc above, bwd below; highlighted edges thick.
+
+    causes: every cause's edges, each drawn thick in a colour of its own and named
+    (`cause N` beside its edges), so that no cause of several goes unseen.
+    """
     import matplotlib
 
     matplotlib.use("Agg")
@@ -317,28 +325,37 @@ def render_png(graph: PrefetchGraph, path: str | Path, *, highlight: Iterable[st
     from matplotlib.patches import FancyArrowPatch
 
     highlight = set(highlight)
+    cause_of = {e: i for i, edges in enumerate(causes) for e in edges}
     nodes = graph.nodes()
     x = {n: i for i, n in enumerate(nodes)}
     width = max(6.0, 0.9 * len(nodes))
-    fig, ax = plt.subplots(figsize=(width, 3.2))
+    fig, ax = plt.subplots(figsize=(width, height))
     for n in nodes:
         ax.text(x[n], 0, n, rotation=90, ha="center", va="center", fontsize=7,
                 bbox={"boxstyle": "round", "fc": "white", "ec": "grey"})
     colour = {FWD: "tab:blue", BWD: "tab:red"}
     for e in graph.edges():
-        hot = e.id in highlight
+        number = cause_of.get(e.id)
+        hot = e.id in highlight or number is not None
         rad = -0.4 if e.phase == FWD else 0.4
+        y = 0.35 if e.phase == FWD else -0.35
+        ink = (CAUSE_COLOURS[number % len(CAUSE_COLOURS)] if number is not None
+               else "black" if hot else colour[e.phase])
         ax.add_patch(FancyArrowPatch(
-            (x[e.src], 0.35 if e.phase == FWD else -0.35),
-            (x[e.dst], 0.35 if e.phase == FWD else -0.35),
-            connectionstyle=f"arc3,rad={rad}", arrowstyle="-|>", mutation_scale=10,
-            color="black" if hot else colour[e.phase], lw=3 if hot else 1,
-        ))
+            (x[e.src], y), (x[e.dst], y), connectionstyle=f"arc3,rad={rad}", arrowstyle="-|>",
+            mutation_scale=10, color=ink, lw=3 if hot else 1, zorder=3 if hot else 2))
+        if number is not None:  # named in the band beyond the arcs, over its edge's middle
+            ax.text((x[e.src] + x[e.dst]) / 2, 1.3 if e.phase == FWD else -1.3,
+                    f"cause {number + 1}", ha="center", va="center", fontsize=8,
+                    fontweight="bold", color=ink)
     ax.set_xlim(-1, len(nodes))
     ax.set_ylim(-1.5, 1.5)
     ax.axis("off")
+    named = ", ".join(f"cause {i + 1} in {CAUSE_COLOURS[i % len(CAUSE_COLOURS)].removeprefix('tab:')}"
+                      for i in range(len(causes)))
     ax.set_title("prefetch edges: forward (blue, above), backward (red, below)"
-                 + (", culprit in black" if highlight else ""), fontsize=9)
+                 + (f"\n{named}" if named else ", culprit in black" if highlight else ""),
+                 fontsize=9)
     fig.tight_layout()
     from bisect_prefetch.files import save_figure_atomic
 

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 
 import yaml
 
-from bisect_prefetch.vocab import placeholders_in
+from bisect_prefetch.vocab import escape_placeholders
 
 STEPS, SEED, PORT = "steps", "seed", "port"
 # The last dotted part of an argument's name, dashes read as underscores.
@@ -47,12 +47,10 @@ class Marked:
 
     kind: str  # steps | seed | port
     flag: str  # the argument's name as written: --steps, --rdzv-endpoint, MASTER_PORT
-    value: str  # the value it had ("" when the command already held the placeholder)
+    value: str  # the value it had
     index: int  # the argv word that holds the value
 
     def describe(self) -> str:
-        if not self.value:
-            return f"{self.flag} {{{self.kind}}} (marked already)"
         return f"{self.flag} {self.value} -> {{{self.kind}}}"
 
 
@@ -101,8 +99,12 @@ def _launcher(word: str) -> str | None:
 
 
 def find_placeholders(argv: Sequence[str]) -> Placeholders:
-    """The command with placeholders in the values that set steps, seed and port."""
-    out = Placeholders(original=list(argv), argv=list(argv))
+    """The command with placeholders in the values that set steps, seed and port.
+
+    argv is what a shell would run: a `{steps}` already in it is the job's own text, kept
+    literal (written `{{steps}}`); only the arguments found here get placeholders.
+    """
+    out = Placeholders(original=list(argv), argv=[escape_placeholders(w) for w in argv])
     i = 0
     while i < len(out.argv):
         word = out.argv[i]
@@ -123,13 +125,6 @@ def find_placeholders(argv: Sequence[str]) -> Placeholders:
             if _NAME.match(name):
                 _mark(out, i, name, value, prefix=name + "=")
         i += 1
-    for kind in (STEPS, SEED, PORT):  # marked by the user after an argument of another name
-        if out.found(kind) is None:
-            for j, word in enumerate(out.argv):
-                if kind in placeholders_in(word):
-                    flag = word.split("=", 1)[0] if "=" in word else (out.argv[j - 1] if j else word)
-                    out.marked.append(Marked(kind, flag, "", j))
-                    break
     return out
 
 
@@ -141,11 +136,6 @@ def _mark(out: Placeholders, index: int, name: str, value: str, *, prefix: str) 
     if kind is None:
         return
     placeholder = f"{{{kind}}}"
-    if kind in placeholders_in(value):  # marked already
-        out.marked.append(Marked(kind, name, "", index))
-        return
-    if "{" in value:
-        return
     if _key(name) in ENDPOINT_KEYS:
         host, colon, port = value.rpartition(":")
         if colon and _INT.match(port):

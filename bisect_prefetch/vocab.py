@@ -8,7 +8,7 @@ A value spelled in several files drifts in one of them: spell it here.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 # -- the search's options ---------------------------------------------------------
 # The chance the answer must reach when neither --confidence nor search.confidence says
@@ -71,6 +71,13 @@ NOOP = "noop"  # allowed, but its target was already unsharded or pending
 MASKED = "masked"  # the mask switched the edge off
 GUARDED = "guarded"  # the guard skipped it
 PROBE_OUTCOMES = (ISSUED, NOOP, MASKED, GUARDED)
+
+# -- an adapter that could not hook the job's engine (adapters/__init__.py) ------------
+# Its line, on the job's stderr (after "bisect-prefetch: ") and in the probe under
+# NOT_ACTIVE_KEY: "adapter not active: torch 2.7.1 is outside the supported range 2.8-2.15".
+# The job stops with it; the orchestrator makes it the run's error (runs/run_judge.py).
+ADAPTER_NOT_ACTIVE = "adapter not active"
+NOT_ACTIVE_KEY = "adapter_not_active"
 
 # -- the files a rank writes into its run dir (adapters/recorder.py writes, metrics/ reads) --
 # Every rank writes files of its own: nothing in a run dir is appended to by two processes
@@ -140,6 +147,12 @@ def placeholders_in(word: str) -> set[str]:
     return {m.group(2) for m in _PLACEHOLDER.finditer(word) if m.group(2)}
 
 
+def escape_placeholders(word: str) -> str:
+    """A word as a shell would pass it, written so that the tool keeps it literal: each
+    `{steps}` (any placeholder's name) becomes `{{steps}}`."""
+    return _PLACEHOLDER.sub(lambda m: f"{{{{{m.group(2)}}}}}" if m.group(2) else m.group(0), word)
+
+
 def fill_placeholders(word: str, value: Callable[[str], str]) -> str:
     """The argument with each placeholder replaced by value(name), each escape undone."""
     return _PLACEHOLDER.sub(lambda m: f"{{{m.group(1)}}}" if m.group(1) else value(m.group(2)),
@@ -167,8 +180,9 @@ ENV_FILE = "env.json"  # the environment the orchestrator started the job with
 GRAPH_FILE = "graph.json"  # the ranks' graph files merged (runs/merge.py)
 PROBE_FILE = "probe.json"  # the ranks' probes merged
 SCRIPT_FILE = "job.sbatch"  # a Slurm run's batch script
+STEP_FILE = "job.srun"  # a run's srun command line, when it is a step of the tool's allocation
 EXIT_FILE = "job_exit_code"  # a Slurm run's exit code, as its script saw it
-MANIFEST_FILES = "manifest.*.json"  # every process's manifest (adapters/manifest.py)
+MANIFEST_FILES = "manifest.*.jsonl"  # every process's manifest (adapters/manifest.py)
 RANK_LOG_DIR = "rank_logs"  # {rank_log_dir} of a run's command: a launcher's per-worker logs
 ADAPTER_TREE = "adapter"  # the copy of the in-job code a job's PYTHONPATH starts with
 PLOTS_DIR = "report"  # the state dir's plots, beside REPORT_FILE
@@ -199,14 +213,10 @@ def order_rank_file(rank: int | str) -> str:
     return f"order.rank{rank}.jsonl"
 
 
-def manifest_rank_file(rank: int | str) -> str:
-    """What one rank's process read (adapters/manifest.py)."""
-    return f"manifest.rank{rank}.json"
-
-
 def manifest_process_file(host: str, pid: int | str) -> str:
-    """What a process that is no rank read (a launcher's agent), named by host and pid."""
-    return f"manifest.proc.{host}-{pid}.json"
+    """What one process of a job read (adapters/manifest.py), named by host and pid: every
+    process writes its own, ranks, launcher agents and forked workers alike."""
+    return f"manifest.{host}-{pid}.jsonl"
 
 
 # -- edges and masks -----------------------------------------------------------------
@@ -231,6 +241,18 @@ def edge_id(phase: str, src: str, dst: str) -> str:
 def edge_phase(text: str) -> str:
     """The phase an edge id starts with (`fwd`, `bwd`; anything else for a non-id)."""
     return text.partition(":")[0]
+
+
+# In a selector (select.py reads them back), a backslash makes the next character plain:
+# a comma, a glob character or a backslash inside an edge id is written escaped.
+SELECTOR_SPECIAL = ",*?[]\\"
+
+
+def quote_edges(edge_ids: Iterable[str]) -> str:
+    """Edge ids as one selector string that selects exactly them: `keep-only:` + this is a
+    mask a user can paste back (select.py reads the escapes)."""
+    return ",".join("".join("\\" + ch if ch in SELECTOR_SPECIAL else ch for ch in edge)
+                    for edge in edge_ids)
 
 
 def parse_edge_id(text: str) -> tuple[str, str, str]:

@@ -106,8 +106,12 @@ def write_experiment(tmp_path: Path, argv: list[str], *, steps: int = 8, timeout
 
 
 def fake_job_experiment(tmp_path: Path, mode: str = "clean", **kw) -> Path:
-    """An experiment running tests/jobs/fake_job.py in a mode (clean, crash, hang, ...)."""
-    return write_experiment(tmp_path, [sys.executable, str(FAKE_JOB), mode], **kw)
+    """An experiment running tests/jobs/fake_job.py in a mode (clean, crash, hang, ...).
+
+    Its command takes `{steps}` (the job reads the count from its plan, the same number),
+    so the tool may give its runs any length, as it does a job whose command says `{steps}`."""
+    return write_experiment(tmp_path, [sys.executable, str(FAKE_JOB), mode, "--steps={steps}"],
+                            **kw)
 
 
 def script_experiment(tmp_path: Path, body: str, *args: str, **kw) -> Path:
@@ -272,8 +276,9 @@ ORCHESTRATOR_FILES = {"plan.json", "status.json", "env.json", "graph.json", "pro
                       "stderr.log", "job.sbatch", "job_exit_code"}
 ORCHESTRATOR_DIRS = {"adapter", "rank_logs"}
 RANK_FILE = r"(?P<kind>[a-z]+)\.rank(?P<rank>\d+)(?P<other>\.[^.]+)?\.(?P<ext>jsonl|json)"
-# A process that is no rank (a launcher's agent) names its own file by host and pid.
-PROCESS_FILE = r"(?P<kind>[a-z]+)\.proc\.(?P<host>.+)-(?P<pid>\d+)\.json"
+# Every process of a job (a rank, a launcher's agent, a forked worker) names its manifest by
+# host and pid (adapters/manifest.py).
+PROCESS_FILE = r"(?P<kind>manifest)\.(?!rank\d+\.)(?P<host>.+)-(?P<pid>\d+)\.jsonl"
 
 
 def run_dir_writers(run_dir: Path, ranks: int) -> dict[str, str]:

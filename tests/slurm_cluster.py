@@ -24,7 +24,7 @@ import subprocess
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
@@ -147,8 +147,26 @@ def _stop(proc: subprocess.Popen | None) -> None:
 
 
 @contextmanager
+def _outside_any_allocation() -> Iterator[None]:
+    """SLURM_JOB_ID unset meanwhile: tests started inside an allocation of another cluster
+    (a CI runner under salloc) would otherwise make the tool run steps of it here."""
+    held = os.environ.pop("SLURM_JOB_ID", None)
+    try:
+        yield
+    finally:
+        if held is not None:
+            os.environ["SLURM_JOB_ID"] = held
+
+
+@contextmanager
 def running_cluster(root: Path) -> Iterator[SlurmCluster]:
     """munged, slurmctld and slurmd with a slurm.conf under root; SLURM_CONF set meanwhile."""
+    with _outside_any_allocation(), _running_cluster(root) as cluster:
+        yield cluster
+
+
+@contextmanager
+def _running_cluster(root: Path) -> Iterator[SlurmCluster]:
     for program in ("sbatch", "slurmctld", "slurmd", "munged"):
         if shutil.which(program) is None:
             raise RuntimeError(f"{program} not found: run .ci/install-slurm (make test does)")
@@ -202,6 +220,7 @@ class TwoNodeCluster:
     addresses: tuple[str, str]
     namespaces: tuple[str, str]
     env: dict[str, str]  # SLURM_CONF
+    daemons: list[subprocess.Popen] = field(default_factory=list)  # stopped by pid at the end
 
     def inside(self, argv: list[str], node: int = 0) -> list[str]:
         """argv run in a node's network namespace, with that node's host name (the
@@ -213,6 +232,30 @@ class TwoNodeCluster:
                 '&& exec "$@"', "sh", *argv]
 
 
+    def kill_node(self, node: int) -> list[int]:
+        """The node dies: SIGKILL to every process of its network namespace (its slurmd, the
+        slurmstepd of each step and the steps' tasks). Returns their pids."""
+        listed = subprocess.run(["ip", "netns", "pids", self.namespaces[node]],
+                                capture_output=True, text=True, check=True)
+        pids = [int(pid) for pid in listed.stdout.split()]
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        return pids
+
+    def start_slurmd(self, node: int) -> None:
+        """A new slurmd for a node whose slurmd was killed; returns once the node is idle."""
+        env = {**os.environ, **self.env}
+        proc = subprocess.Popen(
+            self.inside(["slurmd", "-D", "-f", str(self.conf), "-N", self.nodes[node]], node=node),
+            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        self.daemons.append(proc)
+        _wait_for(lambda: _node_idle_inside(self, env, self.nodes[node]), 60,
+                  f"slurmd of {self.nodes[node]} (node idle)", proc)
+
+
 def _ip(*argv: str) -> None:
     done = subprocess.run(["ip", *argv], capture_output=True, text=True)
     if done.returncode != 0:
@@ -221,7 +264,8 @@ def _ip(*argv: str) -> None:
                            "and a veth pair between them)")
 
 
-def write_two_node_conf(root: Path, addresses: tuple[str, str]) -> Path:
+def write_two_node_conf(root: Path, addresses: tuple[str, str],
+                        slurmd_timeout_s: int | None = None) -> Path:
     for sub in ("state", "spool", "log"):
         (root / sub).mkdir(parents=True, exist_ok=True)
     conf = root / "slurm.conf"
@@ -257,6 +301,7 @@ SlurmdParameters=config_overrides
 MinJobAge=300
 KillWait=5
 InactiveLimit=0
+{f"SlurmdTimeout={slurmd_timeout_s}" if slurmd_timeout_s else ""}
 {nodes}
 PartitionName={PARTITION} Nodes={",".join(NODES)} Default=YES MaxTime=INFINITE State=UP
 """)
@@ -264,11 +309,19 @@ PartitionName={PARTITION} Nodes={",".join(NODES)} Default=YES MaxTime=INFINITE S
 
 
 @contextmanager
-def running_two_node_cluster(root: Path) -> Iterator[TwoNodeCluster]:
+def running_two_node_cluster(root: Path, *,
+                             slurmd_timeout_s: int | None = None) -> Iterator[TwoNodeCluster]:
     """munged (shared through its socket's path), slurmctld and one slurmd per node, each node
     a network namespace joined to the other by a veth pair on a private /24 that only these
     two namespaces hold. Everything is started here and stopped by pid; the namespaces, the
-    veth pair and their /etc/netns host files are removed."""
+    veth pair and their /etc/netns host files are removed. slurmd_timeout_s: how soon the
+    controller calls a node that stopped answering failed (Slurm's default is 300 s)."""
+    with _outside_any_allocation(), _running_two_node_cluster(root, slurmd_timeout_s) as cluster:
+        yield cluster
+
+
+@contextmanager
+def _running_two_node_cluster(root: Path, slurmd_timeout_s: int | None) -> Iterator[TwoNodeCluster]:
     for program in ("sbatch", "slurmctld", "slurmd", "munged", "ip", "unshare", "nsenter"):
         if shutil.which(program) is None:
             raise RuntimeError(f"{program} not found: run .ci/install-slurm (make test does)")
@@ -276,11 +329,11 @@ def running_two_node_cluster(root: Path) -> Iterator[TwoNodeCluster]:
     namespaces = (f"{tag}a", f"{tag}b")
     subnet = f"10.231.{os.getpid() % 250}"
     addresses = (f"{subnet}.1", f"{subnet}.2")
-    conf = write_two_node_conf(root, addresses)
+    conf = write_two_node_conf(root, addresses, slurmd_timeout_s)
     env = {**os.environ, "SLURM_CONF": str(conf)}
     made: list[str] = []
     hosts_dirs = [Path("/etc/netns") / ns for ns in namespaces]
-    procs: list[subprocess.Popen] = []
+    procs: list[subprocess.Popen] = []  # the cluster's daemons: start_slurmd adds to them
     munged = None
     try:
         for ns in namespaces:
@@ -298,7 +351,7 @@ def running_two_node_cluster(root: Path) -> Iterator[TwoNodeCluster]:
             directory.mkdir(parents=True, exist_ok=True)
             (directory / "hosts").write_text(hosts)
         cluster = TwoNodeCluster(conf=conf, partition=PARTITION, nodes=NODES, addresses=addresses,
-                                 namespaces=namespaces, env={"SLURM_CONF": str(conf)})
+                                 namespaces=namespaces, env={"SLURM_CONF": str(conf)}, daemons=procs)
         munged = _start_munged()
         slurmctld = subprocess.Popen(cluster.inside(["slurmctld", "-D", "-i", "-f", str(conf)]),
                                      env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)

@@ -6,7 +6,14 @@ from hypothesis import strategies as st
 
 from bisect_prefetch.errors import BisectPrefetchError
 from bisect_prefetch.graph import from_policy
-from bisect_prefetch.select import describe, preset_mask, resolve_mask, select, select_many
+from bisect_prefetch.select import (
+    describe,
+    preset_mask,
+    quote,
+    resolve_mask,
+    select,
+    select_many,
+)
 
 IDS = from_policy("mindformers", 4).edge_ids()
 FWD = {e for e in IDS if e.startswith("fwd:")}
@@ -96,3 +103,33 @@ def test_keep_only_and_drop_only_are_complements(chosen):
     assert keep == frozenset(chosen)
     assert keep | drop == frozenset(IDS) and not keep & drop
     assert set(select_many([sel], IDS)) == chosen
+
+
+# Legal module names (ModuleDict keys) that a plain comma list or a glob would misread.
+HOSTILE_IDS = ["bwd:experts[0]->experts[1]", "fwd:a,b->c", "bwd:x*y->z?", "fwd:my layer->o\\k",
+               "bwd:experts[1]->experts[0]", "fwd:c->a,b"]
+
+
+@pytest.mark.parametrize("chosen", [HOSTILE_IDS[:1], HOSTILE_IDS[1:2], HOSTILE_IDS[2:4],
+                                    HOSTILE_IDS])
+def test_every_printed_mask_reads_back_as_its_edges(chosen):
+    """quote() is how the tool prints edges in a mask (reproduce, explain, cells_from,
+    describe): keep-only of it, drop-only of it and a plain selector select exactly them."""
+    text = quote(chosen)
+    assert set(resolve_mask([f"keep-only:{text}"], HOSTILE_IDS)) == set(chosen)
+    assert set(resolve_mask([f"drop-only:{text}"], HOSTILE_IDS)) == set(HOSTILE_IDS) - set(chosen)
+    assert set(resolve_mask([text], HOSTILE_IDS)) == set(chosen)
+    assert set(resolve_mask([f"keep-only:{describe_ids(chosen)}"], HOSTILE_IDS)) == set(chosen)
+
+
+def describe_ids(chosen: list[str]) -> str:
+    name = describe(frozenset(chosen), HOSTILE_IDS)
+    return name.partition(":")[2] if ":" in name and len(chosen) <= 2 else quote(chosen)
+
+
+def test_an_id_written_as_the_graph_spells_it_is_that_edge():
+    assert select_many(["bwd:experts[0]->experts[1]"], HOSTILE_IDS) == ["bwd:experts[0]->experts[1]"]
+    assert select_many(["fwd:a,b->c"], HOSTILE_IDS) == ["fwd:a,b->c"]
+    # Unescaped, a glob is still a glob, and a comma still separates selectors.
+    assert select_many(["bwd:experts*"], HOSTILE_IDS) == [HOSTILE_IDS[0], HOSTILE_IDS[4]]
+    assert select_many([r"bwd:x\*y->z\?,fwd:c->a\,b"], HOSTILE_IDS) == [HOSTILE_IDS[2], HOSTILE_IDS[5]]

@@ -21,7 +21,7 @@ ELSEWHERE = {
     ("commands/bisect.py", "search"): "the bisect command's run purpose in the journal",
     ("runs/oracle.py", "search"): "the real oracle's default run purpose",
     ("experiment_model.py", "search"): "the experiment file's search: key",
-    ("report/html.py", "search"): "the bisect command's run purpose in the journal",
+    ("report/run_view.py", "search"): "the bisect command's run purpose in the journal",
     ("search/simulate.py", "search"): "simulate's method: the tool's own search, not a baseline",
 }
 
@@ -30,7 +30,7 @@ ELSEWHERE = {
 # police), and each rank's file as the glob of every rank's.
 RANK_FILES = (vocab.digests_rank_file, vocab.metrics_rank_file, vocab.op_trace_file,
               vocab.env_rank_file, vocab.graph_rank_file, vocab.probe_rank_file,
-              vocab.order_rank_file, vocab.manifest_rank_file)
+              vocab.order_rank_file)
 FILE_NAMES = ({value for name, value in vars(vocab).items()
                if name.endswith(("_FILE", "_FILES")) and isinstance(value, str)} - {vocab.LOCK_FILE}
               | {spell("*") for spell in RANK_FILES} | {vocab.manifest_process_file("*", "*")})

@@ -67,6 +67,13 @@ For framework adapters (fsdp2, hyper_parallel, ...), through ``session()``:
   ``Session.write_environment()`` (env.rank{R}.json, adapters/environment.py: written at
   the first step's end, or at exit by a process that saw a prefetch) and
   ``Session.note_error(msg)`` (reported on stderr and listed in the probe).
+- A framework adapter that cannot hook the job's engine (a torch outside the range it
+  supports, a name it needs missing: adapters/fsdp2_support.py) raises ``NotActive`` with
+  one line, "adapter not active: torch 2.7.1 is outside the supported range 2.8-2.15";
+  any other failure to activate is said the same way. ``Session.not_active(line)`` writes
+  the line to stderr and the probe (vocab.NOT_ACTIVE_KEY) and, under a plan, ends the job
+  (SystemExit, status 1) at the import that activated the adapter: no run goes on
+  without its adapter, and the orchestrator makes the line the run's error.
 """
 
 from __future__ import annotations
@@ -79,7 +86,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from bisect_prefetch.vocab import ISSUED, NOOP, parse_edge_id
+from bisect_prefetch.vocab import ADAPTER_NOT_ACTIVE, ISSUED, NOOP, NOT_ACTIVE_KEY, parse_edge_id
 
 from . import environment, manifest
 from .gate import Gate
@@ -130,6 +137,7 @@ class Session:
     def __init__(self, plan: Plan | None, rank: int) -> None:
         self.plan = plan
         self.rank = rank
+        self.pid = os.getpid()  # a forked child (a DataLoader worker) is not this process
         self.recorder = Recorder(plan.out_dir, rank) if plan and plan.out_dir else None
         self.tally = ProbeTally()
         self.probe_extra: dict[str, Any] = {}
@@ -247,6 +255,19 @@ class Session:
         self.errors.append(message)
         print(f"bisect-prefetch: {message}", file=sys.stderr, flush=True)
 
+    def not_active(self, line: str) -> None:
+        """A framework adapter could not hook the job's engine (``line``: why, one line).
+
+        Under a plan the job stops here, with exit status 1: a run without its adapter
+        would apply no mask and record nothing, and must never be taken for one that did.
+        The line goes to stderr and into the probe (NOT_ACTIVE_KEY), which exit writes.
+        Without a plan (nothing asked of the adapter) the job runs on, the line said."""
+        self.note_error(line)
+        if self.plan is None:
+            return
+        self.probe_extra[NOT_ACTIVE_KEY] = line
+        raise SystemExit(1)  # past the job's `except Exception`: no run goes on without it
+
     def refuse_schedule(self, reason: str) -> None:
         """The engine cannot switch masks inside a run (``reason``, one line): segment 0's
         mask stays for the whole run, and the probe says ``schedule_refused``. A framework
@@ -328,6 +349,10 @@ class Session:
             self.note_error(f"environment fingerprint not written: {e!r}")
 
     def close(self) -> None:
+        if os.getpid() != self.pid:
+            # A forked child inherits this exit handler: the rank's files are its parent's
+            # (every writer owns its file); the child's manifest closes itself.
+            return
         self.clock.close()
         if self.clock.source is None and self.forwards:
             self.clock.notes.append(
@@ -359,6 +384,11 @@ _session: Session | None = None
 _install_lock = threading.Lock()
 
 
+class NotActive(Exception):
+    """A framework adapter refuses the job's engine; the message is the one line saying why
+    (vocab.ADAPTER_NOT_ACTIVE: the version, what it lacks)."""
+
+
 def _activate(adapter_name: str) -> Callable[[Any], None]:
     def activate(_module: Any) -> None:
         import importlib
@@ -368,8 +398,10 @@ def _activate(adapter_name: str) -> Callable[[Any], None]:
             return
         try:
             importlib.import_module(adapter_name).activate(session())
-        except Exception as e:  # the job runs on; the probe says the adapter is missing
-            session().note_error(f"cannot activate {adapter_name}: {e!r}")
+        except NotActive as e:
+            session().not_active(str(e))
+        except Exception as e:
+            session().not_active(f"{ADAPTER_NOT_ACTIVE}: cannot activate {adapter_name}: {e!r}")
 
     return activate
 

@@ -1,4 +1,4 @@
-"""The adapter for PyTorch FSDP2 (``torch.distributed.fsdp.fully_shard``), torch 2.13.
+"""The adapter for PyTorch FSDP2 (``torch.distributed.fsdp.fully_shard``), torch 2.8-2.15.
 
 Activated by ``bisect_prefetch.adapters.install()`` when the job imports
 ``torch.distributed.fsdp``: that is before any ``fully_shard`` call, which
@@ -48,6 +48,13 @@ where the update is. When the optimizer is about to apply a step's gradients,
 each matching parameter's local gradient shard and local value shard are digested
 (adapters/digest.py, adapters/torch_digest.py). At each step end the graph is
 rewritten if a prefetch edge not yet in it was seen.
+
+Which torch: adapters/fsdp2_support.py. Before anything is patched, a torch outside 2.8-2.15
+or one lacking a name patched here is refused (``activate`` raises NotActive with the line).
+Across the range two names differ, and both forms are taken: FSDP2's ``_dynamo_disable``
+(2.12 and later; before, the hooks are plain functions, as FSDP2's own are there) and a
+state's parameter groups (``_fsdp_param_groups``, a list, from 2.12; ``_fsdp_param_group``,
+one or None, before).
 """
 
 from __future__ import annotations
@@ -62,6 +69,7 @@ import torch
 import torch.distributed as dist
 
 from bisect_prefetch import vocab
+from bisect_prefetch.adapters import NotActive, fsdp2_support
 from bisect_prefetch.adapters.base import DigestColumns, FrameworkAdapter
 from bisect_prefetch.adapters.torch_digest import TensorBatch, local
 from bisect_prefetch.adapters.units import ROOT_NAME, UNKNOWN_NAME
@@ -73,6 +81,20 @@ if TYPE_CHECKING:
 _PLAN_HASH_KEY = "bisect_prefetch/plan_hash/{rank}"
 _PLAN_HASH_WAIT_S = 300
 _adapter: _Fsdp2Adapter | None = None
+
+
+def param_groups(state: FSDPState) -> list[FSDPParamGroup]:
+    """A state's parameter groups: a list from torch 2.12, one group or None before."""
+    groups = getattr(state, "_fsdp_param_groups", None)
+    if groups is not None:
+        return list(groups)
+    group = getattr(state, "_fsdp_param_group", None)
+    return [] if group is None else [group]
+
+
+def _no_dynamo_disable(fn: Any) -> Any:
+    """Where FSDP2 has no ``_dynamo_disable`` (before torch 2.12): the hook as it is."""
+    return fn
 
 
 def _group_shard_size(group: FSDPParamGroup) -> int:
@@ -113,7 +135,7 @@ class _Fsdp2Adapter(FrameworkAdapter):
                 continue
             names = [fqns.get(module, UNKNOWN_NAME) or ROOT_NAME for module in state._modules]
             self.name_unit(state, "+".join(names))
-            for group in state._fsdp_param_groups:
+            for group in param_groups(state):
                 self.group_states[group] = state
                 self.group_shard_sizes[group] = _group_shard_size(group)
         for state in root._state_ctx.all_states:
@@ -144,7 +166,7 @@ class _Fsdp2Adapter(FrameworkAdapter):
         self.world_size = dist.get_world_size()
         self.plan_store.set(_PLAN_HASH_KEY.format(rank=dist.get_rank()), plan.hash)
         meshes = [
-            g.mesh_info.mesh for s in root._state_ctx.all_states for g in s._fsdp_param_groups
+            g.mesh_info.mesh for s in root._state_ctx.all_states for g in param_groups(s)
         ]
         if meshes and meshes[0].size() == self.world_size:
             keys = [_PLAN_HASH_KEY.format(rank=r) for r in range(self.world_size)]
@@ -188,7 +210,7 @@ class _Fsdp2Adapter(FrameworkAdapter):
         for state in self.post_forward_sequence:
             order.setdefault(id(state), len(order))
         return [(self.name_of(state), order.get(id(state)),
-                 max((self.group_shard_sizes[g] for g in state._fsdp_param_groups), default=1))
+                 max((self.group_shard_sizes[g] for g in param_groups(state)), default=1))
                 for state in self.units]
 
     # -- the prefetch choke point -----------------------------------------------------
@@ -239,7 +261,7 @@ class _Fsdp2Adapter(FrameworkAdapter):
     def find_digest_params(self, glob: str) -> list[tuple[str, Any]]:
         return [(fsdp_param._param_fqn, fsdp_param)
                 for state in self.units
-                for group in state._fsdp_param_groups
+                for group in param_groups(state)
                 for fsdp_param in group.fsdp_params
                 if fnmatch.fnmatchcase(fsdp_param._param_fqn, glob)]
 
@@ -263,17 +285,19 @@ def _patch_torch() -> None:
     """Wrap the FSDP2 internals listed in the module docstring (once per process)."""
     # Imported here, not at the top: importing this module must not import
     # torch.distributed.fsdp, whose import hook would activate it half-imported.
-    from torch.distributed.fsdp._fully_shard._fsdp_common import TrainingState, _dynamo_disable
+    from torch.distributed.fsdp._fully_shard import _fsdp_common
     from torch.distributed.fsdp._fully_shard._fsdp_param_group import FSDPParamGroup
     from torch.distributed.fsdp._fully_shard._fsdp_state import FSDPState
 
     if getattr(FSDPState, "_bisect_prefetch_patched", False):
         return
     FSDPState._bisect_prefetch_patched = True
-    _patch_states(FSDPState, _dynamo_disable)  # discovery, prefetch sources, step boundaries
+    dynamo_disable = getattr(_fsdp_common, "_dynamo_disable", _no_dynamo_disable)
+    _patch_states(FSDPState, dynamo_disable)  # discovery, prefetch sources, step boundaries
     _patch_prefetch(FSDPParamGroup)  # the post-forward order, the prefetch choke point
-    _patch_order(FSDPParamGroup, TrainingState, _dynamo_disable)  # the order record, stress uses
-    _patch_unit_hooks(FSDPState, FSDPParamGroup, TrainingState, _dynamo_disable)  # explain's
+    _patch_order(FSDPParamGroup, _fsdp_common.TrainingState, dynamo_disable)  # order, stress
+    _patch_unit_hooks(FSDPState, FSDPParamGroup, _fsdp_common.TrainingState,
+                      dynamo_disable)  # explain's
 
 
 def _patch_states(state_cls: Any, dynamo_disable: Any) -> None:
@@ -466,11 +490,21 @@ def _recording_order() -> Any:
 
 
 def activate(session: Any) -> None:
-    """Hook FSDP2 for this session (called by install() when torch.distributed.fsdp is imported)."""
+    """Hook FSDP2 for this session (called by install() when torch.distributed.fsdp is imported).
+
+    Raises NotActive with the one line refusing a torch the adapter does not support."""
     global _adapter
     if _adapter is not None:
         return
-    _patch_torch()
+    refused = fsdp2_support.refusal(torch.__version__,
+                                    fsdp2_support.lacking(fsdp2_support.NEEDED))
+    if refused is not None:
+        raise NotActive(refused)
+    try:
+        _patch_torch()
+    except Exception as e:  # a name that resolves but is not what the adapter expects
+        raise NotActive(f"{vocab.ADAPTER_NOT_ACTIVE}: torch {torch.__version__}: cannot hook "
+                        f"FSDP2: {e!r}") from e
     _adapter = _Fsdp2Adapter(session)  # it listens to the session's steps and exit
 
 

@@ -10,8 +10,9 @@ How: a ``sys.meta_path`` finder that, for a watched name only, asks the other
 finders for the spec and wraps its loader so that ``exec_module`` runs the
 callbacks afterwards; the module's ``__loader__`` and ``__spec__.loader`` are
 put back to the real loader once it has run. Other imports pass through
-untouched. A callback that raises is reported on stderr and never breaks the
-job's import. Standard library only.
+untouched. A callback that raises an Exception is reported on stderr and never
+breaks the job's import; one that raises SystemExit (an adapter refusing the job's
+engine under a plan: adapters/__init__.py) ends the job there. Standard library only.
 """
 
 from __future__ import annotations

@@ -79,7 +79,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 
 from bisect_prefetch.adapters import digest
-from bisect_prefetch.adapters.torch_digest import Weights, lanes
+from bisect_prefetch.adapters.torch_digest import Weights, lanes, xor_rows
 from bisect_prefetch.adapters.trace_scope import COPY_OUT, ISSUED, WINDOW, Scopes
 from bisect_prefetch.adapters.trace_tensors import (
     key,
@@ -149,7 +149,7 @@ class OpTracer:
         self.param_names: dict[tuple[Any, ...], str] = {}  # a local shard's key -> its name
         self.in_optimizer = False
         self.ops: list[list[Any]] = []  # a step's records, fingerprints as indices
-        # Per fingerprint: the xor (uint64) and the weighted sum (int64), 0-d, on the device
+        # Per fingerprint: the xor and the weighted sum (int64), 0-d, on the device
         self.xors: list[torch.Tensor] = []
         self.sums: list[torch.Tensor] = []
         # Per fingerprint: its weighted sum's lane width (0: the xor alone, an input's)
@@ -658,9 +658,9 @@ class OpTracer:
             n = flat.numel()
             device = flat.device
             if n == 0:
-                xor = self._zero(device, torch.uint64)
+                xor = self._zero(device, torch.int64)
             else:
-                xor = torch.hash_tensor(flat)
+                xor = xor_rows(flat).reshape(())  # torch.hash_tensor where torch has it
             weighted = self._zero(device, torch.int64)
             if full and n:
                 lane = lanes(flat)
@@ -747,7 +747,7 @@ class OpTracer:
         spelled: list[str] = []
         if xors:
             n = len(xors)
-            packed = torch.cat([torch.stack(xors).view(torch.int64), torch.stack(sums)])
+            packed = torch.cat([torch.stack(xors), torch.stack(sums)])
             host = packed.cpu().tolist()  # the one transfer (and sync) of the step
             spelled = [_spell(x, w, bits) for x, w, bits in zip(host[:n], host[n:], full)]
         for record in ops:
@@ -893,7 +893,10 @@ def _shards(module: Any) -> list[tuple[str, Any]]:
     get_state = getattr(module, "_get_fsdp_state", None)
     if get_state is not None:
         state = get_state()
-        return [(p._param_fqn, p.sharded_param) for group in state._fsdp_param_groups
+        groups = getattr(state, "_fsdp_param_groups", None)  # a list from torch 2.12
+        if groups is None:  # before: one group or None
+            groups = [g for g in (getattr(state, "_fsdp_param_group", None),) if g is not None]
+        return [(p._param_fqn, p.sharded_param) for group in groups
                 for p in group.fsdp_params]
     return list(module.named_parameters())
 

@@ -7,6 +7,11 @@ into one flat buffer per dtype, ordered so that tensors of the same size lie sid
 each run of equal sizes is a (count, numel) view, whose per-row norm, max abs, xor and
 weighted sum are one op each. Large tensors get a few ops each, in place. Every result of a
 step (four 64-bit numbers a tensor) leaves the device in one transfer.
+
+The xor is ``torch.hash_tensor`` where torch has it (2.9 and later); before, the same sum in
+plain tensor ops (``xor_by_folding``): the patterns widened as hash_tensor widens them, then
+halves xored together until one word a row is left. Both give the same bits, so digests of
+one run agree across torch versions (tests/adapters/test_torch_digest.py).
 """
 
 from __future__ import annotations
@@ -34,6 +39,36 @@ def lanes(tensor: torch.Tensor) -> torch.Tensor:
     return tensor.view(torch.int16 if size == 2 else torch.int8).to(torch.int32)
 
 
+def xor_by_hash_tensor(rows: torch.Tensor) -> torch.Tensor:
+    """The xor of each row's patterns widened to 64 bits (a 1-D tensor: the rows of a 2-D
+    ``rows``, else one element), as int64."""
+    if rows.dim() == 2:
+        return torch.hash_tensor(rows, dim=1).view(torch.int64)
+    return torch.hash_tensor(rows).view(torch.int64).reshape(1)
+
+
+def xor_by_folding(rows: torch.Tensor) -> torch.Tensor:
+    """What ``xor_by_hash_tensor`` returns, in tensor ops every torch has (before 2.9).
+
+    hash_tensor widens a float through float64 and any other dtype to int64 (sign-extended),
+    exactly: the same conversions here. Then about log2(numel) xors of halves: each pass
+    reads what is left, so the whole costs about two passes over the widened words."""
+    words = rows if rows.dim() == 2 else rows.reshape(1, -1)
+    wide = torch.float64 if words.is_floating_point() else torch.int64
+    words = words.to(wide).view(torch.int64)
+    while words.shape[1] > 1:
+        half = words.shape[1] // 2
+        folded = torch.bitwise_xor(words[:, :half], words[:, half:2 * half])
+        if words.shape[1] % 2:  # the odd word out joins the first column
+            folded[:, 0] ^= words[:, -1]
+        words = folded
+    return words[:, 0].clone()
+
+
+# torch.hash_tensor came with torch 2.9.
+xor_rows = xor_by_hash_tensor if hasattr(torch, "hash_tensor") else xor_by_folding
+
+
 class Weights:
     """w_i of adapters/digest.py for each lane width and device, grown as needed (cached)."""
 
@@ -53,8 +88,11 @@ class Weights:
 class TensorBatch:
     """How to digest one list of tensors (fixed names and shapes) in a few tensor ops."""
 
-    def __init__(self, names: list[str], tensors: list[torch.Tensor]) -> None:
+    def __init__(self, names: list[str], tensors: list[torch.Tensor], *,
+                 xor: Any = None) -> None:
         self.names = names
+        # The xor of each tensor's patterns: xor_rows, unless told (the benchmark compares both).
+        self.xor = xor or xor_rows
         # An uneven split can leave a rank an empty shard: nothing to measure.
         self.kept = [k for k, t in enumerate(tensors) if t.numel()]
         self.kept_names = [names[k] for k in self.kept]
@@ -104,7 +142,7 @@ class TensorBatch:
                 # several times faster than float64; a max abs is exact in any dtype.
                 norms.append(torch.linalg.vector_norm(rows, 2, dim=1, dtype=_norm_dtype(rows)))
                 peaks.append(rows.abs().amax(dim=1))  # (an inf-norm is several times slower)
-                xors.append(torch.hash_tensor(rows, dim=1))
+                xors.append(self.xor(rows))
                 weights = self.weights.first(numel, lane.dtype, lane.device)
                 sums.append((lane.view(count, numel) * weights).sum(dim=1, dtype=lane.dtype)
                             .to(torch.int64))
@@ -114,7 +152,7 @@ class TensorBatch:
                                       for t in large]))
             peaks.append(torch.stack([t.abs().amax() for t in large]))
             for t in large:
-                xors.append(torch.hash_tensor(t).reshape(1))
+                xors.append(self.xor(t))
                 lane = lanes(t)
                 weights = self.weights.first(t.numel(), lane.dtype, lane.device)
                 sums.append((lane * weights).sum(dtype=lane.dtype).to(torch.int64).reshape(1))

@@ -3,31 +3,38 @@
 Steps, each printed as it happens: the experiment, the graph (discovered by
 one short run, or a static policy), the mask, the runs, then the comparison
 table (metric, first differing step, MAE, P95, max abs) and the verdict.
-Finished runs are in the journal: the same command again reuses them.
+Finished runs are in the journal: the same command with --resume takes them again (with
+--reuse, runs of earlier commands too), after the checks of runs/reuse.py.
 """
 
 from __future__ import annotations
 
-import time
 from collections.abc import Sequence
 from pathlib import Path
 
 from rich.console import Console
 
 from bisect_prefetch.commands.common import (
+    Given,
     check_outputs,
-    command_line,
-    options,
     repeated_steps_note,
     resume_hint_on_interrupt,
+    reuse_options,
     write_json,
 )
 from bisect_prefetch.errors import BisectPrefetchError
-from bisect_prefetch.experiment import Experiment, load_experiment, with_overrides, with_stress
+from bisect_prefetch.experiment import (
+    Experiment,
+    check_steps_settable,
+    load_experiment,
+    with_overrides,
+    with_stress,
+)
 from bisect_prefetch.report.localization import describe as describe_localization
 from bisect_prefetch.report.progress import RunProgress
 from bisect_prefetch.report.table import group_table
 from bisect_prefetch.runs.group import AAResult, stressed_groups
+from bisect_prefetch.runs.sessions import Scope
 from bisect_prefetch.runs.signals import describe_stress, not_localized_wording
 from bisect_prefetch.runs.state import open_state
 from bisect_prefetch.runs.step_time import WARMUP_STEPS, fix_cost_line, fix_costs
@@ -48,20 +55,23 @@ def aa(
     executor: str | None = None,
     slots: int | None = None,
     stress: str | None = None,
-    no_reuse: bool = False,
+    reuse: bool | None = None,
+    resume: bool = False,
 ) -> int:
     """Run (or resume) the A/A group; exit code 0 consistent, 1 diverged.
 
-    no_reuse: runs the journal held before now are run afresh (the resume hint leaves it
-    out: a resumed command reuses what this one ran)."""
-    resume = command_line("aa", str(experiment_path), *options(
-        mask=list(masks), runs=runs, steps=steps, guard=guard, state_dir=state_dir,
-        executor=executor, slots=slots, stress=stress))
-    with resume_hint_on_interrupt(console, resume):
+    reuse: --reuse (True) takes runs of earlier commands after the checks, --no-reuse
+    (False) or neither (None) none; resume: --resume continues the latest aa of this
+    experiment (runs/sessions.py)."""
+    given = Given("aa", experiment_path, {
+        "mask": list(masks), "runs": runs, "steps": steps, "guard": guard,
+        "state_dir": state_dir, "executor": executor, "slots": slots, "stress": stress,
+        "json": json_out, "resume": resume, **reuse_options(reuse)})
+    with resume_hint_on_interrupt(console, given.follow_up(resume=True)):
         result = run_aa(experiment_path, masks=masks, runs=runs, steps=steps, guard=guard,
                         state_dir=state_dir, console=console, executor=executor, slots=slots,
                         stress=stress, outputs=(json_out,),
-                        no_reuse_before=time.time() if no_reuse else None)
+                        scope=Scope("aa", resume=resume, earlier=bool(reuse)))
     if json_out is not None:
         write_json(json_out, result.to_json() | {"stress_groups": [
             {"stress": "on" if g.stress else "off", "verdict": g.verdict, "runs": len(g.runs)}
@@ -84,7 +94,7 @@ def run_aa(
     slots: int | None = None,
     stress: str | None = None,
     outputs: Sequence[Path | None] = (),
-    no_reuse_before: float | None = None,
+    scope: Scope | None = None,
 ) -> AAResult:
     """The group with its narration, table and verdict line.
 
@@ -99,6 +109,7 @@ def run_aa(
     if steps is not None:
         if steps < 1:
             raise BisectPrefetchError(f"--steps must be at least 1, got {steps}")
+        check_steps_settable(experiment, steps, "--steps")
         experiment = with_overrides(experiment, {"steps": steps})
     check_outputs(*outputs, state_dir=state_dir, name=experiment.name)
     experiment = with_stress(experiment, stress)
@@ -106,7 +117,7 @@ def run_aa(
     guard = guard or experiment.guard
     console.print(_describe_experiment(experiment), markup=False)
     with open_state(experiment, state_dir, console=console, executor=executor,
-                    slots=slots, no_reuse_before=no_reuse_before) as opened:
+                    slots=slots, scope=scope or Scope("aa")) as opened:
         edge_ids = opened.graph().edge_ids()
         mask = resolve_mask(list(masks), edge_ids)
         name = describe(mask, edge_ids)

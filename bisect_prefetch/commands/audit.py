@@ -64,7 +64,7 @@ def run_audit(
     with open_state(experiment, state_dir, console=console) as opened:
         runner, state = opened.runner, opened.state
         key = runner.key("audit", mask=None, guard=guard, steps=AUDIT_STEPS, index=0, stress=False)
-        if state.find(key) is None:
+        if not runner.holds(key):
             console.print(f"recording {AUDIT_STEPS} steps of {experiment.name} "
                           f"(guard {guard}, no mask)...", markup=False)
         out = runner.run(key, label="audit")

@@ -19,8 +19,10 @@ The command reads as its stages (`_bisect`), each printed as it happens:
 
 Every finished run is in the journal and the oracle answers a repeated
 question from it, so `--resume` replays the search to where it stopped and
-re-runs nothing. bisect.json (commands/bisect_record.py) is written in a
-`finally:` (an interrupted search keeps what it learned), with the HTML report.
+re-runs nothing it finished (runs/sessions.py: its own session's runs only, after
+the checks of runs/reuse.py; `--reuse` takes earlier commands' runs too).
+bisect.json (commands/bisect_record.py) is written in a `finally:` (an
+interrupted search keeps what it learned), with the HTML report.
 The words are commands/bisect_words.py's.
 """
 
@@ -33,12 +35,7 @@ from pathlib import Path
 from rich.console import Console
 
 from bisect_prefetch.audit import FAILING_KINDS, audit_run_dir
-from bisect_prefetch.commands.bisect_explain import (
-    explain_causes,
-    explained_lines,
-    keep_explained,
-    with_traced_hints,
-)
+from bisect_prefetch.commands.bisect_explain import explain_causes, with_traced_hints
 from bisect_prefetch.commands.bisect_loop import run_bisection
 from bisect_prefetch.commands.bisect_record import (
     ONE_CAUSE,
@@ -56,19 +53,19 @@ from bisect_prefetch.commands.bisect_words import (
     stress_choice_words,
 )
 from bisect_prefetch.commands.common import (
+    Given,
     check_outputs,
-    command_line,
-    options,
     resume_hint_on_interrupt,
+    reuse_options,
     search_settings,
     write_json,
 )
-from bisect_prefetch.commands.explain import explain_command
 from bisect_prefetch.errors import BisectPrefetchError
 from bisect_prefetch.experiment import (
     Experiment,
     load_experiment,
     segments_unfit,
+    steps_fixed,
     with_segments,
     with_stress,
 )
@@ -76,6 +73,7 @@ from bisect_prefetch.files import write_text_atomic
 from bisect_prefetch.report.html import BISECT_FILE, REPORT_FILE, build_report
 from bisect_prefetch.runs.discover import DISCOVERY_STEPS
 from bisect_prefetch.runs.oracle import OnRun, RealOracle
+from bisect_prefetch.runs.sessions import SESSION_FIELD, Scope
 from bisect_prefetch.runs.state import OpenState, open_state
 from bisect_prefetch.runs.step_time import WARMUP_STEPS, startup_in_steps
 from bisect_prefetch.runs.workloads import require_prefetch_graph
@@ -134,32 +132,34 @@ def bisect(
     slots: int | None = None,
     stress: str | None = None,
     segments: str | None = None,
-    no_reuse: bool = False,
+    reuse: bool | None = None,
     explain: bool = False,
 ) -> int:
     """Run (or resume) the bisection, print its story and verdict; returns the exit code.
 
     oracle_for makes the oracle once the state dir is open (tests give a simulated one).
     stress: --stress (off, on, auto), over the experiment's stress.mode; segments:
-    --segments (auto, off), over its search.segments. explain: each cause's first
-    divergence traced after the verdict (commands/bisect_explain.py).
+    --segments (auto, off), over its search.segments; reuse: --reuse (True: earlier
+    commands' runs after the checks), --no-reuse (False: none, and a new bisection where
+    the state dir holds one) or neither (None); explain: each cause's first divergence
+    traced after the verdict (commands/bisect_explain.py).
     """
     experiment = with_segments(with_stress(load_experiment(experiment_path), stress), segments)
     require_prefetch_graph(experiment)
     search_settings(experiment, confidence=confidence, max_runs=max_runs)  # checked before any run
-    if no_reuse and resume:
-        raise BisectPrefetchError("--no-reuse runs every run afresh and --resume reuses the "
-                                  "bisection's finished runs: give one of them")
     check_outputs(json_out, state_dir=state_dir, name=experiment.name)
-    hint = resume_command(experiment_path, state_dir, confidence, max_runs, executor, slots,
-                          stress, segments, explain)
+    given = Given("bisect", experiment_path, {
+        "state_dir": state_dir, "confidence": confidence, "max_runs": max_runs,
+        "executor": executor, "slots": slots, "stress": stress, "segments": segments,
+        "explain": explain, "json": json_out, "resume": resume, **reuse_options(reuse)})
+    hint = given.follow_up(resume=True)
     with resume_hint_on_interrupt(console, hint):
         record = _bisect(
             experiment, experiment_path, hint=hint, resume=resume, state_dir=state_dir,
             confidence=confidence if confidence is not None else experiment.search.confidence,
             max_runs=max_runs if max_runs is not None else experiment.search.max_runs,
             console=console, oracle_for=with_traced_hints(oracle_for), executor=executor,
-            slots=slots, no_reuse_before=time.time() if no_reuse else None, explain=explain,
+            slots=slots, given=given, reuse=reuse, explain=explain,
         )
     if json_out is not None:
         write_json(json_out, record.to_json(), console)
@@ -169,16 +169,21 @@ def bisect(
 def _bisect(experiment: Experiment, experiment_path: Path, *, hint: str, resume: bool,
             state_dir: Path, confidence: float, max_runs: int | None, console: Console,
             oracle_for: OracleFor, executor: str | None = None,
-            slots: int | None = None, no_reuse_before: float | None = None,
-            explain: bool = False) -> BisectRecord:
+            slots: int | None = None, given: Given | None = None,
+            reuse: bool | None = None, explain: bool = False) -> BisectRecord:
     began = time.monotonic()
+    given = given or Given("bisect", experiment_path, {"state_dir": state_dir})
+    scope = Scope("bisect", resume=resume, earlier=bool(reuse))
     with open_state(experiment, state_dir, console=console, executor=executor,
-                    slots=slots, no_reuse_before=no_reuse_before) as opened:
-        b = Bisecting(experiment, opened, console, oracle_for, confidence, max_runs)
-        _say_what_runs(b, hint=hint, resume=resume)
+                    slots=slots, scope=scope) as opened:
+        b = Bisecting(experiment, opened, console, oracle_for, confidence, max_runs, given)
+        _say_what_runs(b, hint=hint, resume=resume, fresh=reuse is False)
         # stage 1: the graph and the audit's suspects
         opened.graph()
-        b.suspects = audit_suspects(opened, console)
+        b.discovery, audit = discovery_audit(opened)
+        if audit is not None:
+            b.suspects = audit_suspects(opened, console, audit)
+            b.size_one = sorted(e["id"] for e in audit["edges"] if e.get("size_one"))
         try:
             # stage 2: does stress make drift show more often? (--stress auto)
             if b.stress.mode == STRESS_AUTO:
@@ -199,47 +204,45 @@ def _bisect(experiment: Experiment, experiment_path: Path, *, hint: str, resume:
                 b.unstressed = b.result = _search_without_stress(b)
         finally:
             # Keep what was learned even when interrupted: the report shows it.
-            record = bisect_record(b, experiment_path, began)
+            record = bisect_record(b, began)
             write_text_atomic(opened.path / BISECT_FILE,
                               json.dumps(record.to_json(), indent=2) + "\n")
             build_report(opened.path)
     if explain:  # stage 7: each cause's first divergence (commands/bisect_explain.py)
-        record.explained = explain_causes(experiment_path, record.result, state_dir=state_dir,
-                                          stressed=b.stress.used, console=console)
-        keep_explained(opened.path, record.explained)
+        explain_causes(experiment_path, record.next_steps, state_dir=state_dir,
+                       stressed=b.stress.used, console=console, resume=resume,
+                       reuse=reuse)
+        write_text_atomic(opened.path / BISECT_FILE, json.dumps(record.to_json(), indent=2) + "\n")
+        build_report(opened.path)
     console.print()
-    render_result(record.result, console, reproduce=record.reproduce, run=b.numbers.of)
-    if record.explained:
-        console.print("first divergence of each cause (traced):", markup=False)
-        for line in explained_lines(record.explained):
-            console.print(line, markup=False, soft_wrap=True)
-    elif command := explain_command(experiment_path, record.result.verdict,
-                                    record.result.minimal_set):
-        console.print(f"explain: {command}", markup=False, soft_wrap=True)  # the mechanism
+    render_result(record.to_json(), console)
     say_after_verdict(record.result, record.to_json(), experiment, console,
                       report=opened.path / REPORT_FILE, before=b.before)
     return record
 
 
-def _say_what_runs(b: Bisecting, *, hint: str, resume: bool) -> None:
-    """The command's first lines; a second bisection of the same experiment needs --resume."""
+def _say_what_runs(b: Bisecting, *, hint: str, resume: bool, fresh: bool) -> None:
+    """The command's first lines; a second bisection of the same experiment needs --resume
+    (or --no-reuse: a new one beside it)."""
     experiment, opened = b.experiment, b.opened
     earlier = _earlier_search_runs(opened, experiment)
-    if earlier and not resume and opened.runner.no_reuse_before is None:
+    if earlier and not resume and not fresh:
         raise BisectPrefetchError(
             f"{opened.path} already holds {earlier} run(s) of a bisection of this experiment; "
-            f"continue it with: {hint}  (or give another --state-dir to start over)"
+            f"continue it with: {hint}  (or begin a new one with --no-reuse, or give another "
+            "--state-dir)"
         )
     b.console.print(f"bisecting {experiment.name}: {experiment.steps} steps a run, seed "
                     f"{experiment.seed}, guard {experiment.guard}, confidence "
                     f"{b.confidence:g}, {budget_words(b.max_runs)}", markup=False)
-    if earlier:  # only what may still be reused (runs/reuse.py) is said to be
-        kept = _earlier_search_runs(opened, experiment, reusable_only=True)
-        again = "" if kept == earlier else (
-            f"; {earlier - kept} run again, first because: {opened.runner.refused[0][1]}")
+    own = _earlier_search_runs(opened, experiment, own_session=True) if resume else 0
+    if own:  # only what may still be taken (runs/reuse.py) is said to be
+        kept = _earlier_search_runs(opened, experiment, own_session=True, reusable_only=True)
+        again = "" if kept == own else (
+            f"; {own - kept} run again, first because: {opened.runner.refused[0][1]}")
         b.console.print(f"resuming: {kept} finished run(s) in the journal are reused{again}",
                         markup=False, soft_wrap=True)
-    if earlier and _written_for_one_cause(opened.path / BISECT_FILE):
+    if own and _written_for_one_cause(opened.path / BISECT_FILE):
         b.one_cause = True  # the search that wrote the journal, so its runs answer the same questions
         b.console.print("this bisection was begun by a version that searches for one cause: it "
                         "replays as one (a new --state-dir searches for every cause)",
@@ -332,6 +335,10 @@ def _segment_lengths(b: Bisecting) -> Lengths | None:
     if unfit := segments_unfit(experiment):
         console.print(f"segments: {unfit}; one mask a run", markup=False)
         return None
+    if fixed := steps_fixed(experiment):  # a run of several masks is longer than the job's own
+        console.print(f"segments: {fixed}, so no run can be longer than its "
+                      f"{experiment.steps} steps; one mask a run", markup=False)
+        return None
     startup = startup_in_steps(_runs_before_the_search(b))
     if startup is None:
         console.print("segments: no run measured its start-up and step time (that takes "
@@ -403,22 +410,31 @@ def _leading_checks(b: Bisecting) -> tuple[Hazard | None, bool]:
     return hazard, any(r.diverged for r in results[False])
 
 
-def audit_suspects(opened: OpenState, console: Console) -> list[str]:
+def discovery_audit(opened: OpenState) -> tuple[dict | None, dict | None]:
+    """The discovery run's journal record and its audit (audit.py); None where there is no
+    discovery run (a static graph) or its records cannot be audited."""
+    key = opened.runner.key("discover", mask=None, guard="none", steps=DISCOVERY_STEPS, index=0,
+                            stress=False)
+    found = opened.runner.holds(key)  # the discovery run this command made or took
+    if found is None:
+        return None, None
+    try:
+        return found, audit_run_dir(opened.state.run_dir(found["run_id"]))
+    except BisectPrefetchError:
+        return found, None
+
+
+def audit_suspects(opened: OpenState, console: Console, audit: dict | None = None) -> list[str]:
     """Edges the audit of the discovery run flags as wasting work or racing (audit.py).
 
     The search gives them more prior weight; with no discovery run (a static
     graph) or no order recorded there are none.
     """
-    key = opened.runner.key("discover", mask=None, guard="none", steps=DISCOVERY_STEPS, index=0,
-                            stress=False)
-    found = opened.state.find(key)
-    if found is None:
-        return []
-    try:
-        result = audit_run_dir(opened.state.run_dir(found["run_id"]))
-    except BisectPrefetchError:
-        return []
-    failing = [f for f in result["findings"] if f["kind"] in FAILING_KINDS]
+    if audit is None:
+        found, audit = discovery_audit(opened)
+        if found is None or audit is None:
+            return []
+    failing = [f for f in audit["findings"] if f["kind"] in FAILING_KINDS]
     suspects = sorted({f["edge"] for f in failing})
     kinds = sorted({f["kind"] for f in failing})
     if suspects:
@@ -431,22 +447,15 @@ def audit_suspects(opened: OpenState, console: Console) -> list[str]:
 
 
 def _earlier_search_runs(opened: OpenState, experiment: Experiment, *,
-                         reusable_only: bool = False) -> int:
+                         own_session: bool = False, reusable_only: bool = False) -> int:
     """Journaled runs of a bisection of this very experiment (golden and retries too);
-    reusable_only: only those the runner may reuse now (runs/reuse.py)."""
-    suffix = "@" + experiment.fingerprint()
+    own_session: only those of the session this command continues (runs/sessions.py);
+    reusable_only: only those the runner may take now (runs/reuse.py)."""
+    suffix, session = "@" + experiment.fingerprint(), opened.runner.scope.session
     return sum(1 for r in opened.state.records()
                if r["variant"].startswith(PURPOSE) and r["variant"].endswith(suffix)
+               and (not own_session or r.get(SESSION_FIELD) == session)
                and (not reusable_only or opened.runner.reusable(r) is not None))
-
-
-def resume_command(experiment_path: Path, state_dir: Path, confidence: float | None,
-                   max_runs: int | None, executor: str | None = None,
-                   slots: int | None = None, stress: str | None = None,
-                   segments: str | None = None, explain: bool = False) -> str:
-    return command_line("bisect", str(experiment_path), *options(
-        resume=True, state_dir=state_dir, confidence=confidence, max_runs=max_runs,
-        executor=executor, slots=slots, stress=stress, segments=segments, explain=explain))
 
 
 __all__ = ["EXIT_CODES", "bisect", "result_to_json"]

@@ -1,13 +1,17 @@
 """`bisect --explain`: each cause's first divergence, traced after the verdict; and what
 traced runs found, given back to the search as its hint where digests could not tell.
 
-After the verdict, ``explain_causes`` runs `explain` (commands/explain.py) on each cause's
-keep-only, in the bisection's own state dir and journal (its runs stay there, and a
-resumed bisect --explain reuses them), under the stress the search ran with; for drift
-that is not prefetch's, on all-off. Each cause's first divergence and its edge are then
-said in the verdict block (``explained_lines``), kept in bisect.json's ``explained`` and
-shown in the report. A cause whose traced runs gave no verdict (or in which the tool
-failed) is said with why; the bisection's verdict stands either way.
+After the verdict, ``explain_causes`` runs `explain` (commands/explain.py) for each of
+bisect.json's explain steps (``next_steps``, commands/bisect_record.py: each cause's
+keep-only; all-off for drift that is not prefetch's), in the bisection's own state dir and
+journal, under the stress the search ran with. Each explain is a session of its own
+(runs/sessions.py): a resumed bisect --explain continues the latest explain session, and
+runs of earlier commands (the bisection's graph discovery) are taken only where bisect was
+given --reuse. What it found becomes that step's
+``result``, so the verdict block says each cause's first divergence and edge under its
+command, in the terminal and the report alike (report/verdict_block.py words it). A cause
+whose traced runs gave no verdict (or in which the tool failed) is said with why; the
+bisection's verdict stands either way.
 
 The hint: a traced run names the first unit that computed differently (for an op tied to
 an edge, the edge's target: the unit a bad prefetch writes into). ``with_traced_hints``
@@ -21,103 +25,53 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from rich.console import Console
 
 from bisect_prefetch.commands.bisect_setup import OracleFor
-from bisect_prefetch.commands.common import command_line, options
+from bisect_prefetch.commands.common import Given
 from bisect_prefetch.commands.explain import run_explain
-from bisect_prefetch.commands.explain_words import KIND_WORDS
 from bisect_prefetch.errors import BisectPrefetchError, ToolFailure
-from bisect_prefetch.files import write_text_atomic
-from bisect_prefetch.report.html import BISECT_FILE, EXPLAIN_FILE, build_report
+from bisect_prefetch.report.html import BISECT_FILE, EXPLAIN_FILE
+from bisect_prefetch.report.verdict_block import STEP_EXPLAIN
 from bisect_prefetch.search.oracle import Finished, RunResult
-from bisect_prefetch.search.verdict import SearchResult
-from bisect_prefetch.vocab import (
-    STRESS_OFF,
-    STRESS_ON,
-    VERDICT_FOUND,
-    VERDICT_INCONCLUSIVE,
-    VERDICT_NOT_PREFETCH,
-    Mask,
-    parse_edge_id,
-)
+from bisect_prefetch.vocab import STRESS_OFF, STRESS_ON, Mask, parse_edge_id, quote_edges
 
-EXPLAINED_KEY = "explained"  # bisect.json's list, one entry a cause
+TRACED_RUNS = 4  # explain's --runs default
 
 
-def masks_to_explain(result: SearchResult) -> list[list[str]]:
-    """The edge sets whose keep-only is traced: every cause found ([] : all-off, for drift
-    that is not prefetch's)."""
-    if result.verdict == VERDICT_NOT_PREFETCH:
-        return [[]]
-    if result.verdict not in (VERDICT_FOUND, VERDICT_INCONCLUSIVE):
-        return []
-    sets = [list(c["edges"]) for c in result.culprit_sets if c.get("edges")]
-    return sets or ([list(result.minimal_set)] if result.minimal_set else [])
-
-
-def explain_causes(experiment_path: Path, result: SearchResult, *, stressed: bool,
-                   state_dir: Path, console: Console) -> list[dict[str, Any]]:
-    """`explain` on each cause's keep-only (module docstring); one entry a cause."""
-    entries = []
-    for edges in masks_to_explain(result):
-        mask = f"keep-only:{','.join(edges)}" if edges else "all-off"
-        stress = STRESS_ON if stressed else STRESS_OFF
-        command = command_line("explain", str(experiment_path), *options(
-            mask=mask, stress=stress, state_dir=state_dir))
-        console.print(f"explaining {'the cause ' + ', '.join(edges) if edges else 'the drift'}"
-                      f" ({command})...", markup=False, soft_wrap=True)
-        entry: dict[str, Any] = {"edges": edges, "mask": mask, "command": command}
+def explain_causes(experiment_path: Path, next_steps: list[dict[str, Any]], *, stressed: bool,
+                   state_dir: Path, console: Console, resume: bool = False,
+                   reuse: bool | None = None) -> None:
+    """`explain` for each explain step of ``next_steps``; its ``result`` set (module
+    docstring): ``{"verdict", "first", "edge", "first_diff_step", "overhead_ratio"}``, or
+    ``{"error"}`` where the traced runs gave no verdict or the tool failed in them."""
+    stress = STRESS_ON if stressed else STRESS_OFF
+    for step in next_steps:
+        if step.get("step") != STEP_EXPLAIN:
+            continue
+        edges = list(step.get("edges") or [])
+        mask = f"keep-only:{quote_edges(edges)}" if edges else "all-off"
+        cause = f"cause {step['cause']}" if step.get("cause") else "the drift without prefetch"
+        console.print(f"explaining {cause} ({step['command']})...", markup=False,
+                      soft_wrap=True)
+        given = Given("explain", experiment_path, {
+            "mask": [mask], "stress": stress, "runs": TRACED_RUNS, "state_dir": state_dir,
+            "resume": resume, "reuse": reuse})
         try:
-            data = run_explain(experiment_path, masks=[mask], stress=stress, runs=4,
-                               steps=None, state_dir=state_dir, console=console)
+            data = run_explain(experiment_path, masks=[mask], stress=stress, runs=TRACED_RUNS,
+                               steps=None, state_dir=state_dir, console=console, given=given)
         except (BisectPrefetchError, ToolFailure) as e:
-            entry["error"] = str(e)
+            step["result"] = {"error": str(e)}
             console.print(f"  -> not explained: {e}", markup=False, soft_wrap=True)
-        else:
-            first = data.get("first")
-            entry |= {"verdict": data["verdict"], "first": first,
-                      "edge": first.get("edge") if first else None,
-                      "first_diff_step": data.get("first_diff_step"),
-                      "overhead_ratio": data["overhead"].get("ratio")}
-        entries.append(entry)
-    return entries
-
-
-def explained_lines(entries: Sequence[dict[str, Any]]) -> list[str]:
-    """Each cause's first divergence and edge, for the verdict block."""
-    lines = []
-    for entry in entries:
-        cause = ", ".join(entry["edges"]) or "every edge off"
-        first = entry.get("first")
-        if entry.get("error"):
-            lines.append(f"  {cause}: not explained ({entry['error']})")
-        elif first is None:
-            lines.append(f"  {cause}: {entry.get('verdict')}, no first differing op "
-                         f"(explain: {entry['command']})")
-        else:
-            edge = f"edge {first['edge']}" if first.get("edge") else "no edge"
-            lines.append(f"  {cause}: first divergence at step {first['step']}, rank "
-                         f"{first['rank']}, {first['phase']} of {first['module']}: "
-                         f"{first['op']} ({KIND_WORDS.get(first['kind'], first['kind'])}); "
-                         f"{edge}")
-    return lines
-
-
-def keep_explained(state_path: Path, entries: list[dict[str, Any]]) -> None:
-    """bisect.json's ``explained`` (the report shows it), and the report rebuilt."""
-    path = state_path / BISECT_FILE
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return
-    data[EXPLAINED_KEY] = entries
-    write_text_atomic(path, json.dumps(data, indent=2) + "\n")
-    build_report(state_path)
+            continue
+        first = data.get("first")
+        step["result"] = {"verdict": data["verdict"], "first": first,
+                          "edge": first.get("edge") if first else None,
+                          "first_diff_step": data.get("first_diff_step"),
+                          "overhead_ratio": data["overhead"].get("ratio")}
 
 
 # -- traced findings as the search's hint -------------------------------------------------
@@ -127,8 +81,10 @@ def traced_findings(state_path: Path) -> list[tuple[frozenset[str], str]]:
     found = []
     explain = _read(state_path / EXPLAIN_FILE)
     bisect = _read(state_path / BISECT_FILE)
-    entries = [explain] + list(bisect.get(EXPLAINED_KEY) or [])
-    for entry in entries:
+    entries = [(explain, explain.get("mask"))] + [
+        (step.get("result"), step.get("edges")) for step in bisect.get("next_steps") or []
+        if isinstance(step, dict) and step.get("step") == STEP_EXPLAIN]
+    for entry, edges in entries:
         first = entry.get("first") if isinstance(entry, dict) else None
         if not isinstance(first, dict):
             continue
@@ -138,7 +94,6 @@ def traced_findings(state_path: Path) -> list[tuple[frozenset[str], str]]:
                 unit = parse_edge_id(first["edge"])[2]  # the unit its prefetch writes into
             except ValueError:
                 pass
-        edges = entry.get("edges", entry.get("mask"))
         if unit and isinstance(edges, list):
             found.append((frozenset(edges), unit))
     return found

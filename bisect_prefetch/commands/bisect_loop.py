@@ -67,15 +67,17 @@ def run_lines(console: Console, details: list[dict] | None = None, *, stress: bo
     def on_run(planned: Mask | tuple[tuple[int, Mask], ...], out: RunOutcome) -> None:
         segmented = isinstance(planned, tuple)
         mask = planned[0][1] if segmented else planned
-        if details is not None:
-            details.append({"run_id": out.run_id, "mask": sorted(mask), "outcome": out.outcome,
+        number = next(numbers)
+        if details is not None:  # `run`: the number its line says, the same in the JSON and report
+            details.append({"run": number, "run_id": out.run_id, "mask": sorted(mask),
+                            "outcome": out.outcome,
                             "steps_done": out.steps_done, "first_diff_step": out.first_diff_step,
                             "localization": out.localization, "fault": out.fault,
                             "reused": out.reused, "stress": stress,
                             "step_time_ms": out.step_time_ms})
             if segmented:
                 details[-1]["schedule"] = [[first, sorted(m)] for first, m in planned]
-        console.print(run_line(next(numbers), planned, out, stress=stress), markup=False)
+        console.print(run_line(number, planned, out, stress=stress), markup=False)
 
     return on_run
 
@@ -193,7 +195,8 @@ def run_bisection(search: Search, oracle: Oracle, *, console: Console,
     running = 0  # runs requested and not yet heard (a retry keeps its run's slot)
     try:
         while not search.done:
-            while running < slots and (planned := propose()) is not None:
+            # oracle.slots, not the first count: a Slurm allocation that lost a node holds fewer.
+            while running < oracle.slots and (planned := propose()) is not None:
                 if isinstance(planned, Schedule):
                     oracle.request_schedule(planned)
                 else:

@@ -7,7 +7,6 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Protocol
 
 from rich.console import Console
@@ -19,10 +18,14 @@ from bisect_prefetch.commands.bisect_record import (
     BisectRecord,
     StressRecord,
     fix_edges,
+    next_steps,
     reproduce_command,
     segments_json,
 )
+from bisect_prefetch.commands.common import Given
 from bisect_prefetch.experiment import Experiment
+from bisect_prefetch.report.run_view import fingerprint_of, journal_groups
+from bisect_prefetch.report.verdict_block import guard_check
 from bisect_prefetch.runs.oracle import Earlier
 from bisect_prefetch.runs.state import OpenState
 from bisect_prefetch.runs.step_time import fix_costs
@@ -31,7 +34,7 @@ from bisect_prefetch.search.oracle import Oracle, RunResult
 from bisect_prefetch.search.protocol import Bisection
 from bisect_prefetch.search.segments import Lengths
 from bisect_prefetch.search.verdict import SearchResult
-from bisect_prefetch.vocab import Mask
+from bisect_prefetch.vocab import STRESS_AUTO, STRESS_OFF, STRESS_ON, Mask
 
 
 class BisectOracle(Oracle, Protocol):
@@ -70,6 +73,7 @@ class Bisecting:
     oracle_for: OracleFor
     confidence: float
     max_runs: int | None
+    given: Given  # the command as given: what its printed commands carry
     suspects: list[str] = field(default_factory=list)
     numbers: RunNumbers = field(default_factory=RunNumbers)
     run_details: list[dict] = field(default_factory=list)
@@ -83,6 +87,8 @@ class Bisecting:
     current: Started | None = None
     result: SearchResult | None = None
     unstressed: SearchResult | None = None
+    discovery: dict | None = None  # the graph discovery run's journal record (a runtime graph)
+    size_one: list[str] | None = None  # edges its audit found size-one (None: not audited)
 
     def __post_init__(self) -> None:
         self.stress = StressRecord(self.experiment.stress.mode)
@@ -120,7 +126,7 @@ def start_search(b: Bisecting, on: bool) -> Started:
     return Started(search, oracle, on)
 
 
-def bisect_record(b: Bisecting, experiment_path: Path, began: float) -> BisectRecord:
+def bisect_record(b: Bisecting, began: float) -> BisectRecord:
     """What the command learned so far (all of it, once the verdict came)."""
     search = b.current.search if b.current is not None else b.new_search()
     result = b.result or search.result()
@@ -131,12 +137,17 @@ def bisect_record(b: Bisecting, experiment_path: Path, began: float) -> BisectRe
     stress["record"] = next(  # the first stressed run that delayed anything
         (s for s in stressed if s.get("delays") or s.get("no_window_edges")),
         stressed[0] if stressed else None)
+    launched, reused = _discovery_counts(b)
+    graph = b.opened.graph()
+    fingerprint = b.experiment.fingerprint()
+    guard = guard_check(journal_groups([r for r in records if fingerprint_of(r) == fingerprint]),
+                        edge_ids=graph.edge_ids())
     return BisectRecord(
-        result=result, reproduce=reproduce_command(experiment_path, result), run=b.numbers.of,
+        result=result, reproduce=reproduce_command(b.given, result), run=b.numbers.of,
         experiment=b.experiment.name, elapsed_s=round(time.monotonic() - began, 1),
         deterministic_masks=[sorted(m) for o in every for m in o.deterministic_masks()],
-        runs_launched=sum(o.runs_launched for o in every),
-        runs_reused=sum(o.runs_reused for o in every),
+        runs_launched=launched + sum(o.runs_launched for o in every),
+        runs_reused=reused + sum(o.runs_reused for o in every),
         earlier_all_off=[{"golden": e.golden, "controls": [out.run_id for out in e.controls]}
                          for e in b.before],
         runs_lost=[lost for o in every for lost in getattr(o, "runs_lost", [])],
@@ -147,7 +158,26 @@ def bisect_record(b: Bisecting, experiment_path: Path, began: float) -> BisectRe
                        if n["event"] == "golden-drifted"],
         run_details=b.run_details, stress=stress,
         signals=next((r["signals"] for r in records if r.get("signals")), None),
-        step_time=fix_costs(records, edge_ids=b.opened.graph().edge_ids(),
+        step_time=fix_costs(records, edge_ids=graph.edge_ids(),
                             fix=fix_edges(result),
                             variant_suffix="@" + b.experiment.fingerprint()),
-        search=ONE_CAUSE if b.one_cause else EVERY_CAUSE)
+        search=ONE_CAUSE if b.one_cause else EVERY_CAUSE, confidence_asked=b.confidence,
+        next_steps=next_steps(b.given, result, size_one=b.size_one, guard_result=guard,
+                              stress=traced_stress(b)),
+        size_one=b.size_one, graph=graph.to_dict())
+
+
+def traced_stress(b: Bisecting) -> str | None:
+    """The stress an explain of the answer traces under, where the search chose it
+    (--stress auto): explain traces one setting."""
+    return (STRESS_ON if b.stress.used else STRESS_OFF) if b.stress.mode == STRESS_AUTO else None
+
+
+def _discovery_counts(b: Bisecting) -> tuple[int, int]:
+    """(launched, reused): the graph discovery run, when this command took it (the oracles
+    count every other run), so that the one count of runs holds every run it took."""
+    run_id = (b.discovery or {}).get("run_id")
+    runner = b.opened.runner
+    if run_id in runner.launched_ids:
+        return 1, 0  # launched once, however often the graph was asked for afterwards
+    return 0, int(run_id in runner.reused)

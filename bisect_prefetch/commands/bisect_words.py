@@ -18,6 +18,13 @@ from rich.table import Table
 from bisect_prefetch.experiment import Experiment, stress_fits
 from bisect_prefetch.report.localization import in_unit
 from bisect_prefetch.report.stress import stress_line
+from bisect_prefetch.report.verdict_block import (
+    cause_line,
+    causes_of,
+    counts_line,
+    headline,
+    step_lines,
+)
 from bisect_prefetch.runs.oracle import Earlier
 from bisect_prefetch.runs.outcome import RunOutcome
 from bisect_prefetch.runs.step_time import fix_cost_line
@@ -41,8 +48,10 @@ from bisect_prefetch.vocab import (
     STAGE_REDUCE,
     STAGE_SEARCH,
     STRESS_OFF,
+    VERDICT_INCONCLUSIVE,
     VERDICT_NO_DRIFT,
     Mask,
+    quote_edges,
 )
 
 
@@ -78,7 +87,7 @@ def stage_title(stage: str, mask: str, target: Sequence[str], context: str | Non
     """What a protocol stage checks, e.g. "checking that all-on diverges" (the numbered
     parts of search/protocol.py: 1 calibrate, 2 check-off, 3 reduce, 4 the double check
     of an answer, 5 search and the leading set)."""
-    names = ",".join(target)
+    names = quote_edges(target)
     if stage == STAGE_CALIBRATE:  # 1, and all-on in 4's checks of an answer of none
         if context == NO_CAUSE_HERE:
             return "no cause left among these edges? checking that all-on stays consistent"
@@ -176,7 +185,7 @@ STOP_REASONS = {
 
 def fact_line(fact: v.Fact, *, confidence: float, run: Callable[[int], int] = _same) -> str:
     """One checked statement behind a verdict, in words."""
-    names = ",".join(getattr(fact, "edges", ()))
+    names = quote_edges(getattr(fact, "edges", ()))
     match fact:
         case v.Causes():
             return _causes_line(fact, run)
@@ -259,22 +268,34 @@ def fact_lines(result: SearchResult, *, run: Callable[[int], int] = _same) -> li
 
 
 
-def render_result(result: SearchResult, console: Console, *, reproduce: str | None = None,
-                  run: Callable[[int], int] = _same) -> None:
-    """Verdict, minimal set, confidence, runs and steps, the facts, evidence and calibration."""
-    console.print(f"verdict: {result.verdict}", markup=False)
-    if len(result.culprit_sets) > 1:
-        sets = "; ".join("{" + ", ".join(c["edges"]) + "}" for c in result.culprit_sets)
-        console.print(f"causes ({len(result.culprit_sets)}, each enough alone): {sets}", markup=False)
-    elif result.minimal_set:
-        console.print(f"minimal set: {', '.join(result.minimal_set)}", markup=False)
-    runs = (f"runs: {result.runs_used}" if result.startups is None
-            else f"runs: {result.startups} ({result.runs_used} trials, several masks a run)")
-    console.print(f"confidence: {result.confidence:.3f}   {runs}   steps: {result.steps_used}")
-    for fact in fact_lines(result, run=run):
+def confidence_met(result: SearchResult, asked: float | None) -> bool:
+    """Whether the verdict holds at the confidence asked (None: nothing was asked); an
+    inconclusive verdict never does."""
+    if result.verdict == VERDICT_INCONCLUSIVE:
+        return False
+    return asked is None or result.confidence >= asked
+
+
+def render_result(data: dict, console: Console) -> None:
+    """The verdict block (data: the bisect JSON), in the order of the report's first screen
+    (report/verdict_block.py words both): the verdict, every cause, the next steps, the one
+    count of runs; then the facts, the evidence table and the calibration."""
+    console.print(headline(data), markup=False)
+    for number, cause in enumerate(causes_of(data), start=1):
+        console.print(cause_line(data, number, cause), markup=False, soft_wrap=True)
+    steps = step_lines(data)
+    if steps:
+        console.print("next steps:", markup=False)
+    for title, command, result in steps:
+        console.print(f"  {title}:", markup=False, soft_wrap=True)
+        console.print(f"    {command}", markup=False, soft_wrap=True)
+        if result is not None:
+            console.print(f"    -> {result}", markup=False, soft_wrap=True)
+    console.print(counts_line(data), markup=False, soft_wrap=True)
+    for fact in data["facts"]:
         console.print(f"  - {fact}", markup=False)
-    console.print(evidence_table(result))
-    calibration = result.calibration
+    console.print(evidence_table(data["evidence"]))
+    calibration = data["calibration"]
     if calibration["runs"]:
         low, high = calibration["interval"]
         hazard = calibration["hazard_per_step"]
@@ -283,18 +304,16 @@ def render_result(result: SearchResult, console: Console, *, reproduce: str | No
             f"per-run chance {calibration['per_run_chance']:.3g} "
             f"({calibration['interval_confidence']:.0%} interval {low:.3g}-{high:.3g}){hazard_text}, "
             f"from {calibration['runs']} runs that enabled "
-            f"{'the set' if result.minimal_set else 'every edge (all-on)'}",
+            f"{'the set' if data['minimal_set'] else 'every edge (all-on)'}",
             markup=False,
         )
-    if reproduce:
-        console.print(f"reproduce: {reproduce}", markup=False)
 
 
-def evidence_table(result: SearchResult) -> Table:
+def evidence_table(evidence: list[dict]) -> Table:
     table = Table(title="evidence", title_justify="left")
     for column in ("stage", "mask", "edges", "runs", "diverged", "first differing steps", "verdict"):
         table.add_column(column, overflow="fold")
-    for row in result.evidence:
+    for row in evidence:
         steps = ", ".join(str(s) for s in row["first_diff_steps"]) or "-"
         runs = str(row["runs"]) + (f" ({row['errors']} failed)" if row["errors"] else "")
         table.add_row(
@@ -351,7 +370,7 @@ def lengths_words(lengths: Lengths, startup: float) -> str:
 def say_after_verdict(result: SearchResult, data: dict, experiment: Experiment,
                       console: Console, *, report: Path, before: Sequence[Earlier]) -> None:
     """The lines under the verdict (data: the bisect JSON): stress, what a fix would save,
-    runs launched and reused, earlier commands' runs taken, runs the scheduler took away."""
+    the report, earlier commands' runs taken, runs the scheduler took away."""
     if data["stress"]["mode"] != STRESS_OFF:
         console.print(stress_line(data["stress"]), markup=False, soft_wrap=True)
     elif result.verdict == VERDICT_NO_DRIFT and stress_fits(experiment):
@@ -365,8 +384,7 @@ def say_after_verdict(result: SearchResult, data: dict, experiment: Experiment,
                          if len(result.culprit_sets) > 1 else result.minimal_set)
     if cost:
         console.print(cost, markup=False, soft_wrap=True)
-    console.print(f"runs launched {data['runs_launched']}, reused from the journal "
-                  f"{data['runs_reused']}; report: {report}", markup=False)
+    console.print(f"report: {report}", markup=False)
     for e in before:
         if e.runs:
             console.print(earlier_words(e), markup=False)

@@ -1,4 +1,5 @@
-"""What every command does the same way: write an output file, stop on a signal, say how to resume."""
+"""What every command does the same way: write an output file, stop on a signal, say how to
+resume, and build every command line it prints from the options it was given (Given)."""
 
 from __future__ import annotations
 
@@ -6,13 +7,15 @@ import json
 import shlex
 import signal
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from rich.console import Console
 
+from bisect_prefetch.errors import BisectPrefetchError, ResumableError
 from bisect_prefetch.experiment import Experiment
 from bisect_prefetch.files import check_writable, write_text_atomic
 from bisect_prefetch.runs.store import StateDir
@@ -23,7 +26,9 @@ INTERRUPTED_LINE = "interrupted: finished runs are in the journal; to resume, ru
 
 
 def write_text(path: Path, text: str, console: Console) -> None:
-    """Write an output file the user asked for, and say so."""
+    """Write an output file the user asked for, and say so (never onto a state dir's files:
+    check_writable says why)."""
+    check_writable(path)
     write_text_atomic(path, text)
     console.print(f"wrote {path}", markup=False)
 
@@ -49,13 +54,16 @@ def command_line(*argv: str) -> str:
 
 @contextmanager
 def resume_hint_on_interrupt(console: Console, resume: str) -> Iterator[None]:
-    """On Ctrl-C or SIGTERM, print the command that resumes (once), then stop as before."""
+    """On Ctrl-C or SIGTERM, print the command that resumes (once), then stop as before.
+    When runs cannot go on here (a ResumableError), its one line ends with that command."""
     try:
         yield
     except KeyboardInterrupt:
         console.print(INTERRUPTED_LINE, markup=False)
         console.print(f"  {resume}", markup=False, soft_wrap=True)
         raise
+    except ResumableError as exc:
+        raise BisectPrefetchError(f"{exc}; to resume{exc.where}, run again: {resume}") from None
 
 
 @contextmanager
@@ -83,6 +91,52 @@ def sigterm_stops_like_ctrl_c() -> Iterator[list[int]]:
         yield received
     finally:
         signal.signal(signal.SIGTERM, previous)
+
+
+# The options of each command that prints follow-up commands, by their keyword names, in the
+# order a printed command gives them (tests/commands/test_cli_surface.py checks them against
+# cli.py). A follow-up carries every option given that its own command accepts.
+COMMAND_OPTIONS = {
+    "aa": ("runs", "mask", "steps", "guard", "resume", "state_dir", "executor", "slots", "stress",
+           "reuse", "no_reuse", "json"),
+    "bisect": ("resume", "state_dir", "confidence", "max_runs", "executor", "slots", "stress",
+               "segments", "reuse", "no_reuse", "explain", "json"),
+    "explain": ("mask", "stress", "runs", "steps", "all_units", "resume", "state_dir",
+                "json"),
+    "matrix": ("resume", "state_dir", "executor", "slots", "stress", "reuse", "no_reuse", "junit",
+               "markdown", "json"),
+}
+# Output files go only into the same command again: another command's --json must not
+# overwrite the file the user asked this one for.
+OUTPUT_OPTIONS = ("json", "junit", "markdown")
+
+
+def reuse_options(reuse: bool | None) -> dict[str, bool | None]:
+    """--reuse/--no-reuse as given (None: neither) in the keyword names of COMMAND_OPTIONS."""
+    return {"reuse": True if reuse else None, "no_reuse": True if reuse is False else None}
+
+
+@dataclass(frozen=True)
+class Given:
+    """A command as the user gave it: its name, its file argument and its options (None and
+    False: not given). Every command it prints (resume, rerun, reproduce, explain) is built
+    here, from the options actually given."""
+
+    command: str
+    target: str | Path
+    values: Mapping[str, Any]
+
+    def follow_up(self, command: str | None = None, **changes: Any) -> str:
+        """The command line of a follow-up: this command again (resume, a narrower window)
+        or another one; it carries every option given that the follow-up's command accepts
+        (output files only into this command again), with changes over them."""
+        name = command or self.command
+        accepted = COMMAND_OPTIONS[name]
+        values = {k: v for k, v in self.values.items()
+                  if k in accepted and (name == self.command or k not in OUTPUT_OPTIONS)}
+        values.update(changes)
+        return command_line(name, str(self.target),
+                            *options(**{k: values[k] for k in accepted if k in values}))
 
 
 def options(**values: Any) -> list[str]:

@@ -25,9 +25,8 @@ from typing import Any
 from rich.console import Console
 
 from bisect_prefetch.commands.common import (
+    Given,
     check_outputs,
-    command_line,
-    options,
     resume_hint_on_interrupt,
     write_json,
 )
@@ -47,6 +46,7 @@ from bisect_prefetch.report.html import EXPLAIN_FILE, build_report
 from bisect_prefetch.report.localization import describe as describe_localization
 from bisect_prefetch.report.progress import RunProgress
 from bisect_prefetch.runs.group import AAResult, stressed_groups
+from bisect_prefetch.runs.sessions import Scope
 from bisect_prefetch.runs.state import OpenState, open_state
 from bisect_prefetch.runs.step_time import WARMUP_STEPS, run_step_times_ms
 from bisect_prefetch.runs.tool_fault import tool_failure
@@ -60,6 +60,7 @@ from bisect_prefetch.vocab import (
     Mask,
     parse_edge_id,
     probe_rank_file,
+    quote_edges,
 )
 
 PURPOSE = "explain"
@@ -82,15 +83,16 @@ def explain(
     state_dir: Path,
     console: Console,
     json_out: Path | None = None,
+    resume: bool = False,
 ) -> int:
-    """Run (or resume) the traced A/A group and explain its first divergence."""
-    resume = command_line("explain", str(experiment_path), *options(
-        mask=list(masks), stress=stress, runs=runs, steps=steps, all_units=all_units,
-        state_dir=state_dir))
-    with resume_hint_on_interrupt(console, resume):
+    """Run (or, with resume, continue) the traced A/A group and explain its first divergence."""
+    given = Given("explain", experiment_path, {
+        "mask": list(masks), "stress": stress, "runs": runs, "steps": steps,
+        "all_units": all_units, "state_dir": state_dir, "json": json_out, "resume": resume})
+    with resume_hint_on_interrupt(console, given.follow_up(resume=True)):
         data = run_explain(experiment_path, masks=masks, stress=stress, runs=runs, steps=steps,
                            all_units=all_units, state_dir=state_dir, console=console,
-                           outputs=(json_out,))
+                           outputs=(json_out,), given=given)
     if json_out is not None:
         write_json(json_out, data, console)
     return 0 if data["verdict"] == CONSISTENT else 1
@@ -107,11 +109,19 @@ def run_explain(
     console: Console,
     all_units: bool = False,
     outputs: Sequence[Path | None] = (),
+    given: Given | None = None,
 ) -> dict[str, Any]:
-    """The traced group, narrated; returns the JSON of docs/contract.md."""
+    """The traced group, narrated; returns the JSON of docs/contract.md. given: the command
+    as given (its printed commands carry its options)."""
+    given = given or Given("explain", experiment_path, {
+        "mask": list(masks), "stress": stress, "runs": runs, "steps": steps,
+        "all_units": all_units, "state_dir": state_dir})
     experiment, window = _checked_input(experiment_path, stress=stress, runs=runs, steps=steps)
     check_outputs(*outputs, state_dir=state_dir, name=experiment.name)
-    with open_state(experiment, state_dir, console=console) as opened:
+    # (reuse: bisect --explain given --reuse; explain itself has no such option)
+    scope = Scope("explain", resume=bool(given.values.get("resume")),
+                  earlier=bool(given.values.get("reuse")))
+    with open_state(experiment, state_dir, console=console, scope=scope) as opened:
         graph = opened.graph()  # discovered (or reused) without tracing
         edge_ids = graph.edge_ids()
         mask = resolve_mask(list(masks), edge_ids)
@@ -147,9 +157,7 @@ def run_explain(
     # differing tensor when no traced op read it before the run was stopped.
     data["localization"] = group.localization
     step = group.first_diff_step
-    again = None if step is None else command_line("explain", str(experiment_path), *options(
-        mask=list(masks), stress=stress, runs=runs, steps=f"{step}-{step}",
-        all_units=all_units, state_dir=state_dir))
+    again = None if step is None else given.follow_up(steps=f"{step}-{step}", resume=None)
     for line in explanation_lines(explanation, first_diff_step=step, again=again,
                                   localization=group.localization, pair=data["pair"],
                                   mask=sorted(mask), describe_localization=describe_localization):
@@ -392,16 +400,20 @@ def _say_cost(cost: dict[str, Any], console: Console) -> None:
                   markup=False)
 
 
-def explain_command(experiment_path: Path, verdict: str, minimal_set: Sequence[str]) -> str | None:
+def explain_command(given: Given, verdict: str, minimal_set: Sequence[str], *,
+                    stress: str | None = None) -> str | None:
     """The explain command for a bisection's answer (None where there is nothing to explain):
-    the minimal set kept alone, or every edge off for drift that is not prefetch."""
+    the minimal set kept alone, or every edge off for drift that is not prefetch. given: the
+    bisect command as given (its options the explain command accepts go along); stress: the
+    setting the search ran under where it chose one (explain traces one: on or off)."""
     if verdict == VERDICT_FOUND and minimal_set:
-        mask = "keep-only:" + ",".join(minimal_set)
+        mask = "keep-only:" + quote_edges(minimal_set)
     elif verdict == VERDICT_NOT_PREFETCH:
         mask = "all-off"
     else:
         return None
-    return command_line("explain", str(experiment_path), *options(mask=mask))
+    return given.follow_up("explain", mask=mask, resume=None,
+                           **({"stress": stress} if stress is not None else {}))
 
 
 __all__ = ["explain", "explain_command", "explanation_lines", "run_explain"]

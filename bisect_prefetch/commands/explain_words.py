@@ -17,14 +17,8 @@ from bisect_prefetch.metrics.op_compare import (
     Explanation,
     RankFinding,
 )
+from bisect_prefetch.report.verdict_block import KIND_WORDS
 
-KIND_WORDS = {
-    "origin": "origin: inputs matched, output differed",
-    "receiver": "receiver: the difference came from another rank",
-    "changed-behind": "changed-behind: a buffer was written outside the traced ops",
-    "untraced-input": "untraced-input: an input no traced op wrote differed",
-    "alignment": "alignment broke: the runs ran different ops",
-}
 NO_EDGE_OFF = "no prefetch edge was on (every edge off)"
 NO_EDGE = ("the op ran in no prefetch and read nothing a prefetch filled, and no prefetch's "
            "window saw a parameter change")

@@ -16,6 +16,7 @@ from bisect_prefetch import graph as graphs
 from bisect_prefetch.commands.common import write_text
 from bisect_prefetch.errors import BisectPrefetchError
 from bisect_prefetch.experiment import load_experiment
+from bisect_prefetch.files import check_writable
 from bisect_prefetch.runs.discover import static_graph
 from bisect_prefetch.runs.state import open_state
 from bisect_prefetch.runs.workloads import require_prefetch_graph
@@ -46,6 +47,7 @@ def graph(experiment_path: Path | None, *, policy: str | None, layers: int | Non
     if fmt == "png":
         if out is None:
             raise BisectPrefetchError("--format png needs --out FILE")
+        check_writable(out)
         graphs.render_png(g, out)
         console.print(f"wrote {out}", markup=False)
         return 0

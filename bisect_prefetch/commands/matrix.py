@@ -2,9 +2,9 @@
 
 Cells run in the matrix file's order, each as one A/A group through a group
 runner. The real runner goes through the run store, so a matrix that stops
-half-way resumes where it stopped: runs already in the journal are reused,
-never run again. Tests inject a fake runner (any function from a CellRequest to
-the aa JSON dict). What an expectation means is experiment.expectation_met.
+half-way resumes where it stopped with --resume: the runs its session finished are
+taken again (after the checks of runs/reuse.py), never run again. Tests inject a fake
+runner (any function from a CellRequest to the aa JSON dict). What an expectation means is experiment.expectation_met.
 """
 
 from __future__ import annotations
@@ -20,10 +20,10 @@ from typing import Any
 from rich.console import Console
 
 from bisect_prefetch.commands.common import (
+    Given,
     check_outputs,
-    command_line,
-    options,
     resume_hint_on_interrupt,
+    reuse_options,
     write_json,
 )
 from bisect_prefetch.errors import BisectPrefetchError
@@ -43,6 +43,7 @@ from bisect_prefetch.report.markdown import publish_markdown
 from bisect_prefetch.report.progress import RunProgress
 from bisect_prefetch.report.table import print_matrix
 from bisect_prefetch.runs.group import stressed_groups
+from bisect_prefetch.runs.sessions import Scope
 from bisect_prefetch.runs.state import open_state
 from bisect_prefetch.runs.step_time import compare_runs, describe_cost, group_cost
 from bisect_prefetch.runs.store import JOURNAL
@@ -87,6 +88,7 @@ class CellResult:
     overrides: dict[str, Any]
     group: dict[str, Any]  # the aa JSON of the cell's group
     seconds: float = 0.0
+    shortfall: str | None = None  # a cells_from verdict below the confidence asked (Cell)
 
     @property
     def verdict(self) -> str:
@@ -94,7 +96,7 @@ class CellResult:
 
     @property
     def expectation_met(self) -> bool:
-        return expectation_met(self.expect, self.verdict)
+        return self.shortfall is None and expectation_met(self.expect, self.verdict)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -103,6 +105,7 @@ class CellResult:
             "verdict": self.verdict,
             "reason": self.group.get("reason"),  # why there is no verdict, for an error
             "expectation_met": self.expectation_met,
+            "shortfall": self.shortfall,
             "first_diff_step": self.group.get("first_diff_step"),
             "localization": self.group.get("localization"),
             "metrics": self.group.get("metrics") or {},
@@ -188,6 +191,8 @@ def cell_verdict_line(cell: CellResult) -> str:
     else:
         what = f"error: {cell.group.get('reason', '')}".rstrip(": ")
     met = "ok" if cell.expectation_met else "FAILED"
+    if cell.shortfall is not None:
+        met += f" ({cell.shortfall})"
     return (f"-> {what} ({data['divergences']} of {data['runs']} runs diverged); "
             f"expected {cell.expect}: {met}")
 
@@ -221,6 +226,7 @@ def run_matrix(
         cell_result = CellResult(
             name=cell.name, expect=cell.expect, mask_spec=request.mask, guard=request.guard,
             overrides=dict(cell.overrides), group=group, seconds=clock() - started,
+            shortfall=cell.shortfall,
         )
         result.cells.append(cell_result)
         if console is not None:
@@ -231,19 +237,21 @@ def run_matrix(
 def engine_group_runner(
     *, state_dir: str | Path, console: Console | None = None,
     progress: RunProgress | None = None, executor: str | None = None, slots: int | None = None,
-    no_reuse_before: float | None = None,
+    scope: Scope | None = None,
 ) -> GroupRunner:
     """The real group runner: the run store under state_dir, graph discovery, the A/A group.
 
     The state dir's lock is held per cell, so cells that override the
-    experiment's name run in their own state dirs.
+    experiment's name run in their own state dirs; one scope (runs/sessions.py) for every
+    cell: its session is the one the first cell's state dir decides.
     """
+    scope = scope or Scope("matrix", per_experiment=False)
     edge_ids_of: dict[tuple[str, ...], list[str]] = {}  # cells of one experiment share a graph
 
     def run(request: CellRequest) -> dict[str, Any]:
         experiment = request.experiment
         with open_state(experiment, state_dir, console=console, executor=executor,
-                        slots=slots, no_reuse_before=no_reuse_before) as opened:
+                        slots=slots, scope=scope) as opened:
             known = (experiment.name, experiment.fingerprint(), experiment.graph.model_dump_json())
             if known not in edge_ids_of:
                 edge_ids_of[known] = opened.graph().edge_ids()
@@ -283,7 +291,8 @@ def matrix(
     executor: str | None = None,
     slots: int | None = None,
     stress: str | None = None,
-    no_reuse: bool = False,
+    reuse: bool | None = None,
+    resume: bool = False,
 ) -> int:
     """`bisect-prefetch matrix`: run the cells, print the table, write every output asked for.
 
@@ -291,13 +300,16 @@ def matrix(
     matrix.json (with the command that reruns it) and the HTML report next to
     the journal of the matrix's experiment.
     """
-    resume = command_line("matrix", str(path), *options(state_dir=state_dir, executor=executor,
-                                                         slots=slots, stress=stress))
-    with resume_hint_on_interrupt(console, resume):
+    given = Given("matrix", path, {
+        "state_dir": state_dir, "executor": executor, "slots": slots, "stress": stress,
+        "junit": junit, "markdown": markdown, "json": json_out, "resume": resume,
+        **reuse_options(reuse)})
+    with resume_hint_on_interrupt(console, given.follow_up(resume=True)):
         result = run_matrix_file(path, state_dir=state_dir, console=console, run_group=run_group,
                                  executor=executor, slots=slots, stress=stress,
                                  outputs=(junit, markdown, json_out),
-                                 no_reuse_before=time.time() if no_reuse else None)
+                                 scope=Scope(f"matrix:{matrix_name(path)}", resume=resume,
+                                             earlier=bool(reuse), per_experiment=False))
     data = result.to_json()
     print_matrix(data, console)
     for cell_name, cost in data["step_time"].items():  # only cells whose runs timed their steps
@@ -311,7 +323,7 @@ def matrix(
     if json_out is not None:
         write_json(json_out, data, console)
     experiment_dir = Path(state_dir) / result.experiment
-    saved = {**data, "command": command_line("matrix", str(path))}
+    saved = {**data, "command": given.follow_up()}
     write_text_atomic(experiment_dir / MATRIX_FILE, json.dumps(saved, indent=2) + "\n")
     if (experiment_dir / JOURNAL).is_file():
         console.print(f"wrote {build_report(experiment_dir)}", markup=False)
@@ -322,7 +334,7 @@ def run_matrix_file(path: Path, *, state_dir: Path, console: Console,
                     run_group: GroupRunner | None = None, executor: str | None = None,
                     slots: int | None = None, stress: str | None = None,
                     outputs: tuple[Path | None, ...] = (),
-                    no_reuse_before: float | None = None) -> MatrixResult:
+                    scope: Scope | None = None) -> MatrixResult:
     """Load the matrix and run its cells with live progress (the real runner unless given one)."""
     loaded = load_matrix(path)
     check_outputs(*outputs, state_dir=state_dir, name=loaded.experiment.name)
@@ -332,5 +344,5 @@ def run_matrix_file(path: Path, *, state_dir: Path, console: Console,
     with RunProgress(console, total_runs=total) as progress:
         runner = run_group or engine_group_runner(state_dir=state_dir, console=console,
                                                   progress=progress, executor=executor,
-                                                  slots=slots, no_reuse_before=no_reuse_before)
+                                                  slots=slots, scope=scope)
         return run_matrix(loaded, runner, name=matrix_name(path), console=console, stress=stress)

@@ -5,8 +5,9 @@ every NaN equals every NaN at the same step (so 0.0 and -0.0 differ, NaN and 1.0
 Statistics are over the steps both runs have (the common steps), on |a - b|:
 
 - a step whose values are the same counts 0; an infinity against anything else counts inf;
-- NaN against a number is a difference (counted in steps_differing) without a size, so it
-  is left out of mae, p95 and max_abs (``nan_mismatches`` counts such steps);
+- NaN against a number is a difference (counted in steps_differing) of no known size:
+  mae, p95 and max_abs are then NaN, never a number that looks like agreement
+  (``nan_mismatches`` counts such steps);
 - p95 is numpy's default (linear interpolation) percentile;
 - steps only one run has are reported (missing_in_a / missing_in_b and the first such
   step), never dropped silently.
@@ -150,7 +151,9 @@ def compare_series(a: Series, b: Series, name: str = "") -> MetricDiff:
     d[~differ] = 0.0
     sized = d[~np.isnan(d)]
     mae = p95 = max_abs = None
-    if len(sized):
+    if len(sized) < len(d):  # a NaN against a number: a difference of no known size
+        mae = p95 = max_abs = math.nan
+    elif len(sized):
         with np.errstate(invalid="ignore", over="ignore"):
             mae = float(np.mean(sized))
         p95 = _p95(sized)

@@ -2,9 +2,21 @@
 
 Two runs whose loss agrees at 4 printed decimals are identical at that precision, not
 bitwise. ``printed_precision(files, fmt, names, pattern)`` reads the first metric lines of
-a run's files and gives, per metric, ``FULL`` (a float printed to its last bit: 15 or more
-significant digits somewhere, or the recorder's jsonl), the most decimals seen, or None
-(the metric was never seen).
+a run's files and gives, per metric, the way the job prints it, from the printed text
+alone (never from the size of the values):
+
+- ``FULL``: a float printed to its last bit (15 or more significant digits somewhere);
+- an int, ``d``: fixed-point, d decimals every time (`f"{loss:.4f}"`), shown by two or more
+  numbers with d decimals each and none with another count, or by one with a trailing
+  zero past the point (`2.5000`);
+- ``AS_PRINTED``: the number of decimals varies (a shortest round-trip repr of floats that
+  happen to be short, `0.625`, `%g`): the text is all there is, and two runs printing the
+  same way are compared exactly as printed;
+- None: the metric was never seen.
+
+Runs printing a metric differently compare at the coarser way (``coarser_decimals``):
+fixed-point against anything else at the fixed-point decimals (the fewer of two); two ways
+without fixed decimals are compared as printed, since neither has fewer digits to round to.
 """
 
 from __future__ import annotations
@@ -19,6 +31,7 @@ from bisect_prefetch.metrics.console import ANSI_RE, CONSOLE_FORMATS
 from bisect_prefetch.metrics.trajectory import Series, Trajectory, bounded_lines
 
 FULL = "full"
+AS_PRINTED = "as printed"  # decimals that vary: compared as printed
 LINES_READ = 200  # metric lines read per file: the first steps show how a job prints
 FULL_DIGITS = 15  # significant digits that only a shortest round-trip repr prints
 _NUMBER = rb"[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?"
@@ -78,32 +91,57 @@ def decimals_of(token: bytes) -> tuple[int, int]:
 
 def printed_precision(files: Sequence[Path], fmt: str, names: Sequence[str],
                       pattern: str | None = None) -> dict[str, str | int | None]:
-    """Per metric: FULL, the most decimals printed, or None (see the module docstring)."""
-    decimals: dict[str, int] = {}
+    """Per metric: FULL, fixed decimals, AS_PRINTED or None (see the module docstring)."""
+    decimals: dict[str, set[int]] = {}
+    counts: dict[str, int] = {}
+    trailing_zero: set[str] = set()
     full: set[str] = set()
     for path in files:
         try:
             for name, token in _tokens(Path(path), fmt, names, pattern):
                 places, significant = decimals_of(token)
-                decimals[name] = max(decimals.get(name, 0), places)
+                decimals.setdefault(name, set()).add(places)
+                counts[name] = counts.get(name, 0) + 1
                 if significant >= FULL_DIGITS:
                     full.add(name)
+                if _trailing_zero(token):
+                    trailing_zero.add(name)
         except (OSError, re.error, KeyError):
             continue
-    return {n: FULL if n in full else decimals.get(n) for n in names}
+    out: dict[str, str | int | None] = {}
+    for name in names:
+        seen = decimals.get(name)
+        if name in full:
+            out[name] = FULL
+        elif not seen:
+            out[name] = None
+        elif len(seen) == 1 and (counts[name] > 1 or name in trailing_zero):
+            out[name] = next(iter(seen))
+        else:
+            out[name] = AS_PRINTED
+    return out
+
+
+def _trailing_zero(token: bytes) -> bool:
+    """A zero a shortest repr would not print: `2.5000`, not `3.0` (repr's own)."""
+    mantissa = token.strip().lower().partition(b"e")[0]
+    fraction = mantissa.partition(b".")[2]
+    return len(fraction) > 1 and fraction.endswith(b"0")
 
 
 def coarser_decimals(a: dict[str, str | int | None],
                      b: dict[str, str | int | None]) -> dict[str, int]:
-    """Per metric two runs printed at different precisions: the coarser one's decimals
-    (FULL is the finest). Metrics printed alike, or never, are left out."""
+    """Per metric two runs printed differently: the decimals to round both to (the fixed-
+    point one's, the fewer of two). Metrics printed alike, never, or without fixed decimals
+    on either side are left out: those compare as printed."""
     out = {}
     for name in a.keys() & b.keys():
         pa, pb = a[name], b[name]
         if pa is None or pb is None or pa == pb:
             continue
-        places = [p for p in (pa, pb) if p != FULL]
-        out[name] = min(places)  # type: ignore[type-var]
+        fixed = [p for p in (pa, pb) if isinstance(p, int)]
+        if fixed:
+            out[name] = min(fixed)
     return out
 
 
@@ -126,8 +164,10 @@ def describe_precision(precision: dict[str, str | int | None]) -> str:
     for name, p in precision.items():
         if p == FULL:
             parts.append(f"{name} (full precision)")
+        elif p == AS_PRINTED:
+            parts.append(f"{name} (as printed: its decimals vary)")
         elif p is None:
             parts.append(f"{name} (never printed)")
         else:
-            parts.append(f"{name} ({p} decimals)")
+            parts.append(f"{name} ({p} decimal{'s' if p != 1 else ''})")
     return ", ".join(parts)

@@ -34,7 +34,16 @@ def static_graph(experiment: Experiment) -> graphs.PrefetchGraph:
 
 
 def discover_graph(runner: Runner, console: Console | None = None) -> graphs.PrefetchGraph:
-    """The experiment's graph; for a runtime source, one short recorded run (or its journal)."""
+    """The experiment's graph; for a runtime source, one short recorded run (or its journal).
+
+    The runner learns its edges: a later run whose mask switches one off must show that
+    the mask was applied (runs/merge.mask_not_applied)."""
+    graph = _find_graph(runner, console)
+    runner.graph_edges = frozenset(graph.edge_ids())
+    return graph
+
+
+def _find_graph(runner: Runner, console: Console | None) -> graphs.PrefetchGraph:
     experiment = runner.experiment
     if experiment.graph.source == "static":
         return static_graph(experiment)
@@ -44,7 +53,7 @@ def discover_graph(runner: Runner, console: Console | None = None) -> graphs.Pre
         return graphs.PrefetchGraph()
     key = runner.key("discover", mask=None, guard="none", steps=DISCOVERY_STEPS, index=0,
                      stress=False)
-    if console is not None and runner.state.find(key) is None:
+    if console is not None and not runner.holds(key):
         console.print(f"discovering the prefetch graph: one {DISCOVERY_STEPS}-step run "
                       "under the recorder...", markup=False)
     out = runner.run(key, label="discover")

@@ -1,9 +1,11 @@
 """One run from start to journal: plan, environment, launch, live comparison.
 
 The Runner is what the A/A group, the search's oracle and graph discovery
-share. A run is identified by its RunKey; when the journal already holds it,
-the finished run is returned as it was (reused), never run again. A finished
-run is judged (its files turned into a verdict) by runs/run_judge.py.
+share. A run is identified by its RunKey; when the journal already holds it and
+the command's scope takes it (runs/sessions.py: the runs it made itself; with
+--resume its session's, with --reuse any earlier command's, after the checks of
+runs/reuse.py), the finished run is returned as it was (reused), never run again.
+A finished run is judged (its files turned into a verdict) by runs/run_judge.py.
 
 While a run goes, its metrics (any format) and gradient digests are followed
 (metrics/live.py) and compared with the reference run; at the first differing
@@ -31,12 +33,20 @@ from bisect_prefetch.runs.code_print import code_fingerprint
 from bisect_prefetch.runs.executors import Executor, Job, make_executor
 from bisect_prefetch.runs.faults import RANK_LOG_DIR
 from bisect_prefetch.runs.job_path import ADAPTER_TREE, write_adapter_tree
-from bisect_prefetch.runs.launcher import STATUS_FILE, JobSpec, check_command, free_port, job_env
+from bisect_prefetch.runs.launcher import (
+    STATUS_FILE,
+    JobSpec,
+    check_command,
+    free_port,
+    job_env,
+    user_env,
+)
 from bisect_prefetch.runs.outcome import RunOutcome
 from bisect_prefetch.runs.plan import PLAN_ENV, PLAN_FILE, build_plan, plan_hash, write_plan
 from bisect_prefetch.runs.procs import kill_leftovers
 from bisect_prefetch.runs.reuse import ReuseCheck
 from bisect_prefetch.runs.run_judge import RunJudge
+from bisect_prefetch.runs.sessions import NOT_IN_SCOPE, Scope
 from bisect_prefetch.runs.store import RunKey, StateDir
 from bisect_prefetch.runs.workloads import (
     argv_template,
@@ -45,7 +55,7 @@ from bisect_prefetch.runs.workloads import (
     runs_in_tool_env,
     workload_env,
 )
-from bisect_prefetch.vocab import Mask
+from bisect_prefetch.vocab import USABLE_OUTCOMES, Mask
 
 POLL_S = 0.05  # how often a waiting run asks its executor
 
@@ -74,12 +84,13 @@ class Runner:
     """
 
     def __init__(self, experiment: Experiment, state: StateDir, *,
-                 executor: Executor | None = None) -> None:
+                 executor: Executor | None = None, scope: Scope | None = None) -> None:
         self.experiment = experiment
         self.state = state
         workload = experiment.workload
         self.judge = RunJudge(state, experiment.metrics,
-                              ranks=workload.world_size if workload is not None else None)
+                              ranks=workload.world_size if workload is not None else None,
+                              digest_every=experiment.record.every)
         # Where jobs execute (local slots or Slurm); checked by open(), before any run is journaled.
         self.executor: Executor = executor or make_executor(experiment.executor)
         self.reattached: list[str] = []
@@ -89,17 +100,21 @@ class Runner:
         self._first_said = False
         self.killed_leftovers: list[int] = []  # pids open() stopped
         self.code: str | None = None  # what the job runs (open(): runs/code_print.py)
-        self.reused_finished_at: list[float | None] = []  # runs taken from the journal
-        # A journaled run is reused only while what its job read is the same (runs/reuse.py);
-        # no_reuse_before (--no-reuse: the command's start): runs journaled before it are
-        # never reused. refused: (run id, first reason).
-        self.no_reuse_before: float | None = None
+        # Which journaled runs may be taken (runs/sessions.py; default: only those this
+        # runner made), decided by open(); those it made; the earlier ones it took (when
+        # each finished); refused: (run id, first reason) of earlier ones it ran again.
+        self.scope = scope or Scope("runner")
+        self.made: set[str] = set()
+        self.reused: dict[str, float | None] = {}  # run id -> finished_at
+        self.launched_ids: list[str] = []  # runs this runner submitted (re-attached ones not)
         self.reuse_check: ReuseCheck | None = None  # open()
         self.refused: list[tuple[str, str]] = []
-        self.reused_bounded = ""  # said once: a reused run whose manifest hit its bound
         # Whether runs keyed from now on run under stress (adapters/stress.py); a key can
         # also say it itself (the stress calibration of `bisect --stress auto`).
         self.stress = False
+        # The graph's edge ids, once known (runs/discover.py): a run whose mask switches
+        # one off must show that its mask was applied (runs/merge.mask_not_applied).
+        self.graph_edges: frozenset[str] = frozenset()
 
     def open(self) -> Runner:
         """Check that runs can start and learn what they run; returns the runner.
@@ -124,11 +139,24 @@ class Runner:
         self.code = code_fingerprint(
             argv_template(experiment, steps=experiment.steps), cwd=Path.cwd(),
             env_path={**os.environ, **experiment.env}.get("PATH"))
+        records = state.records()
+        # A command killed before its first run finished left only its submissions (Slurm):
+        # --resume continues it too, re-attaching to them.
+        self.scope.decide(records + state.unfinished_submissions(),
+                          fingerprint=experiment.fingerprint())
+        # What a run would start with now: each earlier run is checked against it, and
+        # every run this runner journals keeps it (runs/launch_env.py).
         self.reuse_check = ReuseCheck(
-            job_env(plan_path=Path(PLAN_FILE), experiment_env=experiment.env,
-                    workload_env=workload_env(experiment)), records=state.records(),
-            runs_path=state.runs_path)
+            user_env(experiment_env=experiment.env, workload_env=workload_env(experiment)),
+            cwd=self._job_cwd(), records=records, runs_path=state.runs_path,
+            admit=self.scope.admits)
         return self
+
+    def _job_cwd(self) -> Path | None:
+        """A user's command starts where the user started the tool, as if typed there
+        (`python train.py` works); built-in workloads start in their run dir (None), so
+        whatever a framework drops in its working directory stays with the run."""
+        return None if self.experiment.workload is not None else Path.cwd()
 
     def _opened(self) -> tuple[str, ReuseCheck]:
         if self.code is None or self.reuse_check is None:
@@ -181,13 +209,15 @@ class Runner:
         previous orchestrator submitted for this key and that Slurm still knows
         is re-attached, never submitted twice.
         """
-        found = self.reusable(self.state.find(key))
+        found = self._taken(key)
         if found is not None:
-            self.reused_finished_at.append(found.get("finished_at"))
+            if found.get("run_id") not in self.made:
+                self.reused[str(found.get("run_id"))] = found.get("finished_at")
             return self._said(RunOutcome.from_record(found))
         mask = key.mask
         submitted = self.state.submitted(key)
-        if submitted is not None and submitted.get("executor") == self.executor.kind:
+        if (submitted is not None and submitted.get("executor") == self.executor.kind
+                and self.scope.admits(submitted) is None):
             run_id = submitted["run_id"]
             started = self._prepare(key, run_id, self.state.run_dir(run_id), mask=mask,
                                     reference=reference, fresh=False)
@@ -199,28 +229,53 @@ class Runner:
         started = self._prepare(key, run_id, run_dir, mask=mask, reference=reference,
                                 fresh=True, stop=stop)
         started.job_id = self.executor.submit(started.job)
+        self.launched_ids.append(run_id)
         if self.executor.reattachable:
             # Journaled before waiting on it: a resumed orchestrator re-attaches to it.
             self.state.append_submitted(key, run_id=run_id, job_id=started.job_id,
-                                        executor=self.executor.kind)
+                                        executor=self.executor.kind, session=self.scope.session)
         return started
 
+    def holds(self, key: RunKey) -> dict[str, Any] | None:
+        """The journal record a run of this key would be taken from (None: it would run):
+        for a command's narration ("discovering..." only before a run) and its reading of
+        a run it made or took."""
+        return self._taken(key, say=False)
+
+    def _taken(self, key: RunKey, *, say: bool = True) -> dict[str, Any] | None:
+        """The finished run of this key to take instead of running it, if any: one this
+        runner made (if usable), else the latest earlier one the scope and the checks allow.
+        Where none is, the first reason is kept (say): a check's over the scope's."""
+        refusals = []
+        for record in self.state.find_all(key):
+            if record.get("run_id") in self.made:
+                if record.get("outcome") in USABLE_OUTCOMES:
+                    return record
+                continue  # a failed run of its own runs again (as a retry would)
+            why = self._why_not(record)
+            if why is None:
+                return record
+            refusals.append((record, why))
+        if refusals and say:
+            record, why = next(((r, w) for r, w in refusals if w != NOT_IN_SCOPE), refusals[0])
+            self._refuse(record, why)
+        return None
+
     def reusable(self, record: dict[str, Any] | None) -> dict[str, Any] | None:
-        """The journal record if its run may be reused now; a refusal is kept with its reason."""
+        """The journal record if its run may be taken now; a refusal is kept with its reason."""
         if record is None:
             return None
+        if record.get("run_id") in self.made:
+            return record if record.get("outcome") in USABLE_OUTCOMES else None
         why = self._why_not(record)
         if why is None:
-            manifest = record.get("manifest") or {}
-            if manifest.get("opened_truncated") and not self.reused_bounded:
-                # Reused on the files it recorded: say that its job opened more.
-                self.reused_bounded = (f"run {record.get('run_id')}'s job opened more files than "
-                                       f"its manifest keeps ({manifest.get('opened_limit')}): "
-                                       "reused on the first ones")
             return record
+        self._refuse(record, why)
+        return None
+
+    def _refuse(self, record: dict[str, Any], why: str) -> None:
         if all(run_id != record.get("run_id") for run_id, _ in self.refused):
             self.refused.append((str(record.get("run_id")), why))
-        return None
 
     def reusable_records(self) -> list[dict[str, Any]]:
         """The journal's finished runs that may be reused now; the refusals of this
@@ -232,8 +287,8 @@ class Runner:
                     else self._why_not(r) is None)]
 
     def _why_not(self, record: dict[str, Any]) -> str | None:
-        if self.no_reuse_before is not None and (record.get("finished_at") or 0) < self.no_reuse_before:
-            return "--no-reuse"
+        if record.get("run_id") in self.made:
+            return None if record.get("outcome") in USABLE_OUTCOMES else "it failed"
         return self._opened()[1].why_not(record)
 
     def poll(self, started: StartedRun) -> RunOutcome | None:
@@ -248,11 +303,23 @@ class Runner:
                          exit_code=job.exit_code)
         self.judge.collect(out, started.run_dir, plan_hash=started.plan_hash,
                            steps=started.key.steps, reference=started.ref_trajectory,
-                           comparator=started.comparator, schedule=started.key.schedule)
+                           comparator=started.comparator, schedule=started.key.schedule,
+                           masks_off=self.masks_edges_off(started.key))
+        out.launched = self._opened()[1].launched
+        out.session = self.scope.session
         write_text_atomic(started.run_dir / STATUS_FILE,
                           json.dumps(out.to_record(), indent=1, allow_nan=True) + "\n")
         self.state.append(started.key, out.to_record())
+        self.made.add(out.run_id)
         return self._said(out)
+
+    def masks_edges_off(self, key: RunKey) -> bool:
+        """Whether the run's mask (any segment's) switches off an edge of the graph."""
+        if key.schedule is not None:
+            masks = [mask for _, mask in key.schedule]
+        else:
+            masks = [] if key.mask is None else [key.mask]  # None: change nothing
+        return any(self.graph_edges - mask for mask in masks)
 
     def _said(self, out: RunOutcome) -> RunOutcome:
         """Tell on_first_usable of the first usable run."""
@@ -304,12 +371,8 @@ class Runner:
                       if ref_trajectory else None)
         ref_dir = self.state.run_dir(reference) if reference is not None else None
         live = LiveMetrics(run_dir, exp.metrics, comparator, reference_dir=ref_dir)
-        # A user's command starts where the user started the tool, as if typed there
-        # (`python train.py` works); built-in workloads start in their run dir, so
-        # whatever a framework drops in its working directory stays with the run.
-        cwd = None if exp.workload is not None else Path.cwd()
         spec = JobSpec(argv=argv, run_dir=run_dir, env=env, timeout_s=exp.timeout_s,
-                       no_progress_timeout_s=exp.no_progress_timeout_s, cwd=cwd)
+                       no_progress_timeout_s=exp.no_progress_timeout_s, cwd=self._job_cwd())
         # A run compared with a reference stops at its first difference.
         should_stop = (lambda: live.diverged) if comparator is not None else (
             (lambda: stop(run_dir)) if stop is not None else None)

@@ -23,7 +23,7 @@ from typing import Any, Protocol
 from bisect_prefetch.metrics.compare import compare_group
 from bisect_prefetch.runs import envprint
 from bisect_prefetch.runs.execute import Runner
-from bisect_prefetch.runs.executors.base import LOST
+from bisect_prefetch.runs.executors.base import LOST, LOST_RETRIES
 from bisect_prefetch.runs.merge import GRAPH_FILE
 from bisect_prefetch.runs.outcome import RunOutcome
 from bisect_prefetch.runs.signals import identical_wording
@@ -40,7 +40,6 @@ from bisect_prefetch.vocab import (
     Mask,
 )
 
-LOST_RETRIES = 2  # runs of a group whose job the scheduler took away are run again this often
 STAT_FIELDS = ("first_diff_step", "mae", "p95", "max_abs", "steps_compared", "steps_differing")
 
 
@@ -91,7 +90,11 @@ class AAResult:
     def identical(self) -> str:
         """How far "identical" goes for these runs: bitwise only where digests or
         full-precision metrics back it."""
-        return identical_wording([run.signals for run in self.runs if run.usable])
+        usable = [run for run in self.runs if run.usable]
+        world = max((int((run.environment or {}).get("world_size") or 0) for run in usable),
+                    default=0)
+        return identical_wording([run.signals for run in usable], steps=self.steps,
+                                 world_size=world or None)
 
     def outcome_counts(self) -> dict[str, int]:
         counts = Counter(run.outcome for run in self.runs)

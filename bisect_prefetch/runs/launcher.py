@@ -53,6 +53,27 @@ PINNED_ENV = {
     "PYTHONHASHSEED": "0",
 }
 
+def user_env(
+    *,
+    experiment_env: Mapping[str, str],
+    workload_env: Mapping[str, str] | None = None,
+    base: Mapping[str, str] | None = None,
+) -> dict[str, str]:
+    """The job's environment but the tool's own entries (the plan, the adapter on
+    PYTHONPATH): base, pins, workload needs, the experiment's env. PYTHONPATH is the one
+    the experiment (or else the caller's environment) gives. A reused run is checked
+    against it (runs/launch_env.py)."""
+    env = dict(os.environ if base is None else base)
+    user_path = experiment_env.get("PYTHONPATH", env.get("PYTHONPATH", ""))
+    env.update(PINNED_ENV)
+    env.update(workload_env or {})
+    env.update(experiment_env)
+    env.pop("PYTHONPATH", None)
+    if user_path:
+        env["PYTHONPATH"] = user_path
+    return env
+
+
 def job_env(
     *,
     plan_path: Path,
@@ -61,17 +82,14 @@ def job_env(
     base: Mapping[str, str] | None = None,
     adapter_paths: Sequence[Path] | None = None,
 ) -> dict[str, str]:
-    """The job's environment: base, pins, workload needs, the experiment's env, the adapter.
+    """The job's environment: user_env, with the adapter and the plan.
 
     adapter_paths go in front of PYTHONPATH (runs/job_path.py: a user's job gets the
     adapter tree alone; default: the package's own paths, for built-in workloads); a
     PYTHONPATH the experiment (or else the caller's environment) gives is kept after them.
     """
-    env = dict(os.environ if base is None else base)
-    user_path = experiment_env.get("PYTHONPATH", env.get("PYTHONPATH", ""))
-    env.update(PINNED_ENV)
-    env.update(workload_env or {})
-    env.update(experiment_env)
+    env = user_env(experiment_env=experiment_env, workload_env=workload_env, base=base)
+    user_path = env.get("PYTHONPATH", "")
     paths = tool_paths() if adapter_paths is None else adapter_paths
     env["PYTHONPATH"] = os.pathsep.join([*map(str, paths), *([user_path] if user_path else [])])
     env[PLAN_ENV] = str(Path(plan_path).resolve())  # the job runs in the run dir

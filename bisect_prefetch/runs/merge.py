@@ -129,5 +129,25 @@ def schedule_problems(merged: dict | None, schedule: Sequence[tuple[int, Any]],
     return problems
 
 
+def mask_not_applied(merged: dict | None, run_dir: Path) -> str | None:
+    """Why nothing shows that a run's mask was applied, or None when something does.
+
+    Asked of a run whose mask switches an edge of the graph off. Its mask was applied when
+    a prefetch went through the adapter's gate on some rank (the probe's edges), or the
+    engine's adapter hooked the job (only its hooks write a rank's graph, and the gate is in
+    the same hooks: a run stopped at its first difference may end before its probe). A job
+    the adapter never entered (an engine it does not hook, a launcher that dropped the
+    environment) shows neither: its numbers are those of all-on, whatever the mask."""
+    if merged is not None and any(merged.get("edges") or {}):
+        return None
+    if _rank_files(run_dir, "graph"):
+        return None
+    if merged is None:
+        return ("its mask was not applied: no rank acknowledged the plan (no probe; did the "
+                "job run under the adapter?)")
+    return ("its mask was not applied: no prefetch went through the adapter's gate on any "
+            "rank (is the job's FSDP engine one the adapter hooks?)")
+
+
 def _ranks(ranks: list[int]) -> str:
     return ", ".join(str(r) for r in ranks)

@@ -41,13 +41,13 @@ from typing import Any
 
 from bisect_prefetch.errors import BisectPrefetchError
 from bisect_prefetch.runs.execute import Runner
-from bisect_prefetch.runs.executors.base import LOST
+from bisect_prefetch.runs.executors.base import LOST, LOST_RETRIES
 from bisect_prefetch.runs.merge import REFUSED
 from bisect_prefetch.runs.outcome import RunOutcome
 from bisect_prefetch.runs.slots import RunRequest, Slots
 from bisect_prefetch.search.oracle import Finished, RunResult
 from bisect_prefetch.search.segments import Schedule
-from bisect_prefetch.vocab import OK, USABLE_OUTCOMES, Mask
+from bisect_prefetch.vocab import ADAPTER_NOT_ACTIVE, OK, USABLE_OUTCOMES, Mask
 
 # A finished run: its mask, or its schedule of several ((first step, mask) per segment).
 OnRun = Callable[[Mask | tuple[tuple[int, Mask], ...], RunOutcome], None]
@@ -167,35 +167,49 @@ class RealOracle:
     def _full_run(self, mask: Mask, purpose: str, *, steps: int | None = None) -> str:
         """A full-length run of mask compared with nothing, retried on error."""
         failures = []
-        for attempt in range(self.max_retries + 1):
+        attempt = 0
+        while True:
             key = self.runner.key(purpose, mask=mask, guard=self.guard, steps=steps or self.steps,
                                   index=0, attempt=attempt, stress=self.stress)
             out = self._count(self.runner.run(key, label=f"{purpose}-a{attempt}"))
             if out.usable:
                 return out.run_id
             failures.append(f"{out.run_id}: {out.outcome} ({out.reason})")
+            if out.reason.startswith(ADAPTER_NOT_ACTIVE) or not self._retried(out, attempt):
+                break  # a refused engine: a retry would be refused the same way
+            attempt += 1
         raise BisectPrefetchError(
             f"the reference run ({purpose}) failed {len(failures)} times: " + "; ".join(failures)
         )
+
+    def _retried(self, out: RunOutcome, attempt: int) -> bool:
+        """Whether a run that ended so is run again: a failed run max_retries times; a lost
+        one (the scheduler took its job away: a node failure, a cancel) LOST_RETRIES times
+        more, as it says nothing about the job."""
+        lost = f"{LOST}: " in out.reason
+        return not out.usable and attempt < self.max_retries + (LOST_RETRIES if lost else 0)
 
     def _reference(self, mask: Mask) -> str:
         return self._mask_reference.get(mask) or self.run_golden()
 
     # -- one run at once ----------------------------------------------------
     def run(self, mask: Mask) -> RunResult:
-        """Run once with exactly mask's edges enabled; errors are retried up to max_retries."""
+        """Run once with exactly mask's edges enabled; errors are retried up to max_retries
+        (lost runs, LOST_RETRIES more)."""
         index = self._requests[mask]
         self._requests[mask] += 1
         reference = self._reference(mask)
-        for attempt in range(self.max_retries + 1):
+        attempt = 0
+        while True:
             key = self.runner.key(self.purpose, mask=mask, guard=self.guard, steps=self.steps,
                                   index=index, attempt=attempt, stress=self.stress)
             label = f"{self.purpose}-k{index}" + (f"-a{attempt}" if attempt else "")
             out = self._count(self.runner.run(key, label=label, reference=reference))
             if self.on_run is not None:
                 self.on_run(mask, out)
-            if out.usable:
+            if not self._retried(out, attempt):
                 break
+            attempt += 1
         if out.usable and out.diverged and reference == self._golden:
             self._note_divergence(mask, out)
         return out.result()
@@ -262,7 +276,7 @@ class RealOracle:
         if segmented and REFUSED in (out.reason or ""):  # the engine: a retry would refuse too
             self.schedule_refused = out.reason
             return out.result()
-        if not out.usable and attempt < self.max_retries:
+        if self._retried(out, attempt):
             if segmented:
                 return self._schedule_request(what, request.key.steps, planned, index=index,
                                               attempt=attempt + 1)

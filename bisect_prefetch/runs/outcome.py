@@ -45,6 +45,10 @@ class RunOutcome:
     environment: dict[str, Any] | None = None
     # What the job read (runs/reuse.collect): the run is reused only while it is the same.
     manifest: dict[str, Any] | None = None
+    # What it was started with (runs/launch_env.launch_print): likewise.
+    launched: dict[str, Any] | None = None
+    # The command's session that ran it (runs/sessions.py): --resume continues its own.
+    session: str | None = None
     reused: bool = False
 
     @property

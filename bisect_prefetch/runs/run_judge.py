@@ -33,12 +33,18 @@ from bisect_prefetch.metrics.trajectory import Trajectory
 from bisect_prefetch.runs import envprint
 from bisect_prefetch.runs.executors.base import LOST
 from bisect_prefetch.runs.faults import find_fault
-from bisect_prefetch.runs.first_error import first_error_line
+from bisect_prefetch.runs.first_error import adapter_refusal, first_error_line
 from bisect_prefetch.runs.launcher import NO_METRICS
-from bisect_prefetch.runs.merge import GRAPH_FILE, merge_graphs, merge_probes, schedule_problems
+from bisect_prefetch.runs.merge import (
+    GRAPH_FILE,
+    mask_not_applied,
+    merge_graphs,
+    merge_probes,
+    schedule_problems,
+)
 from bisect_prefetch.runs.outcome import RunOutcome
 from bisect_prefetch.runs.reuse import collect
-from bisect_prefetch.runs.signals import run_signals, signal_problems
+from bisect_prefetch.runs.signals import digest_gaps, run_signals, signal_problems
 from bisect_prefetch.runs.step_time import run_step_time_ms, run_step_times_ms
 from bisect_prefetch.runs.store import StateDir
 from bisect_prefetch.vocab import ERROR, OK, STOPPED_EARLY, TIMEOUT, TRUNCATED, Mask
@@ -66,14 +72,17 @@ class RunJudge:
     """Judges the finished runs of one state dir; keeps the metrics it read of each.
 
     metrics: the experiment's metrics section (which files, which format, which names);
-    ranks: the ranks a built-in workload runs (None: a command's, not known beforehand).
+    ranks: the ranks a built-in workload runs (None: a command's, not known beforehand);
+    digest_every: the adapter digests every N-th step (record.every).
     """
 
-    def __init__(self, state: StateDir, metrics: Metrics, *, ranks: int | None) -> None:
+    def __init__(self, state: StateDir, metrics: Metrics, *, ranks: int | None,
+                 digest_every: int = 1) -> None:
         self.state = state
         self.metrics = metrics
         self.names = list(metrics.names)
         self.ranks = ranks
+        self.digest_every = digest_every
         self._trajectories: dict[str, Trajectory] = {}
 
     # -- a finished run's metrics -------------------------------------------
@@ -109,12 +118,16 @@ class RunJudge:
     # -- the verdict on one run ---------------------------------------------
     def collect(self, out: RunOutcome, run_dir: Path, *, plan_hash: str, steps: int,
                 reference: Trajectory | None, comparator: StreamingComparator | None,
-                schedule: Sequence[tuple[int, Mask]] | None = None) -> None:
+                schedule: Sequence[tuple[int, Mask]] | None = None,
+                masks_off: bool = False) -> None:
         """Merge the ranks' files, read the metrics, compare; downgrade a bad run.
 
         A run that ended by itself (any exit code) after some but fewer steps than
         asked is truncated; a failed run gets the fault its logs name, if any. A run of
-        several masks whose ranks did not follow its schedule is never evidence.
+        several masks whose ranks did not follow its schedule is never evidence, nor is a
+        run whose mask switches an edge off (masks_off) while nothing shows it was applied
+        (runs/merge.py). A run whose in-job adapter refused the job's engine is an error
+        whose reason is the adapter's own line.
         """
         _, graph_problems = merge_graphs(run_dir)
         merged, probe_problems = merge_probes(run_dir, plan_hash)
@@ -136,11 +149,16 @@ class RunJudge:
             before = out.first_diff_step or out.steps_done + (out.outcome == OK)
             if problems := schedule_problems(merged, schedule, before):
                 out.outcome, out.reason = ERROR, "; ".join(problems)
+        if masks_off and out.usable and (why := mask_not_applied(merged, run_dir)):
+            out.outcome, out.reason = ERROR, why
         if out.outcome == ERROR and out.steps_done == 0:
             line = first_error_line(run_dir)  # why it never reached a step
             if line:
                 out.reason = f"{out.reason}: {line}"
-        if not out.usable:
+        refused = adapter_refusal(run_dir, merged, read_logs=not out.usable or merged is None)
+        if refused is not None:  # the adapter's own line: the version, what it lacks
+            out.outcome, out.reason = ERROR, refused
+        elif not out.usable:  # (a refused job's launcher kills its other ranks: no fault)
             out.fault = find_fault(run_dir, exit_code=out.exit_code, reason=out.reason,
                                    killed_by_us=out.outcome == TIMEOUT)
 
@@ -170,6 +188,9 @@ class RunJudge:
             self._compare(out, trajectory, ref, comparator)
         if out.first_diff_step is None:
             self._check_complete(out, trajectory, steps, ref)
+            if out.usable:  # digests that stop early vouch for none of the later steps
+                out.problems += [f"incomplete digests: {gap}" for gap in digest_gaps(
+                    out.signals, steps_done=out.steps_done, every=self.digest_every)]
         out.trajectory_hash = trajectory_hash(trajectory, upto=out.first_diff_step)
         if out.problems:
             out.outcome, out.reason = ERROR, "; ".join(out.problems)

@@ -31,7 +31,12 @@ from pathlib import Path
 from typing import Any
 
 from bisect_prefetch.audit import read_probe
-from bisect_prefetch.metrics.precision import FULL, describe_precision, printed_precision
+from bisect_prefetch.metrics.precision import (
+    AS_PRINTED,
+    FULL,
+    describe_precision,
+    printed_precision,
+)
 from bisect_prefetch.metrics.trajectory import bounded_lines
 from bisect_prefetch.vocab import (
     SHARED_DIGESTS_FILE,
@@ -105,6 +110,9 @@ def run_signals(run_dir: Path, *, metric_files: Sequence[Path], fmt: str,
             "steps": max(int(s.get("steps", 0)) for s in summaries),
             "coverage": summaries[0].get("coverage", "every element"),
             "nothing_digested": _nothing_digested(probes, digest_ranks),
+            # per rank: [first step, last step, steps digested] (what "identical" may cover)
+            "by_rank": {str(r): [s.get("first_step"), s.get("last_step"), s.get("steps")]
+                        for r, s in sorted(digest_ranks.items())},
         }
     if digests is None:
         digests = _digests_from_file(Path(run_dir) / SHARED_DIGESTS_FILE)
@@ -279,23 +287,95 @@ def not_localized_wording(signals: Sequence[dict[str, Any] | None]) -> str | Non
             + " (no tensor to localize from)")
 
 
-def identical_wording(signals: Sequence[dict[str, Any] | None]) -> str:
-    """'bitwise identical' only where digests or full-precision metrics back it."""
-    known = [s for s in signals if s]
-    # Only where every rank digested at least one tensor at every step it digested.
-    if known and all(s.get("digests") and not s["digests"].get("nothing_digested")
-                     for s in known):
-        return "bitwise identical (digests)"
-    precision: dict[str, Any] = {}
+def digest_gaps(signals: dict[str, Any] | None, *, steps_done: int, every: int) -> list[str]:
+    """Ranks whose gradient digests stop before the run's metrics do: the steps after them
+    were never digested, so the run cannot vouch for them (an incomplete run). One sentence
+    per step they stop at."""
+    digests = (signals or {}).get("digests") or {}
+    expected = steps_done // every * every  # the last step a digest is taken at
+    stops: dict[int, list[int]] = {}
+    for rank, (first, last, _) in (digests.get("by_rank") or {}).items():
+        if isinstance(first, int) and isinstance(last, int) and last < expected:
+            stops.setdefault(last, []).append(int(rank))
+    return [f"the gradient digests of rank{'s' if len(ranks) > 1 else ''} {_ranks(sorted(ranks))} "
+            f"stop at step {last} while the metrics go on to step {steps_done} (no optimizer step "
+            f"the adapter saw after step {last}; record: {{digests: false}} compares the printed "
+            "metrics alone)" for last, ranks in sorted(stops.items())]
+
+
+def _digested(known: Sequence[dict[str, Any]], steps: int | None,
+              world_size: int | None) -> tuple[str, bool] | None:
+    """What every run's digests cover in common, in words, and whether that is every step
+    compared on every rank of the job; None when some run has no digests at all."""
+    if not all(s.get("digests") for s in known):
+        return None
+    ranges: dict[int, tuple[int, int, int]] = {}  # rank -> the steps every run digested there
+    ranks_in_every_run: set[int] | None = None
+    seen: set[int] = set()  # every rank any run heard from (a silent one included)
     for s in known:
-        for name, p in (s.get("precision") or {}).items():
-            if p is None:
-                continue
-            old = precision.get(name)
-            if old is None or (old == FULL) or (p != FULL and p < old):
-                precision[name] = p
+        by_rank = {int(r): v for r, v in (s["digests"].get("by_rank") or {}).items()
+                   if all(isinstance(x, int) for x in v)}
+        silent = {int(row["rank"]) for row in s["digests"].get("nothing_digested") or []}
+        ranks = set(by_rank) - silent
+        seen |= set(by_rank) | silent
+        ranks_in_every_run = ranks if ranks_in_every_run is None else ranks_in_every_run & ranks
+        for rank, (first, last, count) in by_rank.items():
+            old = ranges.get(rank, (first, last, count))
+            ranges[rank] = (max(first, old[0]), min(last, old[1]), min(count, old[2]))
+    ranks = sorted(ranks_in_every_run or ())
+    if not ranks:
+        return None
+    first = max(ranges[r][0] for r in ranks)
+    last = min(ranges[r][1] for r in ranks)
+    whole_steps = all(ranges[r][2] == last - first + 1 for r in ranks)
+    world = max(world_size or 0, max(seen) + 1)
+    missing = [r for r in range(world) if r not in ranks]
+    every_step = whole_steps and first == 1 and (steps is None or last >= steps)
+    span = f"steps {first}-{last}" if first != last else f"step {first}"
+    if not whole_steps:
+        span = f"{min(ranges[r][2] for r in ranks)} steps between {first} and {last}"
+    words = f"digests of {span} on rank{'s' if len(ranks) > 1 else ''} {_ranks(ranks)}"
+    if missing:
+        words += f" (rank{'s' if len(missing) > 1 else ''} {_ranks(missing)}: not in every run's digests)"
+    return words, every_step and not missing
+
+
+def _ranks(ranks: Sequence[int]) -> str:
+    """'0-3' for consecutive ranks, else '0, 2, 5'."""
+    if len(ranks) > 1 and list(ranks) == list(range(ranks[0], ranks[-1] + 1)):
+        return f"{ranks[0]}-{ranks[-1]}"
+    return ", ".join(map(str, ranks))
+
+
+def identical_wording(signals: Sequence[dict[str, Any] | None], *, steps: int | None = None,
+                      world_size: int | None = None) -> str:
+    """'bitwise identical' only where digests of every compared step on every rank of the job
+    (world_size, where known), or full-precision metrics, back it; else what was compared."""
+    known = [s for s in signals if s]
+    digested = _digested(known, steps, world_size) if known else None
+    if digested is not None and digested[1]:
+        return "bitwise identical (digests)"
+    precision = _coarsest_precision(known)
+    if digested is not None:
+        printed = f"the printed {describe_precision(precision)}" if precision else "the metrics read"
+        return f"identical in the {digested[0]} and in {printed}"
     if precision and all(p == FULL for p in precision.values()):
         return "bitwise identical (metrics at full precision)"
     if precision:
         return f"identical at the printed precision ({describe_precision(precision)})"
     return "identical in the metrics read"
+
+
+def _coarsest_precision(known: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """Per metric, the coarsest way any of the runs printed it: the fewest fixed decimals,
+    else as printed, else full precision (metrics/precision.py)."""
+    def coarseness(p: Any) -> tuple[int, int]:
+        return (0, -p) if isinstance(p, int) else (1, 0) if p == AS_PRINTED else (2, 0)
+
+    precision: dict[str, Any] = {}
+    for s in known:
+        for name, p in (s.get("precision") or {}).items():
+            if p is not None and (name not in precision
+                                  or coarseness(p) < coarseness(precision[name])):
+                precision[name] = p
+    return precision

@@ -21,6 +21,8 @@ from bisect_prefetch.graph import PrefetchGraph
 from bisect_prefetch.runs.discover import discover_graph, static_mismatch
 from bisect_prefetch.runs.execute import Runner
 from bisect_prefetch.runs.executors import with_executor
+from bisect_prefetch.runs.reuse import CHECKED, UNSEEN
+from bisect_prefetch.runs.sessions import Scope
 from bisect_prefetch.runs.signals import describe_signals
 from bisect_prefetch.runs.store import StateDir
 
@@ -46,19 +48,21 @@ class OpenState:
 @contextmanager
 def open_state(experiment: Experiment, state_dir: str | Path, *,
                console: Console | None = None, executor: str | None = None,
-               slots: int | None = None, no_reuse_before: float | None = None) -> Iterator[OpenState]:
+               slots: int | None = None, scope: Scope | None = None) -> Iterator[OpenState]:
     """Hold `<state_dir>/<experiment name>/` locked while the command uses it.
 
-    executor and slots (--executor, --slots) replace the experiment's own; no_reuse_before
-    (--no-reuse: when the command started): runs journaled before it are run afresh.
+    executor and slots (--executor, --slots) replace the experiment's own; scope: which
+    journaled runs the command may take (runs/sessions.py; default: only its own).
     """
     experiment = with_executor(experiment, kind=executor, slots=slots)
     with StateDir(state_dir, experiment.name) as state:
         if console is not None and state.torn_line is not None:
             console.print("note: the journal's last line was torn by a kill and was dropped",
                           markup=False)
-        runner = Runner(experiment, state).open()
-        runner.no_reuse_before = no_reuse_before
+        runner = Runner(experiment, state, scope=scope).open()
+        if console is not None:
+            for line in runner.executor.lines:  # where runs go (a Slurm allocation's steps)
+                console.print(line, markup=False, soft_wrap=True)
         if console is not None:
             runner.on_first_usable = lambda out, run_dir: _say_first_run(console, experiment,
                                                                          out.signals, run_dir)
@@ -76,10 +80,9 @@ def open_state(experiment: Experiment, state_dir: str | Path, *,
             # Jobs still in flight (Ctrl-C, an error) and jobs of a dead orchestrator
             # that were not re-attached are cancelled: none outlives the command.
             runner.close()
-            if console is not None and (line := reused_line(runner.reused_finished_at)):
+            if console is not None and (line := reused_line(list(runner.reused.values()))):
                 console.print(line, markup=False, soft_wrap=True)
-            if console is not None and runner.reused_bounded:
-                console.print(f"note: {runner.reused_bounded}", markup=False, soft_wrap=True)
+                console.print(f"note: {UNSEEN}", markup=False, soft_wrap=True)
             if console is not None and runner.refused:
                 console.print(f"note: {len(runner.refused)} run(s) of the journal run again, "
                               f"first because: {runner.refused[0][1]}", markup=False,
@@ -104,6 +107,4 @@ def reused_line(finished_at: list[float | None]) -> str | None:
     if known:
         first, last = (time.strftime("%Y-%m-%d %H:%M", time.localtime(t)) for t in (min(known), max(known)))
         when = f", finished {first}" + (f" to {last}" if last != first else "")
-    return (f"note: {len(finished_at)} run(s) reused from the journal{when} "
-            "(same experiment; every file its job read, its packages and numerics "
-            "variables unchanged)")
+    return f"note: {len(finished_at)} run(s) reused from the journal{when}; {CHECKED}"

@@ -189,8 +189,9 @@ class StateDir:
         protect(self.path / LOCK, f"the lock of {self.path}")
         self.torn_line: str | None = None
         self._lock_fd: int | None = None
-        self._index: dict[RunKey, dict[str, Any]] = {}
-        self._submitted: dict[RunKey, dict[str, Any]] = {}
+        self._index: dict[RunKey, list[dict[str, Any]]] = {}  # every finished run of a key
+        self._submitted: dict[RunKey, list[dict[str, Any]]] = {}
+        self._finished_ids: set[str] = set()
         self._records: list[dict[str, Any]] = []
 
     # -- lock -------------------------------------------------------------
@@ -240,7 +241,9 @@ class StateDir:
     # -- journal ----------------------------------------------------------
     def _load(self) -> None:
         journal = read_journal(self.journal_path)
-        index, submitted, finished = {}, {}, []
+        index: dict[RunKey, list[dict[str, Any]]] = {}
+        submitted: dict[RunKey, list[dict[str, Any]]] = {}
+        finished = []
         for number, record in enumerate(journal.records, start=1):
             if not _has_run_key(record):
                 raise BisectPrefetchError(
@@ -248,13 +251,14 @@ class StateDir:
                     "(missing or bad key fields); move the file away to start over"
                 )
             if SUBMITTED in record:
-                submitted[RunKey.from_record(record)] = record
+                submitted.setdefault(RunKey.from_record(record), []).append(record)
                 continue
-            index[RunKey.from_record(record)] = record
+            index.setdefault(RunKey.from_record(record), []).append(record)
             finished.append(record)
         self.torn_line = journal.torn_line
         self._repair_tail()
         self._records, self._index, self._submitted = finished, index, submitted
+        self._finished_ids = {str(r.get("run_id")) for r in finished}
 
     def _repair_tail(self) -> None:
         """End the journal with a whole line: appending after a partial one would glue onto it.
@@ -282,23 +286,31 @@ class StateDir:
         return list(self._records)
 
     def find(self, key: RunKey) -> dict[str, Any] | None:
-        """The journal record of a finished run with this key, if there is one."""
-        return self._index.get(key)
+        """The journal record of the latest finished run with this key, if there is one."""
+        found = self._index.get(key)
+        return found[-1] if found else None
+
+    def find_all(self, key: RunKey) -> list[dict[str, Any]]:
+        """Every finished run with this key, the latest first (sessions may repeat a key)."""
+        return list(reversed(self._index.get(key, [])))
 
     def submitted(self, key: RunKey) -> dict[str, Any] | None:
         """The submission record of a run with this key whose job may still run."""
-        return None if key in self._index else self._submitted.get(key)
+        left = [r for r in self._submitted.get(key, []) if r.get("run_id") not in self._finished_ids]
+        return left[-1] if left else None
 
     def unfinished_submissions(self) -> list[dict[str, Any]]:
         """Submission records with no finished run: jobs a dead orchestrator may have left."""
-        return [r for k, r in self._submitted.items() if k not in self._index]
+        return [r for records in self._submitted.values() for r in records
+                if r.get("run_id") not in self._finished_ids]
 
     def append_submitted(self, key: RunKey, *, run_id: str, job_id: str,
-                         executor: str) -> dict[str, Any]:
+                         executor: str, session: str | None = None) -> dict[str, Any]:
         """Journal a job at submission, before waiting on it (lines with `submitted`)."""
         full = self._write({"v": JOURNAL_VERSION, SUBMITTED: job_id, "job_id": job_id,
-                            "run_id": run_id, "executor": executor, **key.to_json()})
-        self._submitted[key] = full
+                            "run_id": run_id, "executor": executor, **key.to_json(),
+                            **({"session": session} if session is not None else {})})
+        self._submitted.setdefault(key, []).append(full)
         return full
 
     def append(self, key: RunKey, record: dict[str, Any]) -> dict[str, Any]:
@@ -306,7 +318,8 @@ class StateDir:
         full = self._write({"v": JOURNAL_VERSION, "finished_at": round(time.time(), 3),
                             **record, **key.to_json()})
         self._records.append(full)
-        self._index[key] = full
+        self._index.setdefault(key, []).append(full)
+        self._finished_ids.add(str(full.get("run_id")))
         return full
 
     def _write(self, full: dict[str, Any]) -> dict[str, Any]:

@@ -141,6 +141,24 @@ def test_output_file_that_cannot_be_written(tmp_path, capsys):
     assert list(tmp_path.iterdir()) == [in_the_way]
 
 
+@pytest.mark.parametrize("command", ["aa", "report"])
+def test_no_output_lands_on_a_runs_files(tmp_path, capsys, state, command):
+    """`--json` onto a finished run's stdout.log, `--html` onto a run's plan.json: refused
+    before anything runs, naming the run dir; the run's files stay as they were."""
+    run_dir = sorted((state / NAME / "runs").iterdir())[0]
+    target = run_dir / ("stdout.log" if command == "aa" else "plan.json")
+    if command == "aa":
+        args = ["aa", str(fake_job_experiment(tmp_path)), "--state-dir", str(state),
+                "--json", str(target)]
+    else:
+        args = ["report", str(state / NAME), "--html", str(target)]
+    before = snapshot(state)
+    message = _one_line_error(capsys, args)
+    assert message == (f"error: refusing to write {target}: it is inside run dir {run_dir}, "
+                       "whose files are a run's evidence (write outputs elsewhere)")
+    assert snapshot(state) == before
+
+
 # -- the journal ----------------------------------------------------------------
 def test_corrupt_journal_line_is_an_error_and_kept(tmp_path, capsys, state):
     journal = state / NAME / "journal.jsonl"
@@ -156,7 +174,7 @@ def test_torn_last_journal_line_is_reported_not_fatal(tmp_path, capsys, state):
     whole = journal.read_text()
     journal.write_text(whole + '{"v": 1, "outcome": "o')  # a kill in the middle of a write
     code = main(["aa", str(fake_job_experiment(tmp_path)), "--state-dir", str(state),
-                 "--mask", "all-off"])
+                 "--mask", "all-off", "--reuse"])
     out = capsys.readouterr().out
     assert code == 0
     assert "note: the journal's last line was torn by a kill and was dropped" in out
@@ -257,7 +275,7 @@ def test_runs_with_nan_and_inf_metrics_are_compared_not_crashed(tmp_path, capsys
     experiment = script_experiment(tmp_path, WRITES_NON_FINITE, steps=4)
     result_path = tmp_path / "aa.json"
     code = main(["aa", str(experiment), "--state-dir", str(tmp_path / "state"),
-                 "--mask", "all-off", "--json", str(result_path)])
+                 "--mask", "all-on", "--json", str(result_path)])  # metrics only: no gate
     assert code == 0, capsys.readouterr()
     result = json.loads(result_path.read_text())
     assert result["verdict"] == "consistent"

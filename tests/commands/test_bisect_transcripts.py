@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from bisect_prefetch.adapters.manifest import MANIFEST_VERSION
 from bisect_prefetch.commands import bisect as command
 from bisect_prefetch.commands import bisect_words
 from bisect_prefetch.errors import BisectPrefetchError
@@ -59,6 +60,11 @@ class Simulation:
     def __call__(self, opened, on_run):
         self.commands += 1
         return _Oracle(self, opened, on_run)
+
+
+# A simulated run's manifest (runs/reuse.collect): its job read nothing.
+READ_NOTHING = {"v": MANIFEST_VERSION, "files": {}, "links": {}, "absent": {"count": 0},
+                "installed": {"count": 0}, "dists": {}, "site_dirs": [], "incomplete": None}
 
 
 class _Oracle(AnswersAtOnce):
@@ -129,7 +135,7 @@ class _Oracle(AnswersAtOnce):
 
     def _journaled(self, key, draw, *, timed=False) -> RunOutcome:
         state = self.runner.state
-        if (found := state.find(key)) is not None:
+        if (found := self.runner.holds(key)) is not None:  # its own, or its session's (--resume)
             self.runs_reused += 1
             return RunOutcome.from_record(found)
         if self.sim.interrupt_after == 0:
@@ -140,14 +146,16 @@ class _Oracle(AnswersAtOnce):
         run_id, _ = state.new_run_dir("sim")
         out = RunOutcome(run_id=run_id, outcome="stopped-early" if result.diverged else "ok",
                          reason="", first_diff_step=result.first_diff_step,
-                         steps_done=result.steps, wall_s=0.25,
-                         manifest={"files": {}, "env": self.runner.reuse_check.env})  # read nothing
+                         steps_done=result.steps, wall_s=0.25, session=self.runner.scope.session,
+                         launched=self.runner.reuse_check.launched, manifest=READ_NOTHING
+                         | {"env": self.runner.reuse_check.env})
         if timed and self.sim.startup_steps is not None:  # what segments: auto measures
             out.step_time_ms, out.first_progress_s = 10.0, self.sim.startup_steps * 0.01
         if result.diverged and self.sim.localized:
             out.localization = {"step": result.first_diff_step, "rank": 1, "unit": self.sim.localized,
                                 "param": f"{self.sim.localized}.weight", "units_differing": 1}
         state.append(key, out.to_record())
+        self.runner.made.add(run_id)
         self.runs_launched += 1
         return out
 
@@ -159,7 +167,7 @@ def write_experiment(tmp_path: Path, *, max_runs: int = 200) -> Path:
     path = tmp_path / "exp.yaml"
     path.write_text(f"""
 name: sim
-command: [python, -c, "pass"]
+command: [python, -c, "pass", "{{steps}}"]
 metrics: {{format: jsonl, names: [loss]}}
 graph: {{source: static, policy: fsdp2-chain, layers: 3}}
 steps: {STEPS}
@@ -218,9 +226,16 @@ ruling out drift without prefetch as strong as the answer's: checking that all-o
     run 13 (0 edges on): clean over 20 steps [0.2s]
   -> clean (1 run)
 
-verdict: culprit-found
-minimal set: bwd:layers.2->layers.1
-confidence: 0.972   runs: 13   steps: 243
+verdict: culprit-found, one cause (confidence 0.972)
+cause 1: bwd:layers.2->layers.1 (confidence 0.972; keep-only diverged in run 7 (0008-sim) at step 19; drift in about 8 of 10 runs with it alone on; size-one: not known (no discovery run audited))
+next steps:
+  reproduce cause 1 alone (keep-only):
+    bisect-prefetch aa TMP/exp.yaml --runs=3 '--mask=keep-only:bwd:layers.2->layers.1' --state-dir=TMP/state
+  check the fix (drop-only of the cause):
+    bisect-prefetch aa TMP/exp.yaml --runs=3 '--mask=drop-only:bwd:layers.2->layers.1' --state-dir=TMP/state
+  explain cause 1: the first op that differs:
+    bisect-prefetch explain TMP/exp.yaml '--mask=keep-only:bwd:layers.2->layers.1' --state-dir=TMP/state
+runs: 14 launched, 0 reused from the journal; the search's verdict stands on 13 runs; steps: 243
   - keep-only:bwd:layers.2->layers.1 diverged (run 7, step 19): the set is enough for drift
   - drop-only:bwd:layers.2->layers.1: 7 runs, all consistent: removing the set removes drift
   - all-off and drop-only:bwd:layers.2->layers.1 after the search: 8 runs (counting the golden run as 1: the steps runs matched), all consistent: drift without
@@ -239,9 +254,7 @@ evidence
 │ check-off   │ all-off                          │ 0     │ 1    │ 0        │ -                     │ clean    │
 └─────────────┴──────────────────────────────────┴───────┴──────┴──────────┴───────────────────────┴──────────┘
 per-run chance 0.75 (95% interval 0.194-0.994), per-step hazard 0.0476, from 4 runs that enabled the set
-reproduce: bisect-prefetch aa TMP/exp.yaml --runs=4 '--mask=keep-only:bwd:layers.2->layers.1'
-explain: bisect-prefetch explain TMP/exp.yaml '--mask=keep-only:bwd:layers.2->layers.1'
-runs launched 14, reused from the journal 0; report: TMP/state/sim/report.html
+report: TMP/state/sim/report.html
 wrote TMP/out.json
 """
 
@@ -275,8 +288,8 @@ checking that all-on diverges...
     run 13 (4 edges on): clean over 20 steps [0.2s]
   -> clean (8 runs)
 
-verdict: no-drift-reproduced
-confidence: 0.950   runs: 13   steps: 260
+verdict: no-drift-reproduced (confidence 0.950)
+runs: 14 launched, 0 reused from the journal; the search's verdict stands on 13 runs; steps: 260
   - every edge enabled in 10 clean runs (9 of them all-on), none diverged: a per-run chance of 0.259 or more is ruled out at 95% (fewer than 3/10)
 evidence
 ┏━━━━━━━━━━━┳━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━┳━━━━━━━┳━━━━━━┳━━━━━━━━━━┳━━━━━━━━━━━━━━━━━━━━━━━┳━━━━━━━━━┓
@@ -290,9 +303,8 @@ evidence
 │ calibrate │ all-on                           │ 4     │ 8    │ 0        │ -                     │ clean   │
 └───────────┴──────────────────────────────────┴───────┴──────┴──────────┴───────────────────────┴─────────┘
 per-run chance 0 (95% interval 0-0.336), from 9 runs that enabled every edge (all-on)
-reproduce: bisect-prefetch aa TMP/exp.yaml --runs=4
 drift at a per-run chance below 0.259 can still hide: for a prefetch race, --stress auto checks whether delays before each prefetch make it show more often (docs/stress.md)
-runs launched 14, reused from the journal 0; report: TMP/state/sim/report.html
+report: TMP/state/sim/report.html
 wrote TMP/out.json
 """
 
@@ -318,8 +330,11 @@ checking that all-off is consistent...
     run 13 (0 edges on): clean over 20 steps [0.2s]
   -> diverged at run 2 (step 8)
 
-verdict: not-prefetch
-confidence: 1.000   runs: 13   steps: 102
+verdict: not-prefetch (confidence 1.000)
+next steps:
+  explain the drift without prefetch (all-off): the first op that differs:
+    bisect-prefetch explain TMP/exp.yaml --mask=all-off --state-dir=TMP/state
+runs: 14 launched, 0 reused from the journal; the search's verdict stands on 13 runs; steps: 102
   - all-off diverged (11 of 12 runs): drift happens with every prefetch edge off, so it has another cause
 evidence
 ┏━━━━━━━━━━━┳━━━━━━━━━┳━━━━━━━┳━━━━━━┳━━━━━━━━━━┳━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━┳━━━━━━━━━━┓
@@ -329,9 +344,7 @@ evidence
 │ check-off │ all-off │ 0     │ 12   │ 11       │ 8, 16, 11, 6, 3, 2, 4, 9, 3, 2, 3 │ diverged │
 └───────────┴─────────┴───────┴──────┴──────────┴───────────────────────────────────┴──────────┘
 per-run chance 1 (95% interval 0.025-1), per-step hazard 0.0667, from 1 runs that enabled every edge (all-on)
-reproduce: bisect-prefetch aa TMP/exp.yaml --runs=4
-explain: bisect-prefetch explain TMP/exp.yaml --mask=all-off
-runs launched 14, reused from the journal 0; report: TMP/state/sim/report.html
+report: TMP/state/sim/report.html
 wrote TMP/out.json
 """
 
@@ -350,8 +363,8 @@ testing forward-off...
     run 4 (2 edges on): clean over 20 steps [0.2s]
   -> clean (1 run)
 
-verdict: inconclusive
-confidence: 0.272   runs: 4   steps: 77
+verdict: inconclusive (confidence 0.272)
+runs: 5 launched, 0 reused from the journal; the search's verdict stands on 4 runs; steps: 77
   - stopped: the run budget (--max-runs 4) ran out; best guess {fwd:layers.0->layers.1} at probability 0.272
 evidence
 ┏━━━━━━━━━━━┳━━━━━━━━━━━━━┳━━━━━━━┳━━━━━━┳━━━━━━━━━━┳━━━━━━━━━━━━━━━━━━━━━━━┳━━━━━━━━━━┓
@@ -362,8 +375,7 @@ evidence
 │ search    │ forward-off │ 2     │ 1    │ 0        │ -                     │ clean    │
 └───────────┴─────────────┴───────┴──────┴──────────┴───────────────────────┴──────────┘
 per-run chance 0.5 (95% interval 0.0126-0.987), per-step hazard 0.027, from 2 runs that enabled every edge (all-on)
-reproduce: bisect-prefetch aa TMP/exp.yaml --runs=4
-runs launched 5, reused from the journal 0; report: TMP/state/sim/report.html
+report: TMP/state/sim/report.html
 wrote TMP/out.json
 """
 
@@ -382,7 +394,7 @@ testing forward-off...
   -> diverged at run 3 (step 6)
 testing drop-only:bwd:layers.2->layers.1...
 interrupted: finished runs are in the journal; to resume, run again:
-  bisect-prefetch bisect TMP/exp.yaml --resume --state-dir=TMP/state
+  bisect-prefetch bisect TMP/exp.yaml --resume --state-dir=TMP/state --json=TMP/out.json
 """
 
 RESUMED = """\
@@ -420,9 +432,16 @@ ruling out drift without prefetch as strong as the answer's: checking that all-o
     run 13 (0 edges on): clean over 20 steps [0.2s]
   -> clean (1 run)
 
-verdict: culprit-found
-minimal set: bwd:layers.2->layers.1
-confidence: 0.972   runs: 13   steps: 226
+verdict: culprit-found, one cause (confidence 0.972)
+cause 1: bwd:layers.2->layers.1 (confidence 0.972; keep-only diverged in run 7 (0008-sim) at step 2; drift in about 8 of 10 runs with it alone on; size-one: not known (no discovery run audited))
+next steps:
+  reproduce cause 1 alone (keep-only):
+    bisect-prefetch aa TMP/exp.yaml --runs=3 '--mask=keep-only:bwd:layers.2->layers.1' --state-dir=TMP/state
+  check the fix (drop-only of the cause):
+    bisect-prefetch aa TMP/exp.yaml --runs=3 '--mask=drop-only:bwd:layers.2->layers.1' --state-dir=TMP/state
+  explain cause 1: the first op that differs:
+    bisect-prefetch explain TMP/exp.yaml '--mask=keep-only:bwd:layers.2->layers.1' --state-dir=TMP/state
+runs: 10 launched, 4 reused from the journal; the search's verdict stands on 13 runs; steps: 226
   - keep-only:bwd:layers.2->layers.1 diverged (run 7, step 2): the set is enough for drift
   - drop-only:bwd:layers.2->layers.1: 7 runs, all consistent: removing the set removes drift
   - all-off and drop-only:bwd:layers.2->layers.1 after the search: 8 runs (counting the golden run as 1: the steps runs matched), all consistent: drift without
@@ -441,9 +460,7 @@ evidence
 │ check-off   │ all-off                          │ 0     │ 1    │ 0        │ -                     │ clean    │
 └─────────────┴──────────────────────────────────┴───────┴──────┴──────────┴───────────────────────┴──────────┘
 per-run chance 0.75 (95% interval 0.194-0.994), per-step hazard 0.0652, from 4 runs that enabled the set
-reproduce: bisect-prefetch aa TMP/exp.yaml --runs=4 '--mask=keep-only:bwd:layers.2->layers.1'
-explain: bisect-prefetch explain TMP/exp.yaml '--mask=keep-only:bwd:layers.2->layers.1'
-runs launched 10, reused from the journal 4; report: TMP/state/sim/report.html
+report: TMP/state/sim/report.html
 wrote TMP/out.json
 """
 
@@ -492,9 +509,16 @@ testing drop-only:bwd:layers.2->layers.1...
     run 15 (0 edges on): clean over 20 steps [0.2s]
   -> ruling out drift without prefetch as strong as the answer's: checking that all-off is consistent: clean (2 runs)
 
-verdict: culprit-found
-minimal set: bwd:layers.2->layers.1
-confidence: 0.976   runs: 15   steps: 283
+verdict: culprit-found, one cause (confidence 0.976)
+cause 1: bwd:layers.2->layers.1 (confidence 0.976; keep-only diverged in run 6 (0008-sim) at step 19; drift in about 8 of 10 runs with it alone on; size-one: not known (no discovery run audited))
+next steps:
+  reproduce cause 1 alone (keep-only):
+    bisect-prefetch aa TMP/exp.yaml --runs=3 '--mask=keep-only:bwd:layers.2->layers.1' --state-dir=TMP/state
+  check the fix (drop-only of the cause):
+    bisect-prefetch aa TMP/exp.yaml --runs=3 '--mask=drop-only:bwd:layers.2->layers.1' --state-dir=TMP/state
+  explain cause 1: the first op that differs:
+    bisect-prefetch explain TMP/exp.yaml '--mask=keep-only:bwd:layers.2->layers.1' --state-dir=TMP/state
+runs: 17 launched, 0 reused from the journal; the search's verdict stands on 15 runs; steps: 283
   - keep-only:bwd:layers.2->layers.1 diverged (run 6, step 19): the set is enough for drift
   - drop-only:bwd:layers.2->layers.1: 8 runs, all consistent: removing the set removes drift
   - all-off and drop-only:bwd:layers.2->layers.1 after the search: 8 runs (counting the golden run as 1: the steps runs matched), all consistent: drift without
@@ -516,9 +540,7 @@ evidence
 │ check-off   │ all-off                          │ 0     │ 2    │ 0        │ -                     │ clean    │
 └─────────────┴──────────────────────────────────┴───────┴──────┴──────────┴───────────────────────┴──────────┘
 per-run chance 0.75 (95% interval 0.194-0.994), per-step hazard 0.0476, from 4 runs that enabled the set
-reproduce: bisect-prefetch aa TMP/exp.yaml --runs=4 '--mask=keep-only:bwd:layers.2->layers.1'
-explain: bisect-prefetch explain TMP/exp.yaml '--mask=keep-only:bwd:layers.2->layers.1'
-runs launched 17, reused from the journal 0; report: TMP/state/sim/report.html
+report: TMP/state/sim/report.html
 wrote TMP/out.json
 """
 
@@ -545,9 +567,16 @@ running the golden reference again, 60 steps: as long as the longest run...
     run 7 (2 segments, 3 edges on first): clean over 40 steps [0.2s]
   -> double checking the answer: drop-only:bwd:layers.2->layers.1 should be consistent: clean (5 runs)
 
-verdict: culprit-found
-minimal set: bwd:layers.2->layers.1
-confidence: 0.977   runs: 7 (12 trials, several masks a run)   steps: 223
+verdict: culprit-found, one cause (confidence 0.977)
+cause 1: bwd:layers.2->layers.1 (confidence 0.977; keep-only diverged in run 5 (0007-sim) at step 19; drift in about 8 of 10 runs with it alone on; size-one: not known (no discovery run audited))
+next steps:
+  reproduce cause 1 alone (keep-only):
+    bisect-prefetch aa TMP/exp.yaml --runs=3 '--mask=keep-only:bwd:layers.2->layers.1' --state-dir=TMP/state
+  check the fix (drop-only of the cause):
+    bisect-prefetch aa TMP/exp.yaml --runs=3 '--mask=drop-only:bwd:layers.2->layers.1' --state-dir=TMP/state
+  explain cause 1: the first op that differs:
+    bisect-prefetch explain TMP/exp.yaml '--mask=keep-only:bwd:layers.2->layers.1' --state-dir=TMP/state
+runs: 9 launched, 0 reused from the journal; the search's verdict stands on 12 trials in 7 runs (a trial: one mask's segment of a run, several masks a run); steps: 223
   - keep-only:bwd:layers.2->layers.1 diverged (run 5, step 19): the set is enough for drift
   - drop-only:bwd:layers.2->layers.1: 7 runs, all consistent: removing the set removes drift
   - all-off and drop-only:bwd:layers.2->layers.1 after the search: 9 runs (counting the golden run as 3: the steps runs matched), all consistent: drift without
@@ -565,9 +594,7 @@ evidence
 │ drop-only   │ drop-only:bwd:layers.2->layers.1 │ 3     │ 5    │ 0        │ -                     │ clean    │
 └─────────────┴──────────────────────────────────┴───────┴──────┴──────────┴───────────────────────┴──────────┘
 per-run chance 0.75 (95% interval 0.194-0.994), per-step hazard 0.0476, from 4 runs that enabled the set
-reproduce: bisect-prefetch aa TMP/exp.yaml --runs=4 '--mask=keep-only:bwd:layers.2->layers.1'
-explain: bisect-prefetch explain TMP/exp.yaml '--mask=keep-only:bwd:layers.2->layers.1'
-runs launched 9, reused from the journal 0; report: TMP/state/sim/report.html
+report: TMP/state/sim/report.html
 wrote TMP/out.json
 """
 
@@ -584,6 +611,10 @@ def test_culprit_found(tmp_path):
     assert (data["verdict"], data["minimal_set"], data["runs_used"]) == ("culprit-found", [CULPRIT], 13)
     assert data["facts"][0].startswith(f"keep-only:{CULPRIT} diverged (run 7, step 19)")
     assert data == json.loads((tmp_path / "state" / "sim" / "bisect.json").read_text())
+    # One cause: reproduce is its keep-only step; no guard step where nothing was audited.
+    assert [s["step"] for s in data["next_steps"]] == ["reproduce", "fix", "explain"]
+    assert data["reproduce"] == data["next_steps"][0]["command"]
+    assert data["culprit_sets"][0]["size_one"] is None and data["size_one_edges"] is None
 
 
 def test_no_drift_reproduced(tmp_path):
@@ -624,9 +655,21 @@ def test_two_independent_causes(tmp_path):
             "smallest diverged mask first, every other edge off") in said
     assert (f"  cause 1: {{{CULPRIT}}}; drift may remain without it: searching the other 3 edges with "
             "every cause found off") in said
-    assert f"causes (2, each enough alone): {{{CULPRIT}}}; {{{second}}}" in said
+    head = next(i for i, line in enumerate(said) if line.startswith("verdict: "))
+    assert said[head].startswith("verdict: culprit-found, 2 independent causes, each enough alone")
+    assert said[head + 1].startswith(f"cause 1: {CULPRIT} (confidence ")
+    assert said[head + 2].startswith(f"cause 2: {second} (confidence ")
+    assert said[head + 3] == "next steps:"
     data = json.loads((tmp_path / "out.json").read_text())
-    assert data["reproduce"].endswith(f"'--mask=drop-only:{CULPRIT},{second}'")  # the whole fix
+    assert f"'--mask=drop-only:{CULPRIT},{second}'" in data["reproduce"]  # the whole fix
+    # Next steps: each cause alone, the whole fix, each cause explained; all in the state dir.
+    steps = data["next_steps"]
+    assert [(s["step"], s["cause"]) for s in steps] == [
+        ("reproduce", 1), ("reproduce", 2), ("fix", None), ("explain", 1), ("explain", 2)]
+    assert f"'--mask=keep-only:{second}'" in steps[1]["command"]
+    assert steps[2]["command"] == data["reproduce"]
+    assert all(s["command"].endswith(f"--state-dir={tmp_path / 'state'}") for s in steps)
+    assert all(f"    {s['command'].replace(str(tmp_path), 'TMP')}" in said for s in steps)
     assert [c["edges"] for c in data["culprit_sets"]] == [[CULPRIT], [second]]
     assert data["minimal_set"] == [CULPRIT] and data["confidence"] >= 0.95
     assert data["facts"][0].startswith(f"2 independent causes: {{{CULPRIT}}} (keep-only diverged, run ")
@@ -634,6 +677,7 @@ def test_two_independent_causes(tmp_path):
     assert union and int(union[1]) >= 3, data["facts"][0]
     for found in data["culprit_sets"]:  # the runs are the transcript's
         assert all(f"    run {n} (1 edges on): diverged at step" in text for n in found["keep_only_runs"])
+    assert [d["run"] for d in data["run_details"]] == list(range(1, len(data["run_details"]) + 1))
 
 
 def test_localization_steers_the_search_and_is_said(tmp_path):
@@ -674,6 +718,29 @@ def test_interrupted_then_resumed(tmp_path):
     assert code == 1
     data = json.loads((tmp_path / "out.json").read_text())
     assert (data["runs_launched"], data["runs_reused"]) == (10, 4)
+
+
+def test_every_printed_command_carries_the_options_given_and_the_resume_ends_as_the_search(tmp_path):
+    """The resume line after `bisect --no-reuse ...` keeps --no-reuse and every other option
+    (it used to drop them, and the resumed search ended inconclusive); reproduce and explain
+    carry those their commands take."""
+    given = {"reuse": False, "segments": "off", "stress": "off", "executor": "local", "slots": 1}
+    simulation = Simulation([CULPRIT], interrupt_after=4)
+    code, text = run_command(tmp_path, simulation, **given)
+    assert code == "interrupted"
+    assert lines(text)[-1] == ("  bisect-prefetch bisect TMP/exp.yaml --resume --state-dir=TMP/state "
+                               "--executor=local --slots=1 --stress=off --segments=off --no-reuse "
+                               "--json=TMP/out.json")
+    simulation.interrupt_after = None
+    code, text = run_command(tmp_path, simulation, resume=True, **given)  # that line, as given
+    assert code == 1 and lines(text)[lines(text).index("next steps:") - 2].startswith(
+        "verdict: culprit-found")
+    assert "resuming: 4 finished run(s) in the journal are reused" in lines(text)
+    mask = f"'--mask=keep-only:{CULPRIT}'"
+    assert (f"    bisect-prefetch aa TMP/exp.yaml --runs=3 {mask} --state-dir=TMP/state "
+            "--executor=local --slots=1 --stress=off --no-reuse") in lines(text)
+    assert (f"    bisect-prefetch explain TMP/exp.yaml {mask} --stress=off "
+            "--state-dir=TMP/state") in lines(text)
 
 
 def test_a_bisection_begun_before_several_causes_resumes_as_one_cause(tmp_path):

@@ -6,21 +6,23 @@ Other tools, CI jobs and the docs call these names (the CLI contract, docs/contr
 import typer.main
 
 from bisect_prefetch.cli import app
+from bisect_prefetch.commands.common import COMMAND_OPTIONS
 
 SURFACE = {
     "aa": {"experiment", "--mask", "--runs", "--steps", "--guard", "--json", "--state-dir",
-           "--executor", "--slots", "--stress", "--no-reuse"},
+           "--executor", "--slots", "--stress", "--reuse", "--no-reuse", "--resume"},
     "audit": {"experiment", "--guard", "--kinds", "--json", "--state-dir"},
     "bisect": {"experiment", "--confidence", "--max-runs", "--resume", "--json", "--state-dir",
-               "--executor", "--slots", "--stress", "--segments", "--no-reuse", "--explain"},
+               "--executor", "--slots", "--stress", "--segments", "--reuse", "--no-reuse",
+               "--explain"},
     "compare": {"a", "b", "--format", "--json", "--allow-truncated"},
     "explain": {"experiment", "--mask", "--stress", "--runs", "--steps", "--all-units", "--json",
-                "--state-dir"},
+                "--state-dir", "--resume"},
     "graph": {"experiment", "--policy", "--layers", "--format", "--out", "--state-dir"},
     "init": {"command", "--out", "--log", "--steps", "--force", "--state-dir"},
     "masks": {"experiment", "--policy", "--layers", "--preset", "--state-dir"},
     "matrix": {"matrix_file", "--junit", "--markdown", "--json", "--state-dir", "--executor",
-               "--slots", "--stress", "--no-reuse"},
+               "--slots", "--stress", "--reuse", "--no-reuse", "--resume"},
     "report": {"state", "--html"},
     "simulate": {
         "--policy", "--layers", "--culprit", "--together", "--hazard", "--steps", "--trials",
@@ -34,13 +36,22 @@ SURFACE = {
 def surface() -> dict[str, set[str]]:
     group = typer.main.get_command(app)
     return {
-        name: {opt for p in cmd.params for opt in (p.opts if p.param_type_name == "option" else [p.name])}
+        name: {opt for p in cmd.params
+               for opt in (p.opts + p.secondary_opts if p.param_type_name == "option" else [p.name])}
         for name, cmd in group.commands.items()
     }
 
 
 def test_every_command_and_option_is_as_documented():
     assert surface() == SURFACE
+
+
+def test_printed_commands_know_every_option_of_the_commands_they_name():
+    """A resume, reproduce or explain line carries every option given that its command
+    accepts (commands/common.Given): the lists it goes by are the CLI's."""
+    for name, accepted in COMMAND_OPTIONS.items():
+        flags = {o[2:].replace("-", "_") for o in SURFACE[name] if o.startswith("--")}
+        assert flags == set(accepted), name
 
 
 def test_every_command_has_help_text():

@@ -1,6 +1,6 @@
-"""All-off runs of earlier commands (aa, a matrix cell) serve bisect as its golden run and
-its first background controls, for the same experiment only, and a resumed bisect reuses
-the same ones."""
+"""All-off runs of earlier commands (aa, a matrix cell) serve bisect --reuse as its golden run
+and its first background controls, for the same experiment only, and a resumed bisect reuses
+the same ones; without --reuse none is taken."""
 
 from __future__ import annotations
 
@@ -158,7 +158,7 @@ def test_aa_all_off_runs_serve_a_later_bisect_and_a_resume_reuses_the_same(tmp_p
     state = tmp_path / "state"
     assert _cli("aa", exp, "--mask", "all-off", "--runs", "3", "--state-dir", state) == 0
     capsys.readouterr()
-    first = _bisect(exp, state, tmp_path / "first.json")
+    first = _bisect(exp, state, tmp_path / "first.json", "--reuse")
     said = capsys.readouterr().out
     assert ("  -> reused 3 all-off runs of earlier commands as the golden run and background "
             "controls (golden 0001-aa-k0)") in said
@@ -172,25 +172,26 @@ def test_aa_all_off_runs_serve_a_later_bisect_and_a_resume_reuses_the_same(tmp_p
     assert _launched_all_off(first) < _launched_all_off(fresh) + 1  # + 1: fresh's golden run
     assert first["runs_launched"] < fresh["runs_launched"]
     # Resumed: the same earlier runs, the same decisions, nothing launched.
-    again = _bisect(exp, state, tmp_path / "again.json", "--resume")
+    again = _bisect(exp, state, tmp_path / "again.json", "--resume", "--reuse")
     assert again["runs_launched"] == 0
     assert again["earlier_all_off"] == first["earlier_all_off"]
     assert again["evidence"] == first["evidence"]
     assert again["confidence"] == first["confidence"]
 
 
-@pytest.mark.parametrize("change", ["edited code", "other steps"])
+@pytest.mark.parametrize("change", ["edited code", "other steps", "no --reuse"])
 def test_all_off_runs_of_another_experiment_are_not_reused(tmp_path, capsys, change):
     job = _job(tmp_path)
-    exp = write_experiment(tmp_path, [sys.executable, str(job)])
+    exp = write_experiment(tmp_path, [sys.executable, str(job), "clean", "--steps={steps}"])
     state = tmp_path / "state"
     steps = ["--steps", "6"] if change == "other steps" else []
     assert _cli("aa", exp, "--mask", "all-off", "--runs", "2", "--state-dir", state, *steps) == 0
     if change == "edited code":
         job.write_text(job.read_text() + "\n# edited\n")
     capsys.readouterr()
-    data = _bisect(exp, state, tmp_path / "out.json", "--max-runs", "2")  # the golden run is enough
-    assert "of earlier commands" not in capsys.readouterr().out
+    reuse = [] if change == "no --reuse" else ["--reuse"]
+    data = _bisect(exp, state, tmp_path / "out.json", "--max-runs", "2", *reuse)  # the golden run is enough
+    assert "all-off runs of earlier commands" not in capsys.readouterr().out
     assert data["earlier_all_off"] == [{"golden": None, "controls": []}]
 
 
@@ -202,7 +203,7 @@ def test_an_all_off_matrix_cell_serves_a_later_bisect(tmp_path, capsys):
     state = tmp_path / "state"
     assert _cli("matrix", matrix, "--state-dir", state) == 0
     capsys.readouterr()
-    data = _bisect(exp, state, tmp_path / "out.json", "--max-runs", "2")
+    data = _bisect(exp, state, tmp_path / "out.json", "--max-runs", "2", "--reuse")
     assert "reused 2 all-off runs of earlier commands" in capsys.readouterr().out
     [earlier] = data["earlier_all_off"]
     assert earlier["golden"].endswith("matrix_quiet-k0") and len(earlier["controls"]) == 1

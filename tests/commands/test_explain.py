@@ -10,7 +10,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from bisect_prefetch.commands.bisect_explain import TracedHints, explained_lines, traced_findings
+from bisect_prefetch.commands.bisect_explain import TracedHints, traced_findings
+from bisect_prefetch.commands.common import Given
 from bisect_prefetch.commands.explain import (
     default_window,
     explain_command,
@@ -35,13 +36,16 @@ def test_by_default_it_traces_where_earlier_runs_first_differed():
                                                "experiment differed")
 
 
-def test_bisect_s_answer_has_an_explain_command():
-    path = Path("exp.yaml")
-    assert explain_command(path, "culprit-found", ["bwd:a->b", "fwd:c->d"]) == (
-        "bisect-prefetch explain exp.yaml '--mask=keep-only:bwd:a->b,fwd:c->d'")
-    assert explain_command(path, "not-prefetch", []) == (
-        "bisect-prefetch explain exp.yaml --mask=all-off")
-    assert explain_command(path, "no-drift-reproduced", []) is None
+def test_bisect_s_answer_has_an_explain_command_with_the_options_explain_takes():
+    given = Given("bisect", Path("exp.yaml"), {
+        "state_dir": Path("s"), "confidence": 0.9, "segments": "off", "stress": "on",
+        "reuse": True, "json": Path("b.json"), "resume": True})
+    assert explain_command(given, "culprit-found", ["bwd:a->b", "fwd:c->d"]) == (
+        "bisect-prefetch explain exp.yaml '--mask=keep-only:bwd:a->b,fwd:c->d' --stress=on "
+        "--state-dir=s")
+    assert explain_command(given, "not-prefetch", [], stress="off") == (
+        "bisect-prefetch explain exp.yaml --mask=all-off --stress=off --state-dir=s")
+    assert explain_command(given, "no-drift-reproduced", []) is None
 
 
 def finding(rank: int, kind: str | None, **extra) -> RankFinding:
@@ -106,16 +110,20 @@ def test_the_report_shows_the_first_differing_op_among_its_neighbours(tmp_path):
                        explain=result.to_json() | {"neighbours": near})
     assert "<h2>First differing op</h2>" in page and "<code>aten.randn</code> (origin)" in page
     assert "<p>edge: none (not tied to a prefetch)</p>" in page
-    # bisect --explain: each cause's first divergence, in a table of its own
+    # bisect --explain: each cause's first divergence is its explain step's result, said
+    # under that step's command in the verdict block (the terminal's words, the report's)
+    from bisect_prefetch.report.html import _next_steps
+
     first = {"step": 5, "rank": 1, "phase": "backward", "module": "layers.4",
-             "op": "prefetch-window", "kind": "changed-behind"}
-    page = render_html(title="t", verdict="v", facts=[], graph_png=None, culprits=[],
-                       evidence=([], []), matrix=None, figures=[], reproduce=[],
-                       explained=[{"edges": ["bwd:layers.5->layers.4"], "first": first,
-                                   "edge": "bwd:layers.5->layers.4"}])
-    assert "<h2>First divergence of each cause</h2>" in page
-    assert ("<td>step 5, rank 1, backward of layers.4: prefetch-window</td><td>changed-behind"
-            "</td><td>bwd:layers.5-&gt;layers.4</td>") in page
+             "op": "prefetch-window", "kind": "changed-behind", "edge": "bwd:layers.5->layers.4"}
+    data = {"culprit_sets": [{"edges": ["bwd:layers.5->layers.4"]}], "next_steps": [
+        {"step": "explain", "cause": 1, "edges": ["bwd:layers.5->layers.4"],
+         "command": "bisect-prefetch explain x", "result": {"verdict": "explained",
+                                                            "first": first}}]}
+    page = _next_steps(data)
+    assert ("-&gt; first divergence at step 5, rank 1, backward of layers.4: prefetch-window "
+            "(changed-behind: a buffer was written outside the traced ops); edge "
+            "bwd:layers.5-&gt;layers.4") in page
 
 
 def test_a_mask_of_few_edges_traces_only_their_units_and_the_window_follows_those_edges():
@@ -261,16 +269,41 @@ def test_a_traced_finding_is_the_hint_of_a_diverged_run_its_digests_could_not_lo
                        ).finished().result.unit is None  # that edge was off in the run
 
 
-def test_each_cause_s_first_divergence_is_one_line_of_the_verdict_block():
+def test_each_cause_s_first_divergence_is_its_explain_step_s_result_in_the_verdict_block():
+    from bisect_prefetch.report.verdict_block import explain_result_words, step_lines
+
     first = {"step": 5, "rank": 1, "phase": "backward", "module": "layers.4",
              "op": "prefetch-window", "kind": "changed-behind", "edge": "bwd:layers.5->layers.4"}
-    assert explained_lines([{"edges": ["bwd:layers.5->layers.4"], "first": first},
-                            {"edges": ["bwd:a->b"], "error": "no verdict: ...",
-                             "command": "c"}]) == [
-        "  bwd:layers.5->layers.4: first divergence at step 5, rank 1, backward of layers.4: "
-        "prefetch-window (changed-behind: a buffer was written outside the traced ops); edge "
-        "bwd:layers.5->layers.4",
-        "  bwd:a->b: not explained (no verdict: ...)"]
+    assert explain_result_words({"verdict": "explained", "first": first}) == (
+        "first divergence at step 5, rank 1, backward of layers.4: prefetch-window "
+        "(changed-behind: a buffer was written outside the traced ops); edge "
+        "bwd:layers.5->layers.4")
+    assert explain_result_words({"error": "no verdict: ..."}) == "not explained: no verdict: ..."
+    assert explain_result_words({"verdict": "consistent", "first": None}) == (
+        "consistent: no first differing op")
+    untied = first | {"edge": None, "edge_note": "no prefetch edge was on (every edge off)"}
+    assert explain_result_words({"verdict": "explained", "first": untied}).endswith(
+        "; no edge (no prefetch edge was on (every edge off))")
+    assert explain_result_words(None) is None  # not run: the step is a command only
+    data = {"culprit_sets": [{"edges": ["bwd:a->b"]}, {"edges": ["bwd:c->d"]}], "next_steps": [
+        {"step": "explain", "cause": 1, "edges": ["bwd:a->b"], "command": "e1",
+         "result": {"error": "boom"}},
+        {"step": "explain", "cause": 2, "edges": ["bwd:c->d"], "command": "e2"}]}
+    assert step_lines(data) == [
+        ("explain cause 1: the first op that differs", "e1", "not explained: boom"),
+        ("explain cause 2: the first op that differs", "e2", None)]
+
+
+def test_bisect_explain_traces_each_explain_step_and_a_finding_hints_later_searches(tmp_path):
+    """bisect.json's explain steps, with what bisect --explain found, are findings a later
+    search of the experiment takes as hints."""
+    (tmp_path / "bisect.json").write_text(json.dumps({"next_steps": [
+        {"step": "reproduce", "cause": 1, "edges": ["bwd:a->b"], "command": "r"},
+        {"step": "explain", "cause": 1, "edges": ["bwd:a->b"], "command": "e",
+         "result": {"verdict": "explained", "first": {"unit": "a", "edge": None}}},
+        {"step": "explain", "cause": 2, "edges": ["bwd:c->d"], "command": "e2",
+         "result": {"error": "no verdict"}}]}))
+    assert traced_findings(tmp_path) == [(frozenset({"bwd:a->b"}), "a")]
 
 
 def test_a_traced_run_that_was_killed_is_said_with_its_rank_s_log(tmp_path):

@@ -36,7 +36,7 @@ def _experiment(tmp_path: Path, extra: str = "", *, argv: list[str] | None = Non
         name: hostile
         command: {json.dumps(argv or [sys.executable, str(script)])}
         metrics: {{format: jsonl, names: [loss]}}
-        graph: {{source: static, policy: fsdp2-chain, layers: 2}}
+        graph: {{source: static, policy: fsdp2-chain, layers: 1}}  # no edge: no mask to apply
         steps: 3
         timeout_s: 30
     """) + extra)
@@ -90,7 +90,7 @@ def test_an_overflowing_step_is_an_unread_line_and_the_run_is_journaled(tmp_path
     args = ["aa", str(experiment), "--mask", "all-off", "--state-dir", str(tmp_path / "state")]
     assert main(args) == 0, capsys.readouterr()
     assert "reused" not in capsys.readouterr().out
-    assert main(args) == 0  # the same command again: from the journal, no crash
+    assert main([*args, "--reuse"]) == 0  # again, taking its runs: from the journal, no crash
     assert "reused" in capsys.readouterr().out
 
 
@@ -239,7 +239,7 @@ def test_static_policy_layers_are_bounded(tmp_path, capsys, layers):
     err = capsys.readouterr().err
     assert "--layers must be between 1 and" in err and "Traceback" not in err
     path = _experiment(tmp_path)
-    path.write_text(path.read_text().replace("layers: 2", f"layers: {layers}"))
+    path.write_text(path.read_text().replace("layers: 1", f"layers: {layers}"))
     assert "graph.layers" in _fails_at_load(tmp_path, capsys, path)
 
 
@@ -295,7 +295,11 @@ def test_a_malformed_probe_makes_the_run_unreadable_never_a_crash(tmp_path, caps
     out, err = capsys.readouterr()
     assert code == 2 and "Traceback" not in err + out, err
     assert "probe of rank(s) 0 unreadable" in out + err
-    assert main(["report", str(state / "hostile")]) == 0, capsys.readouterr().err
+    # An aa group is no bisection: said in one line (exit 2), the page written all the same.
+    assert main(["report", str(state / "hostile")]) == 2
+    err = capsys.readouterr().err
+    assert "no bisection in" in err and "Traceback" not in err, err
+    assert (state / "hostile" / "report.html").is_file()
     run_dir = next((state / "hostile" / "runs").iterdir())
     (run_dir / "graph.json").write_text('{"nodes": [], "edges": []}')
     with pytest.raises(BisectPrefetchError, match="unreadable probe record"):

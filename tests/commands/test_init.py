@@ -55,9 +55,10 @@ TITAN_LINE = ("\x1b[31mstep: {step:2d}  \x1b[32mloss: {loss:8.5f}  \x1b[33mgrad_
           "--seed", "abc", "--out", "steps"],
          ["python", "train.py", "--warmup-steps", "5", "--eval_steps=10", "--steps-per-epoch", "3",
           "--seed", "abc", "--out", "steps"], {}),
-        # marked already by the user
-        (["python", "train.py", "--steps", "{steps}", "--iters={seed}"],
-         ["python", "train.py", "--steps", "{steps}", "--iters={seed}"], {"steps": "", "seed": ""}),
+        # a `{steps}` in the user's own argv is the job's text: it stays literal
+        (["python", "train.py", "--steps", "{steps}", "--name=run_{seed}", "--seed", "3"],
+         ["python", "train.py", "--steps", "{{steps}}", "--name=run_{{seed}}", "--seed", "{seed}"],
+         {"seed": "3"}),
     ],
 )
 def test_the_arguments_that_set_steps_seed_and_port_get_placeholders(argv, expect, marked):
@@ -351,7 +352,7 @@ def test_init_with_a_saved_torchtitan_log_with_colours(tmp_path, capsys):
     assert code == 0, out
     assert (f"-> metrics: torchtitan lines in {log}: loss, grad_norm (not compared: tps, tflops, "
             "they differ run to run)") in out
-    assert "-> 2 units, 1 edges" in out  # the discovery run aa reuses, as no run showed it yet
+    assert "-> 2 units, 1 edges" in out  # a discovery run, as no run showed the graph yet
     assert "-> all-off A/A: identical at the printed precision" in out
     text = path.read_text()
     assert "e.g.: step: 1 loss: 8.15051 grad_norm: 0.8131" in text

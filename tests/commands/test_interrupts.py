@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from bisect_prefetch.cli import main
+from bisect_prefetch.vocab import MANIFEST_FILES
 from tests.conftest import NAME, fake_job_experiment, job_processes, snapshot
 
 RESUME_HINT = "interrupted: finished runs are in the journal; to resume, run again:"
@@ -101,9 +102,10 @@ def test_a_second_orchestrator_on_the_same_state_is_refused(tmp_path):
     experiment = fake_job_experiment(tmp_path, "hang", timeout_s=120)
     first = _start_aa(experiment, state, "--mask", "all-off")
     try:
-        # The first holds the lock and its first run is underway (hanging: nothing changes).
+        # The first holds the lock and its first run is underway (hanging: nothing changes
+        # once its process has begun its manifest).
         _wait_until(lambda: len(_run_dirs(state)) == 1
-                    and (_run_dirs(state)[0] / "stdout.log").exists(), first)
+                    and any(_run_dirs(state)[0].glob(MANIFEST_FILES)), first)
         before = snapshot(state)
         second = subprocess.run(
             [sys.executable, "-m", "bisect_prefetch.cli", "aa", str(experiment),

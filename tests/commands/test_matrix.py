@@ -253,7 +253,10 @@ def test_matrix_transcript_one_expectation_failed_and_its_outputs(tmp_path):
     data = json.loads(files["json"].read_text())
     assert data["failed"] == ["forward-off"]
     saved = json.loads((tmp_path / "state" / "m" / "matrix.json").read_text())
-    assert saved["command"] == f"bisect-prefetch matrix {path}"
+    state = tmp_path / "state"  # the command that reruns it: every option it was given
+    assert saved["command"] == (f"bisect-prefetch matrix {path} --state-dir={state} "
+                                f"--junit={files['xml']} --markdown={files['md']} "
+                                f"--json={files['json']}")
 
 
 ONE_FAILED = """\
@@ -298,7 +301,7 @@ cell 1/3 all-on: mask all-on, guard none, up to 2 runs, expect diverged
 -> diverged at step 4 (1 of 2 runs diverged); expected diverged: ok
 cell 2/3 drop-planted: mask drop-only:bwd:layers.1->layers.0, guard none, up to 3 runs, expect consistent
 interrupted: finished runs are in the journal; to resume, run again:
-  bisect-prefetch matrix TMP/m.yaml --state-dir=TMP/state
+  bisect-prefetch matrix TMP/m.yaml --resume --state-dir=TMP/state
 """
 
 
@@ -352,7 +355,7 @@ def test_reported_matrix_on_the_fsdp2_workload(tmp_path, monkeypatch, capsys):
     # Resumed: every run comes from the journal, none is launched again.
     journal = state / exp["name"] / "journal.jsonl"
     lines_before = journal.read_text().count("\n")
-    assert main(["matrix", str(path), "--state-dir", str(state)]) == 0
+    assert main(["matrix", str(path), "--state-dir", str(state), "--resume"]) == 0
     assert journal.read_text().count("\n") == lines_before
     assert "reused from the journal" in capsys.readouterr().out
 
@@ -364,4 +367,4 @@ def test_reported_matrix_on_the_fsdp2_workload(tmp_path, monkeypatch, capsys):
     # A run stopped at its first differing digest may have no metric line to plot: its
     # digests are plotted then.
     report_dir = state / exp["name"] / "report"
-    assert list(report_dir.glob("group-*.png")) or list(report_dir.glob("digests-*.png"))
+    assert list(report_dir.glob("run-*.png")) or list(report_dir.glob("digests-*.png"))

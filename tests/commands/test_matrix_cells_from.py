@@ -75,6 +75,20 @@ def test_each_cause_dropped_alone_diverges_and_all_dropped_is_consistent(tmp_pat
     assert sorted(result["cells"][2]["mask"]) == ["fwd:layers.0->layers.1", "fwd:layers.1->layers.2"]
 
 
+def test_a_verdict_below_the_confidence_asked_meets_no_expectation(tmp_path, capsys):
+    """The cells run and agree with the verdict, yet the verdict itself was never reached at
+    the confidence asked (confidence_met false): every cell built from it fails, saying so."""
+    verdict = {"experiment": "fake", "verdict": "culprit-found", "minimal_set": [FIRST],
+               "culprit_sets": [culprit_set(FIRST), culprit_set(SECOND)],
+               "confidence": 0.947, "confidence_asked": 0.95, "confidence_met": False}
+    code, result, out = run(tmp_path, write_files(tmp_path, verdict), capsys)
+    assert code == 1, out
+    assert [c["verdict"] for c in result["cells"]] == ["diverged", "diverged", "consistent"]
+    assert not any(c["expectation_met"] for c in result["cells"])
+    assert out.count("FAILED (the verdict it checks (culprit-found) holds at confidence 0.947, "
+                     "below the 0.95 asked)") == 3, out
+
+
 def test_a_single_set_verdict_checks_only_all_dropped_and_here_misses_a_cause(tmp_path, capsys):
     """Only `minimal_set` (no culprit_sets): one cell, every cause dropped, expected consistent;
     the stand-in has a second cause the verdict did not name, so the cell fails (exit 1)."""

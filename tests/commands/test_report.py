@@ -173,6 +173,53 @@ def test_digest_heatmap_marks_where_digests_differ(tmp_path):
     assert grid[rows.index((1, "layers.1.w"))][-1] == 0.5
 
 
+def _texts(fig) -> list[str]:
+    fig.canvas.draw()
+    texts = [t.get_text() for ax in fig.axes for t in ax.texts]
+    texts += [ax.get_title() for ax in fig.axes]
+    ticks = [label.get_text() for ax in fig.axes
+             for label in ax.get_yticklabels() + ax.get_xticklabels()]
+    return texts + ticks
+
+
+def test_a_run_of_several_masks_is_drawn_with_each_segment_and_its_mask():
+    a = {"loss": {s: 10.0 / s for s in range(1, 61)}}
+    b = {"loss": {s: 10.0 / s + (1e-6 * s if s >= 45 else 0.0) for s in range(1, 61)}}
+    segments = [(1, 20, "backward-off"), (21, 40, "keep-only:bwd:layers.2->layers.1"),
+                (41, 60, "all-off")]
+    fig = plots.group_figure(a, b, segments=segments, title="run 4: 3 masks by step")
+    said = _texts(fig) + [t.get_text() for t in fig.texts]
+    assert [t for t in said if t.startswith("segment ")] == [
+        "segment 1", "segment 2", "segment 3",  # over each segment's steps
+        "segment 1, steps 1-20: backward-off",  # the key under the plots
+        "segment 2, steps 21-40: keep-only:bwd:layers.2->layers.1", "segment 3, steps 41-60: all-off"]
+    assert fig.get_size_inches()[1] * plots.DPI == plots.group_figure_size(1, 3)[1]
+    boundaries = sorted({line.get_xdata()[0] for line in fig.axes[0].get_lines()
+                         if line.get_linestyle() == "-" and len(set(line.get_xdata())) == 1})
+    assert boundaries == [20.5, 40.5]
+    # Log-axis ticks in plain text: no mathtext left raw for mathtext is off.
+    assert not any("$" in text or "mathdefault" in text for text in said), said
+
+
+def test_a_run_stopped_at_a_digest_says_so_rather_than_identical():
+    a = {"loss": {s: 10.0 / s for s in range(1, 31)}}
+    b = {"loss": {s: 10.0 / s for s in range(1, 13)}}  # stopped at step 12, metrics unmoved
+    said = _texts(plots.group_figure(a, b, stopped_at=12))
+    assert ("stopped at step 12 on a parameter digest;\nthe printed metrics had not moved"
+            in said) and "identical" not in said
+    assert "identical" in _texts(plots.group_figure(a, a))
+
+
+def test_digest_heatmap_rows_are_the_differing_parameters_and_their_unit():
+    params = ["layers.0.w", "layers.0.b", "layers.1.w", "layers.1.b", "other"]
+    a = [DigestRecord(s, 0, p, "x") for s in range(1, 6) for p in params]
+    b = [DigestRecord(s, 0, p, "y" if s >= 3 and p == "layers.1.w" else "x")
+         for s in range(1, 6) for p in params if s <= 4]  # stopped after step 4
+    steps, rows, _ = plots.digest_difference_matrix(a, b, units=["layers.0", "layers.1"])
+    assert steps == [1, 2, 3, 4]  # steps the stopped run never reached are no difference
+    assert rows == [(0, "layers.1.w"), (0, "layers.1.b")]
+
+
 # -- progress ---------------------------------------------------------------
 class FakeClock:
     def __init__(self):
@@ -303,19 +350,21 @@ def test_html_report_rebuilt_from_the_state_dir(tmp_path):
     page = _TextOf()
     page.feed(path.read_text())
     text = " ".join(page.text)
-    assert "verdict: culprit-found" in text
+    assert "verdict: culprit-found, one cause (confidence 0.970)" in text
     assert "bwd:layers.1->layers.0" in text
+    # A bisect.json written before next_steps: its reproduce command is the next step.
     assert "bisect-prefetch aa demo.yaml --mask keep-only:bwd:layers.1->layers.0" in text
     # Each evidence row's step time against all-on (10 ms), from the journal's runs of its mask.
     assert "1.000x (10.0 ms; 1.00-1.00x)" in text and "1.250x (12.5 ms; 1.25-1.25x)" in text
-    # Embedded: the graph, the diverged group's curves, its digest heat maps (params, units).
+    # Embedded: the graph, the diverged run's curves, its digest heat maps (params, units).
     assert len(page.images) == 4
     assert all(img.startswith(b"\x89PNG\r\n\x1a\n") for img in page.images)
-    curves = mpimg.imread(state / "report" / "group-00.png")
+    curves = mpimg.imread(state / "report" / "run-00.png")
     width, height = plots.group_figure_size(2)
     assert curves.shape[:2] == (height, width)
+    # Parameters: w0 differs (from step 5, on both ranks); w1 is in no unit of w0's: left out.
     assert mpimg.imread(state / "report" / "digests-00.png").shape[:2] == tuple(
-        reversed(plots.heatmap_figure_size(4, 10)))
+        reversed(plots.heatmap_figure_size(2, 10)))
     # Units x steps from 3 before the first divergence (6): parameters w0, w1 are in no unit.
     assert mpimg.imread(state / "report" / "units-00.png").shape[:2] == tuple(
         reversed(plots.heatmap_figure_size(1, 8)))
@@ -369,7 +418,7 @@ def test_report_reads_a_state_dir_it_cannot_write(tmp_path, monkeypatch, capsys)
 
 def test_report_lists_what_each_run_read(tmp_path):
     state = _state_dir_with_a_bisection(tmp_path)
-    page = build_report(state).read_text().split("<h2>Runs</h2>")[1]
+    page = build_report(state).read_text().split("<summary>what each run read (3 runs)</summary>")[1]
     assert page.count("no manifest (not reusable)") == 3
 
 
@@ -385,6 +434,67 @@ def test_journal_groups_and_their_verdicts(tmp_path):
 def test_report_of_an_empty_state_dir_is_an_input_error(tmp_path):
     with pytest.raises(BisectPrefetchError, match="nothing to report"):
         build_report(tmp_path)
+
+
+# -- bad input: what is missing is said in one line (exit 2), what is there is rendered ------
+def _page_text(path: Path) -> str:
+    page = _TextOf()
+    page.feed(path.read_text())
+    return " ".join(page.text)
+
+
+@pytest.mark.parametrize("damage", ["torn-journal", "run-dir-deleted", "no-bisection",
+                                    "bisect-json-edited"])
+def test_a_damaged_state_dir_is_reported_with_what_is_there_and_one_line_of_what_is_not(
+        tmp_path, capsys, damage):
+    import shutil
+
+    state = _state_dir_with_a_bisection(tmp_path)
+    if damage == "torn-journal":
+        with open(state / "journal.jsonl", "a") as f:
+            f.write('{"v": 1, "run_id": "0004-sea')  # a kill mid-write
+        said = "journal " + str(state / "journal.jsonl") + ": line(s) 4 unreadable"
+    elif damage == "run-dir-deleted":
+        shutil.rmtree(state / "runs" / "0002-search")
+        said = "1 run dir(s) of the journal missing"
+    elif damage == "no-bisection":
+        (state / "bisect.json").unlink()
+        said = f"no bisection in {state} (bisect.json missing)"
+    else:
+        (state / "bisect.json").write_text('{"verdict": "culprit-found", "confidence": 0.9, '
+                                           '"culprit_sets": [{"edges": 5}]}')
+        said = "bisect.json is not one this version reads"
+    capsys.readouterr()
+    assert main(["report", str(state)]) == 2
+    out, err = capsys.readouterr()
+    assert len(err.strip().splitlines()) == 1 and said in err, err
+    assert f"wrote {state / 'report.html'}" in out
+    text = _page_text(state / "report.html")
+    assert "0001-search-golden" in text and "0003-search" in text  # the runs still listed
+
+
+def test_report_of_a_state_dir_of_several_experiments_lists_them(tmp_path, capsys):
+    _state_dir_with_a_bisection(tmp_path)
+    with StateDir(tmp_path, "other") as state:
+        run_id, run_dir = state.new_run_dir("aa")
+        state.append(RunKey.of(variant="aa@abc", mask=[], guard="none", steps=10, index=0),
+                     {"run_id": run_id, "outcome": "ok", "reason": ""})
+    assert main(["report", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert "holds the state of 2 experiment(s)" in err and "demo (3 run(s))" in err
+    assert f"bisect-prefetch report {tmp_path / 'demo'}" in err
+
+
+def test_runs_of_other_commands_are_listed_apart_and_never_counted_as_the_bisections(tmp_path):
+    state = _state_dir_with_a_bisection(tmp_path)
+    with StateDir(tmp_path, "demo") as opened:  # init's format check, which failed
+        run_id, _ = opened.new_run_dir("init")
+        opened.append(RunKey.of(variant="init@abc", mask=None, guard="none", steps=3, index=0),
+                      {"run_id": run_id, "outcome": "error", "reason": "no metric line"})
+    page = build_report(state).read_text()
+    mine, others = page.split("<h2>Runs of other commands</h2>")
+    assert "0 error" in mine.split("<h2>Timeline")[0] and run_id not in mine.split("<h2>Plots")[0]
+    assert "1 error" in others and "init" in others
 
 
 def test_html_matrix_cells_show_step_time_against_all_on_and_the_first_differing_rank(tmp_path):

@@ -140,7 +140,7 @@ def _simulated_experiment(tmp_path: Path, *, layers: int, last_line: str) -> Pat
     """The experiment a simulated oracle stands in for (its command never runs)."""
     return _write(tmp_path, f"""
         name: sim
-        command: [python, -c, "pass"]
+        command: [python, -c, "pass", "{{steps}}"]
         metrics: {{format: jsonl, names: [loss]}}
         graph: {{source: static, policy: fsdp2-chain, layers: {layers}}}
         steps: 20

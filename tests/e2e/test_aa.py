@@ -16,6 +16,7 @@ from bisect_prefetch.experiment import load_experiment
 from bisect_prefetch.runs.envprint import ENV_FILE
 from bisect_prefetch.runs.execute import Runner, write_config
 from bisect_prefetch.runs.group import run_group
+from bisect_prefetch.runs.sessions import Scope
 from bisect_prefetch.runs.store import StateDir
 from tests.conftest import job_processes
 from tests.jobs.fake_job import RANDOM_EDGE
@@ -114,13 +115,13 @@ def test_a_rank_with_another_plan_makes_the_run_unusable(tmp_path):
     assert "rank(s) 1 ran a different plan" in result["run_details"][0]["reason"]
 
 
-def test_rerun_reuses_the_journal_and_launches_nothing(tmp_path, capsys):
+def test_a_resume_reuses_the_journal_and_launches_nothing(tmp_path, capsys):
     experiment = _experiment(tmp_path, steps=100)
     first_code, first = _aa(tmp_path, experiment, "--runs", "3")
     dirs = _run_dirs(tmp_path)
     journal = (tmp_path / "state" / "fake" / "journal.jsonl").read_text()
     capsys.readouterr()
-    code, again = _aa(tmp_path, experiment, "--runs", "3")
+    code, again = _aa(tmp_path, experiment, "--runs", "3", "--resume")
     assert (code, again["verdict"], again["first_diff_step"]) == (
         first_code, first["verdict"], first["first_diff_step"])
     assert _run_dirs(tmp_path) == dirs
@@ -147,7 +148,7 @@ def test_sigkill_of_the_orchestrator_loses_no_finished_run(tmp_path, capsys):
     finally:
         proc.wait(timeout=10)
     first_run = json.loads(journal.read_text().splitlines()[0])["run_id"]
-    code, result = _aa(tmp_path, experiment, "--runs", "3", "--mask", "all-off")
+    code, result = _aa(tmp_path, experiment, "--runs", "3", "--mask", "all-off", "--resume")
     assert code == 0 and result["verdict"] == "consistent"
     details = result["run_details"]
     assert details[0]["run_id"] == first_run and details[0]["reused"]
@@ -182,12 +183,14 @@ def test_environment_drift_is_reported_apart(tmp_path):
         env = json.loads(env_path.read_text())
         env["orchestrator"]["variables"]["OMP_NUM_THREADS"] = "2"  # a job with no framework: no print of its own
         env_path.write_text(json.dumps(env))
-        again = run_group(Runner(experiment, state).open(), **kwargs)
+        # The first group's runs taken again (--reuse), their prints compared with the new.
+        again = run_group(Runner(experiment, state, scope=Scope("aa", earlier=True)).open(),
+                          **kwargs)
     assert len(again.environment_drift) == 1
     assert again.environment_drift[0].startswith("variables.OMP_NUM_THREADS:")
 
 
-def test_graph_command_discovers_once_then_reuses(tmp_path, capsys):
+def test_graph_command_discovers_the_graph_of_the_job_as_it_is_now(tmp_path, capsys):
     experiment = _experiment(tmp_path, extra="").read_text().replace(
         "{source: static, policy: fsdp2-chain, layers: 2}", "{source: runtime}")
     path = tmp_path / "runtime.yaml"
@@ -198,9 +201,9 @@ def test_graph_command_discovers_once_then_reuses(tmp_path, capsys):
     # Narration on stderr, so stdout is the graph alone: pipe-able JSON.
     assert "discovering the prefetch graph" in first.err
     assert [n["name"] for n in json.loads(first.out)["nodes"]] == ["layers.0", "layers.1"]
-    assert main(args) == 0
-    assert "from the journal" in capsys.readouterr().err
-    assert len(_run_dirs(tmp_path)) == 1
+    assert main(args) == 0  # no run of an earlier command is taken: the job may have changed
+    assert "discovering the prefetch graph" in capsys.readouterr().err
+    assert len(_run_dirs(tmp_path)) == 2
 
 
 def test_failed_discovery_is_a_clear_error(tmp_path, capsys):

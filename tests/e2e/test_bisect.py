@@ -83,12 +83,13 @@ def test_bisect_with_segments_takes_fewer_runs_than_trials_and_resumes_exactly(t
     segments = result["segments"]
     assert segments["used"] and segments["cap_steps"] > 8
     assert segments["startups"] < segments["trials"] == result["runs_used"]
-    assert f"runs: {segments['startups']} ({segments['trials']} trials" in out
+    assert (f"the search's verdict stands on {segments['trials']} trials in "
+            f"{segments['startups']} runs") in out
     # Nothing that finished before the kill ran again: every earlier key was reused,
     # and no key appears twice in the journal.
     after = journal_keys(state)
     assert after[: len(before)] == before and len(set(after)) == len(after)
-    assert result["runs_reused"] >= len(before) - 1  # the discovery run is not the oracle's
+    assert result["runs_reused"] >= len(before) - 1  # every finished run (the discovery's too)
     records = [json.loads(line) for line in journal.read_text().splitlines() if line.strip()]
     golden = [r for r in records if r["variant"].startswith("search-golden+")]
     assert max(r["steps"] for r in golden) == segments["cap_steps"]

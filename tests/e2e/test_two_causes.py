@@ -1,9 +1,10 @@
 """End to end: a user's own FSDP2 job with two independent causes of drift, each enough alone
 (tests/jobs/two_causes_job.py: its own one-ulp nudge on the backward prefetch into layers.4 and
-into layers.1; it imports nothing of ours and the tool is not told). `bisect` must name both,
-each as its own set, and only then say culprit-found; a matrix built from that verdict
-(`cells_from`) then checks it: each cause dropped alone still diverges, both dropped is
-consistent.
+into layers.1; it imports nothing of ours, sets its own step count, and the tool is not told).
+`bisect` must name both, each as its own set, and only then say culprit-found (one mask a run:
+segments cannot lengthen a run whose command fixes its steps); a matrix built from that
+verdict (`cells_from`) then checks it: each cause dropped alone still diverges, both dropped
+is consistent.
 """
 
 from __future__ import annotations
@@ -28,8 +29,9 @@ def cli(*args: str) -> list[str]:
 
 def write_experiment(tmp_path: Path) -> Path:
     # 8 backward edges; 6 steps of about 70 ms; a cause's per-run chance is about 0.8.
+    # The command sets its own step count (no {steps}), as many users' scripts do.
     argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-            str(JOB), "--steps", "{steps}", "--seed", "{seed}"]
+            str(JOB), "--steps", "6", "--seed", "{seed}"]
     path = tmp_path / "two.yaml"
     path.write_text(textwrap.dedent(f"""
         name: two
@@ -50,6 +52,8 @@ def test_bisect_names_both_causes_and_a_matrix_of_its_sets_confirms_them(tmp_pat
                               "--json", str(tmp_path / "bisect.json")),
                           cwd=tmp_path, capture_output=True, text=True, timeout=1200)
     assert done.returncode == 1, done.stdout + done.stderr
+    # Segments (the default) cannot lengthen its runs: one mask a run, said once.
+    assert done.stdout.count("segments: the command sets its own step count") == 1, done.stdout
     result = json.loads((tmp_path / "bisect.json").read_text())
     sets = result.get("culprit_sets")
     assert sets is not None, done.stdout  # the verdict names every cause it found
@@ -59,6 +63,13 @@ def test_bisect_names_both_causes_and_a_matrix_of_its_sets_confirms_them(tmp_pat
     for found in sets:
         assert found["keep_only_runs"], found  # each set diverged alone
         assert found["per_run_chance"] is None or 0 < found["per_run_chance"] <= 1
+        # numbered as the transcript's run lines, as run_details says them
+        assert all(result["run_details"][n - 1]["run"] == n for n in found["keep_only_runs"])
+        assert found["size_one"] is False  # 2 ranks shard every unit: no guard step below
+    # Next steps: each cause alone, the whole fix, each explained; in the state dir given.
+    assert [(s["step"], s["cause"]) for s in result["next_steps"]] == [
+        ("reproduce", 1), ("reproduce", 2), ("fix", None), ("explain", 1), ("explain", 2)]
+    assert all(s["command"].endswith(f"--state-dir={state}") for s in result["next_steps"])
 
     # The verdict's sets as matrix cells: each dropped alone, then both.
     matrix = tmp_path / "causes.yaml"

@@ -78,6 +78,13 @@ def test_a_users_job_gets_digests_order_and_step_times_and_says_so(tmp_path, cap
     assert "comparing the printed loss (4 decimals), grad_norm (4 decimals)" in out
     assert "bitwise identical (digests)" in out
     assert result["step_time"] is not None and result["signals"]["order_steps"] == 3
+    # Every process closed its manifest (torchrun's agent and both ranks, one file each): a
+    # resume takes both runs, and the discovery run, and launches nothing.
+    assert all(len(list(d.glob("manifest.*.jsonl"))) == 3 for d in _runs(tmp_path))
+    code, again = _run(tmp_path, "aa", str(_experiment(tmp_path)), "--runs", "2", "--resume")
+    out = capsys.readouterr().out
+    assert code == 0 and all(run["reused"] for run in again["run_details"]), out
+    assert "note: 3 run(s) reused from the journal" in out
 
 
 def test_a_fault_of_the_jobs_own_is_localized_to_its_target_unit(tmp_path):

@@ -1,9 +1,10 @@
 """A user's own FSDP2 training script with two independent causes of drift, each enough alone:
 it imports nothing of bisect-prefetch and calls nothing of it.
 
-Launched with torchrun (2 ranks, gloo, CPU). Eight small MLP layers and a head, each layer and
-the root sharded with ``fully_shard``; AdamW. FSDP2's implicit backward chain prefetches layer
-K from layer K+1 (the root prefetches the last layer), so there are eight backward edges.
+Launched with torchrun (2 ranks, gloo, CPU). Eight small MLP layers (``--layers``) and a head,
+each layer and the root sharded with ``fully_shard``; AdamW. FSDP2's implicit backward chain
+prefetches layer K from layer K+1 (the root prefetches the last layer), so there are eight
+backward edges. It runs on torch 2.8 and later (tests/e2e/test_torch_versions.py).
 
 ``--fault-targets layers.4,layers.1 --fault-hazard H`` (the defaults) plants the script's own
 drift on the backward prefetch into each of those layers, independently: the script wraps
@@ -28,7 +29,7 @@ from torch.distributed.fsdp import fully_shard
 from torch.distributed.fsdp._fully_shard._fsdp_param_group import FSDPParamGroup
 from torch.distributed.tensor import DTensor
 
-LAYERS, DIM, VOCAB = 8, 16, 32
+DIM, VOCAB = 16, 32
 
 
 class Layer(nn.Module):
@@ -42,10 +43,10 @@ class Layer(nn.Module):
 
 
 class Model(nn.Module):
-    def __init__(self) -> None:
+    def __init__(self, layers: int) -> None:
         super().__init__()
         self.embed = nn.Embedding(VOCAB, DIM)
-        self.layers = nn.ModuleList(Layer() for _ in range(LAYERS))
+        self.layers = nn.ModuleList(Layer() for _ in range(layers))
         self.head = nn.Linear(DIM, VOCAB)
 
     def forward(self, tokens):
@@ -82,6 +83,7 @@ def plant_faults(model: Model, targets: list[str], hazard: float) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--steps", type=int, default=6)
+    parser.add_argument("--layers", type=int, default=8)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--fault-targets", default="layers.4,layers.1")
     parser.add_argument("--fault-hazard", type=float, default=0.25)
@@ -92,7 +94,7 @@ def main() -> None:
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     torch.manual_seed(args.seed)
-    model = Model()
+    model = Model(args.layers)
     mesh = init_device_mesh("cpu", (world,))
     for layer in model.layers:
         fully_shard(layer, mesh=mesh)

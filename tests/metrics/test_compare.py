@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 
 import pytest
 from rich.console import Console
@@ -52,8 +53,8 @@ def test_identical_runs():
 def test_nan_equals_nan_but_not_a_number():
     d = compare_series(series({1: NAN, 2: NAN, 3: 1.0}), series({1: NAN, 2: 1.0, 3: 1.0}))
     assert d.first_diff_step == 2 and d.steps_differing == 1 and d.nan_mismatches == 1
-    # The NaN-vs-number step has no size: stats over steps 1 and 3 only, both 0.
-    assert (d.mae, d.max_abs) == (0.0, 0.0)
+    # The NaN-vs-number step has no known size: the statistics say NaN, never 0.
+    assert math.isnan(d.mae) and math.isnan(d.p95) and math.isnan(d.max_abs)
 
 
 def test_infinity_differences():

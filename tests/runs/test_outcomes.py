@@ -51,10 +51,12 @@ with open(os.path.join(plan["out_dir"], "metrics.jsonl"), "a") as f:
 """
 
 
-def _aa(tmp_path: Path, experiment: Path, *args: str) -> tuple[int, dict]:
+def _aa(tmp_path: Path, experiment: Path, *args: str, mask: str = "all-on") -> tuple[int, dict]:
+    """all-on by default: JOB writes metrics only, and a mask that switches an edge off needs
+    a job that applies it (runs/merge.mask_not_applied; fake_job's probe says it does)."""
     out = tmp_path / "aa.json"
     code = main(["aa", str(experiment), "--state-dir", str(tmp_path / "state"), "--mask",
-                 "all-off", "--json", str(out), *args])
+                 mask, "--json", str(out), *args])
     return code, json.loads(out.read_text())
 
 
@@ -134,7 +136,7 @@ def test_outcomes_unknown_to_this_version_are_still_counted():
 
 def test_a_run_that_discovered_another_graph_is_reported_as_graph_drift(tmp_path, capsys):
     experiment = fake_job_experiment(tmp_path)
-    code, first = _aa(tmp_path, experiment)
+    code, first = _aa(tmp_path, experiment, mask="all-off")  # all-on: fake_job drifts
     assert code == 0 and first["graph_drift"] == []
     a, b = (d["run_id"] for d in first["run_details"])
     graph_path = tmp_path / "state" / NAME / "runs" / b / "graph.json"
@@ -142,7 +144,7 @@ def test_a_run_that_discovered_another_graph_is_reported_as_graph_drift(tmp_path
     graph["nodes"] = graph["nodes"][:1]
     graph_path.write_text(json.dumps(graph))
     capsys.readouterr()
-    code, again = _aa(tmp_path, experiment)  # the same runs, from the journal
+    code, again = _aa(tmp_path, experiment, "--reuse", mask="all-off")  # the same runs, from the journal
     assert again["graph_drift"] == [f"run {b} discovered a different prefetch graph than run {a}"]
     assert f"graph drift: run {b} discovered a different prefetch graph than run {a}" \
         in capsys.readouterr().out

@@ -17,6 +17,7 @@ from bisect_prefetch.experiment import load_experiment
 from bisect_prefetch.graph import from_policy
 from bisect_prefetch.runs.execute import Runner
 from bisect_prefetch.runs.oracle import RealOracle
+from bisect_prefetch.runs.sessions import Scope
 from bisect_prefetch.runs.store import StateDir
 from bisect_prefetch.search.causes import CauseSearch
 from bisect_prefetch.search.runlog import Ask
@@ -46,8 +47,10 @@ def _edges() -> list[str]:
     return from_policy("fsdp2-chain", 2).edge_ids()
 
 
-def _oracle(state: StateDir, experiment, **kw) -> RealOracle:
-    return RealOracle(Runner(experiment, state).open(), steps=6, guard="none", **kw)
+def _oracle(state: StateDir, experiment, *, resume: bool = False, **kw) -> RealOracle:
+    """The oracle of a search (resume: of the one the journal holds, as bisect --resume)."""
+    runner = Runner(experiment, state, scope=Scope("bisect", resume=resume)).open()
+    return RealOracle(runner, steps=6, guard="none", **kw)
 
 
 def test_runs_are_trials_against_one_golden_run(tmp_path):
@@ -76,7 +79,7 @@ def test_resume_replays_the_same_runs_in_order(tmp_path):
         first = [oracle.run(mask) for mask in asks]
         assert oracle.runs_launched == 5
     with StateDir(tmp_path / "state", "fake") as state:
-        oracle = _oracle(state, experiment)
+        oracle = _oracle(state, experiment, resume=True)
         again = [oracle.run(mask) for mask in asks]
         assert oracle.runs_launched == 0 and oracle.runs_reused == 5
         # Asking for more than was run before launches the new run only.
@@ -141,7 +144,7 @@ def test_a_golden_run_that_drifted_is_replaced_and_a_resume_finds_the_new_one(tm
     verdicts = []
     for launched in ("first", "resumed"):
         with StateDir(tmp_path / "state", "fake") as state:
-            oracle = _oracle(state, experiment)
+            oracle = _oracle(state, experiment, resume=launched == "resumed")
             search = CauseSearch(_edges(), steps_per_run=6, max_runs=40)
             oracle.run_golden()
             search.golden(oracle.golden_steps)

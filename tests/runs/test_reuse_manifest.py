@@ -1,6 +1,7 @@
-"""Reuse keyed on what the job read: a finished run is reused only while every file its job
-read (a module beside the script, a package installed editable, a config found by a computed
-path), its packages and its numerics variables are the same; the command says why not.
+"""Reuse keyed on what the job read: with --reuse (or --resume, its own), a finished run is
+taken only while every file its job read (a module beside the script, a package installed
+editable, a config found by a computed path), its packages and the variables it started with
+are the same; the command says why not. Without either, no run of an earlier command is taken.
 
 The job (tests/jobs/reading_job) is a user's script under `command:` that imports nothing of
 ours. Its editable package is installed the way setuptools' editable install lays it out in
@@ -51,7 +52,7 @@ def project(tmp_path, monkeypatch):
         name: reading
         command: {json.dumps([str(python), "project/train.py"])}
         metrics: {{format: jsonl, names: [loss]}}
-        graph: {{source: static, policy: fsdp2-chain, layers: 2}}
+        graph: {{source: static, policy: fsdp2-chain, layers: 1}}  # no edge: no mask to apply
         steps: 3
     """))
     return root
@@ -96,7 +97,7 @@ def test_a_change_to_what_the_job_read_runs_afresh_and_says_why(project, capsys,
         monkeypatch.setenv("CUBLAS_WORKSPACE_CONFIG", ":4:8")
     else:
         edit(project)
-    code, out = _aa(capsys)
+    code, out = _aa(capsys, "--reuse")
     assert "reused from the journal" not in out
     # said for the group and for the command, with the first reason
     assert re.search(r"  2 run\(s\) of the journal run again: " + reason, out), out
@@ -112,7 +113,7 @@ def test_an_edit_that_adds_noise_is_found_not_hidden_by_old_runs(project, capsys
     """The held-out case: runs of the old code said consistent; the edited job is not."""
     assert _aa(capsys)[0] == 0
     _edit(project / "conf/settings.json", "false", "true")
-    code, out = _aa(capsys)
+    code, out = _aa(capsys, "--reuse")
     assert code == 1 and "-> diverged at step 1" in out
 
 
@@ -120,7 +121,7 @@ def test_a_touched_file_and_unchanged_job_are_reused(project, capsys):
     assert _aa(capsys)[0] == 0
     for name in ("model.py", "mylib_src/mylib/core.py", "conf/settings.json"):
         os.utime(project / name)  # a new mtime, the same bytes: hashed again, still the same
-    code, out = _aa(capsys)
+    code, out = _aa(capsys, "--reuse")
     assert code == 0
     assert "  2 run(s) reused from the journal\n" in out
     assert "run again" not in out
@@ -138,7 +139,7 @@ def test_no_reuse_runs_everything_afresh(project, capsys):
     assert _aa(capsys)[0] == 0
     code, out = _aa(capsys, "--no-reuse")
     assert code == 0
-    assert "2 run(s) of the journal run again: --no-reuse" in out
+    assert "2 run(s) of the journal run again: runs of earlier commands are taken again only " in out
     assert len(list((project.parent / "state/reading/runs").iterdir())) == 4
 
 
@@ -148,7 +149,7 @@ def test_a_run_journaled_without_a_manifest_is_not_reused(project, capsys):
     records = [json.loads(line) for line in journal.read_text().splitlines()]
     journal.write_text("".join(json.dumps({k: v for k, v in r.items() if k != "manifest"}) + "\n"
                                for r in records))
-    code, out = _aa(capsys)
+    code, out = _aa(capsys, "--reuse")
     assert code == 0
     assert "run again: run 0001-aa-k0 finished at" in out
     assert "without a manifest of what it read" in out
@@ -157,7 +158,7 @@ def test_a_run_journaled_without_a_manifest_is_not_reused(project, capsys):
 def test_a_deleted_run_dir_is_run_again_and_said(project, capsys):
     assert _aa(capsys)[0] == 0
     shutil.rmtree(project.parent / "state/reading/runs/0001-aa-k0")
-    code, out = _aa(capsys)
+    code, out = _aa(capsys, "--reuse")
     assert code == 0
     # the first run's dir is gone; the second was compared with it: both run again
     assert re.search(r"2 run\(s\) of the journal run again: the run dir of run 0001-aa-k0 "
@@ -165,6 +166,14 @@ def test_a_deleted_run_dir_is_run_again_and_said(project, capsys):
 
 
 def test_a_resumed_bisect_says_which_runs_it_runs_again_and_why(project, capsys):
+    # A bisection needs edges, and masks the job applies: the script under a stand-in engine.
+    experiment = project.parent / "exp.yaml"
+    python = json.loads(experiment.read_text().split("command: ", 1)[1].split("\n", 1)[0])[0]
+    experiment.write_text(experiment.read_text().replace(
+        json.dumps([python, "project/train.py"]),
+        json.dumps([python, str(JOB.parent / "gated.py"), "project/train.py"])).replace(
+        "layers: 1}", "layers: 2}"))
+
     def bisect(*extra: str) -> str:
         main(["bisect", "exp.yaml", "--max-runs", "2", "--state-dir", "state", *extra])
         return capsys.readouterr().out
@@ -179,27 +188,30 @@ def test_a_resumed_bisect_says_which_runs_it_runs_again_and_why(project, capsys)
                      r"first because: project/model\.py changed since run 0", edited), edited
 
 
-def test_a_run_whose_manifest_hit_its_bound_is_reused_on_what_it_recorded_and_said(project, capsys):
+def test_a_run_whose_manifest_hit_its_bound_is_not_reused(project, capsys):
     assert _aa(capsys)[0] == 0
     journal = project.parent / "state/reading/journal.jsonl"
     records = [json.loads(line) for line in journal.read_text().splitlines()]
     for record in records:
         record["manifest"]["opened_truncated"] = True
     journal.write_text("".join(json.dumps(r) + "\n" for r in records))
-    code, out = _aa(capsys)
-    assert code == 0 and "  2 run(s) reused from the journal\n" in out
-    assert ("note: run 0001-aa-k0's job opened more files than its manifest keeps (10000): "
-            "reused on the first ones") in out
-    _edit(project / "model.py", "1.0", "1.5")  # a recorded file changed: refused as any other
-    assert "run again: project/model.py changed" in _aa(capsys)[1]
+    code, out = _aa(capsys, "--reuse")
+    assert code == 0 and "reused from the journal" not in out
+    assert re.search(r"2 run\(s\) of the journal run again: run 0001-aa-k0 finished at "
+                     r"\d\d:\d\d: its manifest is not complete", out), out
 
 
-def test_no_reuse_on_a_matrix_and_not_beside_resume_on_bisect(project, capsys):
+def test_reuse_and_resume_on_a_matrix(project, capsys):
     (project.parent / "m.yaml").write_text(
         "experiment: exp.yaml\ncells: [{name: quiet, mask: all-off, runs: 2, expect: consistent}]\n")
     assert main(["matrix", "m.yaml", "--state-dir", "state"]) == 0
     capsys.readouterr()
-    assert main(["matrix", "m.yaml", "--state-dir", "state", "--no-reuse"]) == 0
-    assert "2 run(s) of the journal run again: --no-reuse" in capsys.readouterr().out
-    assert main(["bisect", "exp.yaml", "--state-dir", "state", "--resume", "--no-reuse"]) == 2
-    assert "give one of them" in capsys.readouterr().err
+    assert main(["matrix", "m.yaml", "--state-dir", "state"]) == 0  # no reuse by default
+    assert "2 run(s) of the journal run again: runs of earlier commands" in capsys.readouterr().out
+    assert main(["matrix", "m.yaml", "--state-dir", "state", "--resume"]) == 0  # its own, last
+    out = capsys.readouterr().out
+    assert "note: 2 run(s) reused from the journal" in out
+    saved = json.loads((project.parent / "state/reading/matrix.json").read_text())
+    assert saved["command"] == "bisect-prefetch matrix m.yaml --resume --state-dir=state"
+    assert main(["matrix", "m.yaml", "--state-dir", "state", "--reuse"]) == 0
+    assert "note: 2 run(s) reused from the journal" in capsys.readouterr().out

@@ -6,7 +6,8 @@ process of the job (torchrun's and msrun's children inherit the environment).
 With a plan set, it installs the adapter (bisect_prefetch.adapters.install).
 Either way it then runs the sitecustomize this one shadows, if any, found
 further down sys.path, so the user's own start-up code still runs. It never
-stops the job: any failure is reported on stderr.
+stops the job: any failure is reported on stderr. (Later, at the job's import of
+its engine, an adapter that refuses the engine does stop it: adapters/__init__.py.)
 """
 
 import os

@@ -18,6 +18,7 @@ from bisect_prefetch.runs.launcher import JobResult, JobSpec
 # A run's reason starts with this when the scheduler took its job away (cancelled,
 # preempted, a node lost): the run says nothing about drift and is retried.
 LOST = "lost"
+LOST_RETRIES = 2  # a run lost this often is run again; beyond, it counts as a failed run
 
 
 @dataclass
@@ -35,6 +36,7 @@ class Executor(Protocol):
     kind: str  # local | slurm
     slots: int  # the most jobs in flight at once
     reattachable: bool  # whether a job outlives the orchestrator (journaled at submission)
+    lines: list[str]  # what the command says once the executor is checked (where runs go)
 
     def check(self, state_path: Path) -> None:
         """Raise BisectPrefetchError when jobs cannot run (before anything is journaled)."""

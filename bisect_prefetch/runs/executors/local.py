@@ -10,10 +10,19 @@ rendezvous port from the Runner and the same pinned thread counts as any other.
 from __future__ import annotations
 
 import itertools
+import shutil
+import socket
 import threading
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from bisect_prefetch.errors import BisectPrefetchError
+from bisect_prefetch.runs.executors.allocation import (
+    RUNNING,
+    allocation_id,
+    read_allocation,
+    this_node,
+)
 from bisect_prefetch.runs.executors.base import Job
 from bisect_prefetch.runs.launcher import JobResult, run_job
 from bisect_prefetch.vocab import ERROR
@@ -49,9 +58,25 @@ class LocalExecutor:
         self._free = list(range(slots))
         self._jobs: dict[str, _Running] = {}
         self._ids = itertools.count(1)
+        self.lines: list[str] = []
 
     def check(self, state_path: Path) -> None:
-        return None  # this machine runs the orchestrator: nothing to check
+        """Inside a Slurm allocation, this machine must be one of its nodes: from a login
+        node (salloc's shell) local runs would train there, beside the allocation."""
+        job_id = allocation_id()
+        if job_id is None or shutil.which("scontrol") is None:
+            return
+        try:
+            allocation = read_allocation(job_id)
+        except BisectPrefetchError:
+            return  # an allocation Slurm no longer knows holds nothing back
+        if allocation.state == RUNNING and this_node(allocation) is None:
+            raise BisectPrefetchError(
+                f"this shell holds Slurm allocation {job_id} ({','.join(allocation.nodes)}), but "
+                f"the tool runs on {socket.gethostname()}, which is not one of its nodes: "
+                "--executor local would train here, not on the allocation; use --executor "
+                "slurm (each run a job step of the allocation) or start the tool on one of its "
+                "nodes (srun --pty)")
 
     def submit(self, job: Job) -> str:
         # Beyond the slots (a reference run the search needs at once) a job gets a slot

@@ -22,7 +22,6 @@ import os
 import re
 import shlex
 import shutil
-import subprocess
 import time
 import uuid
 from dataclasses import dataclass
@@ -30,6 +29,7 @@ from pathlib import Path
 
 from bisect_prefetch.errors import BisectPrefetchError
 from bisect_prefetch.runs.executors.base import LOST, Job
+from bisect_prefetch.runs.executors.slurm_cli import fields, no_list, one_line, run_client
 from bisect_prefetch.runs.launcher import JobResult
 from bisect_prefetch.vocab import (
     ERROR,
@@ -73,7 +73,9 @@ class SlurmOptions:
 
 
 @dataclass
-class _Tracked:
+class Tracked:
+    """A job followed by a Slurm executor: its live hooks and what its polls saw."""
+
     job: Job
     run_dir: Path
     started: float | None = None  # when first seen running (timeouts count from there)
@@ -83,20 +85,49 @@ class _Tracked:
     last_poll: float = 0.0
     ended: JobResult | None = None  # decided by us (stop, timeout, cancel); Slurm still ends it
 
+    def wall(self, now: float) -> float:
+        return now - self.started if self.started is not None else 0.0
 
-def _run(argv: list[str], env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
-    try:
-        return subprocess.run(argv, capture_output=True, text=True, env=env, timeout=60)
-    except FileNotFoundError:
-        raise BisectPrefetchError(
-            f"{argv[0]} not found on PATH: the slurm executor needs Slurm's client commands"
-        ) from None
-    except subprocess.TimeoutExpired:
-        raise BisectPrefetchError(f"{argv[0]} did not answer within 60s") from None
+    def watch(self, now: float) -> JobResult | None:
+        """The launcher's live checks for a running job (early stop, timeouts, progress):
+        the result that ends it, or None while it may go on. The caller stops the job."""
+        job, spec = self.job, self.job.spec
+        if self.started is None:
+            self.started = self.last_change = now
+        count = job.progress() if job.progress is not None else 0
+        if count != self.last_count:
+            self.last_count, self.last_change = count, now
+            if self.first_progress is None:
+                self.first_progress = now - self.started
+        wall = now - self.started
+        if job.should_stop is not None and job.should_stop():
+            return JobResult(STOPPED_EARLY, None, wall, "stopped early: decided", self.first_progress)
+        if wall > spec.timeout_s:
+            return JobResult(TIMEOUT, None, wall, f"timed out after {spec.timeout_s:g}s",
+                             self.first_progress)
+        if spec.no_progress_timeout_s is not None and now - self.last_change > spec.no_progress_timeout_s:
+            return JobResult(TIMEOUT, None, wall, f"no progress for {spec.no_progress_timeout_s:g}s",
+                             self.first_progress)
+        return None
+
+    def finished(self, wall: float) -> JobResult:
+        """A job that exited 0 by itself: ok, or an error when it wrote no metrics."""
+        job = self.job
+        if self.first_progress is None and job.progress is not None and job.progress():
+            self.first_progress = wall
+        if job.progress is not None and job.progress() == 0:
+            return JobResult(ERROR, 0, wall, "no metrics written", self.first_progress)
+        return JobResult(OK, 0, wall, "finished", self.first_progress)
 
 
-def _one_line(text: str) -> str:
-    return " ".join(text.split())
+@dataclass(frozen=True)
+class JobState:
+    """A batch job as Slurm (or its exit file) tells it."""
+
+    state: str
+    exit_code: int | None
+    ran: bool | None = None  # whether it ever got a node (None: not known)
+    reason: str = ""  # why it is pending
 
 
 def shell_word(word: str, expand: tuple[str, ...] = ()) -> str:
@@ -127,8 +158,14 @@ def sbatch_word(word: str) -> str:
 _PLAIN = re.compile(r"[A-Za-z0-9_=:,./+@%-]+")
 
 
-def _minutes(seconds: float) -> str:
-    return str(max(1, math.ceil(seconds / 60)) + 1)  # a minute's slack over our own timeout
+def minutes(seconds: float) -> str:
+    """Slurm's --time for a run of this timeout: a minute's slack over the tool's own."""
+    return str(max(1, math.ceil(seconds / 60)) + 1)
+
+
+def job_name(run_dir: Path) -> str:
+    """The Slurm job (or step) name of a run: squeue shows which run each is."""
+    return f"bisect-prefetch-{run_dir.name}"
 
 
 class SlurmExecutor:
@@ -138,7 +175,8 @@ class SlurmExecutor:
     def __init__(self, options: SlurmOptions) -> None:
         self.options = options
         self.slots = options.slots
-        self._jobs: dict[str, _Tracked] = {}
+        self._jobs: dict[str, Tracked] = {}
+        self.lines: list[str] = []
 
     # -- the batch script -------------------------------------------------
     def header(self, *, name: str, out: Path, err: Path, time_limit: str | None) -> list[str]:
@@ -168,10 +206,10 @@ class SlurmExecutor:
         exit_file = spec.run_dir.resolve() / EXIT_FILE
         return "\n".join([
             "#!/bin/bash",
-            *self.header(name=f"bisect-prefetch-{spec.run_dir.name}",
+            *self.header(name=job_name(spec.run_dir),
                          out=spec.run_dir.resolve() / STDOUT_FILE,
                          err=spec.run_dir.resolve() / STDERR_FILE,
-                         time_limit=_minutes(spec.timeout_s)),
+                         time_limit=minutes(spec.timeout_s)),
             f"#SBATCH {sbatch_word(f'--chdir={(spec.cwd or spec.run_dir).resolve()}')}",
             "# Generated by bisect-prefetch: one run of the experiment.",
             *exports,
@@ -186,47 +224,50 @@ class SlurmExecutor:
 
     # -- submit -----------------------------------------------------------
     def _sbatch(self, script: Path, env: dict[str, str] | None = None) -> str:
-        done = _run(["sbatch", "--parsable", *self.options.sbatch_args, str(script)], env)
+        done = run_client(["sbatch", "--parsable", *self.options.sbatch_args, str(script)], env)
         if done.returncode != 0:
             raise BisectPrefetchError(
-                f"Slurm rejected the job ({script}): {_one_line(done.stderr or done.stdout)}")
+                f"Slurm rejected the job ({script}): {one_line(done.stderr or done.stdout)}")
         return done.stdout.strip().split(";")[0]
 
     def submit(self, job: Job) -> str:
         path = job.spec.run_dir / SCRIPT_FILE
         path.write_text(self.script(job))
         job_id = self._sbatch(path)
-        self._jobs[job_id] = _Tracked(job=job, run_dir=job.spec.run_dir)
+        self._jobs[job_id] = Tracked(job=job, run_dir=job.spec.run_dir)
         return job_id
 
     def attach(self, job_id: str, job: Job) -> bool:
         if self._state(job_id, job.spec.run_dir) is None:
             return False
-        self._jobs[job_id] = _Tracked(job=job, run_dir=job.spec.run_dir)
+        self._jobs[job_id] = Tracked(job=job, run_dir=job.spec.run_dir)
         return True
 
     # -- states -----------------------------------------------------------
-    def _state(self, job_id: str, run_dir: Path) -> tuple[str, int | None] | None:
-        """(Slurm state, exit code) from scontrol, else sacct, else the exit file; None: unknown."""
-        shown = _run(["scontrol", "show", "job", "-o", job_id])
+    def _state(self, job_id: str, run_dir: Path) -> JobState | None:
+        """The job's state from scontrol, else sacct, else the exit file; None: unknown."""
+        shown = run_client(["scontrol", "show", "job", "-o", job_id])
         if shown.returncode == 0 and "JobState=" in shown.stdout:
-            fields = dict(f.split("=", 1) for f in shown.stdout.split() if "=" in f)
-            state = fields.get("JobState", "UNKNOWN")
-            if state == "PENDING" and fields.get("Reason") in NEVER_RUNS:
+            job = fields(shown.stdout)
+            state = job.get("JobState", "UNKNOWN")
+            if state == "PENDING" and job.get("Reason") in NEVER_RUNS:
                 raise BisectPrefetchError(
-                    f"Slurm will never start job {job_id} as asked (pending: {fields['Reason']}); "
+                    f"Slurm will never start job {job_id} as asked (pending: {job['Reason']}); "
                     "check the executor's partition, nodes, time, account and qos")
-            code = fields.get("ExitCode", "0:0").split(":")[0]
-            return state, int(code) if code.isdigit() else None
+            code = job.get("ExitCode", "0:0").split(":")[0]
+            return JobState(state, int(code) if code.isdigit() else None,
+                            ran=not no_list(job.get("NodeList")), reason=job.get("Reason", ""))
         if shutil.which("sacct"):
-            acct = _run(["sacct", "-n", "-P", "-X", "-j", job_id, "-o", "State,ExitCode"])
+            acct = run_client(["sacct", "-n", "-P", "-X", "-j", job_id, "-o",
+                               "State,ExitCode,NodeList"])
             line = acct.stdout.strip().splitlines()[:1]
-            if acct.returncode == 0 and line and "|" in line[0]:
-                state, code = line[0].split("|", 1)
+            if acct.returncode == 0 and line and line[0].count("|") == 2:
+                state, code, nodes = line[0].split("|")
                 code = code.split(":")[0]
-                return state.split()[0], int(code) if code.isdigit() else None
+                return JobState(state.split()[0], int(code) if code.isdigit() else None,
+                                ran=not no_list(nodes) and nodes != "None assigned")
         try:
-            return "COMPLETED", int((run_dir / EXIT_FILE).read_text().strip())
+            return JobState("COMPLETED", int((run_dir / EXIT_FILE).read_text().strip()), ran=True)
         except (OSError, ValueError):
             return None
 
@@ -238,66 +279,35 @@ class SlurmExecutor:
         tracked.last_poll = now
         found = self._state(job_id, tracked.run_dir)
         if found is None:
-            return self._end(job_id, JobResult(ERROR, None, self._wall(tracked, now),
+            return self._end(job_id, JobResult(ERROR, None, tracked.wall(now),
                                                f"Slurm job {job_id} vanished (state unknown)"))
-        state, code = found
-        if state in IN_FLIGHT:
-            if tracked.ended is None and state == "RUNNING":
-                self._watch(job_id, tracked, now)
+        if found.state in IN_FLIGHT:
+            if tracked.ended is None and found.state == "RUNNING":
+                tracked.ended = tracked.watch(now)
+                if tracked.ended is not None:
+                    run_client(["scancel", job_id])
             return None
         if tracked.ended is not None:
             return self._end(job_id, tracked.ended)
-        return self._end(job_id, self._result(state, code, tracked, now))
+        return self._end(job_id, self._result(found, tracked, now))
 
-    def _watch(self, job_id: str, tracked: _Tracked, now: float) -> None:
-        """The launcher's live checks for a running job: early stop, timeouts, progress."""
-        job, spec = tracked.job, tracked.job.spec
-        if tracked.started is None:
-            tracked.started = tracked.last_change = now
-        count = job.progress() if job.progress is not None else 0
-        if count != tracked.last_count:
-            tracked.last_count, tracked.last_change = count, now
-            if tracked.first_progress is None:
-                tracked.first_progress = now - tracked.started
-        wall = now - tracked.started
-        if job.should_stop is not None and job.should_stop():
-            tracked.ended = JobResult(STOPPED_EARLY, None, wall, "stopped early: decided",
-                                      tracked.first_progress)
-        elif wall > spec.timeout_s:
-            tracked.ended = JobResult(TIMEOUT, None, wall, f"timed out after {spec.timeout_s:g}s",
-                                      tracked.first_progress)
-        elif spec.no_progress_timeout_s is not None and now - tracked.last_change > spec.no_progress_timeout_s:
-            tracked.ended = JobResult(TIMEOUT, None, wall,
-                                      f"no progress for {spec.no_progress_timeout_s:g}s",
-                                      tracked.first_progress)
-        if tracked.ended is not None:
-            _run(["scancel", job_id])
-
-    def _result(self, state: str, code: int | None, tracked: _Tracked, now: float) -> JobResult:
-        wall = self._wall(tracked, now)
-        job = tracked.job
-        if tracked.first_progress is None and job.progress is not None and job.progress():
-            tracked.first_progress = wall
-        state = state.split()[0].rstrip("+")
+    def _result(self, found: JobState, tracked: Tracked, now: float) -> JobResult:
+        wall, code = tracked.wall(now), found.exit_code
+        state = found.state.split()[0].rstrip("+")
         if state == "COMPLETED" and code == 0:
-            if job.progress is not None and job.progress() == 0:
-                return JobResult(ERROR, 0, wall, "no metrics written", tracked.first_progress)
-            return JobResult(OK, 0, wall, "finished", tracked.first_progress)
+            return tracked.finished(wall)
         if state == "TIMEOUT":
             return JobResult(TIMEOUT, code, wall, f"Slurm job {tracked.run_dir.name} hit its time limit",
                              tracked.first_progress)
         if state in LOST_STATES:
             # No exit code of its own: the job was taken away, it did not end by itself.
-            return JobResult(ERROR, None, wall, f"{LOST}: Slurm state {state}",
+            before = " before it started" if found.ran is False else ""
+            return JobResult(ERROR, None, wall, f"{LOST}: Slurm state {state}{before}",
                              tracked.first_progress)
         if state == "OUT_OF_MEMORY":
             return JobResult(ERROR, code, wall, "out of memory (Slurm)", tracked.first_progress)
         return JobResult(ERROR, code, wall, f"Slurm state {state}, exit code {code}",
                          tracked.first_progress)
-
-    @staticmethod
-    def _wall(tracked: _Tracked, now: float) -> float:
-        return now - tracked.started if tracked.started is not None else 0.0
 
     def _end(self, job_id: str, result: JobResult) -> JobResult:
         tracked = self._jobs.pop(job_id)
@@ -308,14 +318,13 @@ class SlurmExecutor:
     def cancel(self, job_id: str) -> None:
         tracked = self._jobs.get(job_id)
         if tracked is not None and tracked.ended is None:
-            tracked.ended = JobResult(ERROR, None, self._wall(tracked, time.monotonic()),
-                                      "cancelled")
-        _run(["scancel", job_id])
+            tracked.ended = JobResult(ERROR, None, tracked.wall(time.monotonic()), "cancelled")
+        run_client(["scancel", job_id])
 
     def cancel_ids(self, job_ids: list[str]) -> None:
         """scancel jobs this orchestrator does not follow (a dead one's)."""
         if job_ids:
-            _run(["scancel", *job_ids])
+            run_client(["scancel", *job_ids])
 
     def close(self) -> None:
         self.cancel_ids(list(self._jobs))
@@ -350,18 +359,11 @@ class SlurmExecutor:
         ]))
         job_id = self._sbatch(script)
         time.sleep(0.5)  # let the scheduler look at it once: a reason it never runs shows then
-        deadline = time.monotonic() + CHECK_TIMEOUT_S
-        try:
-            while time.monotonic() < deadline:
-                found = self._state(job_id, check_dir)
-                if found is not None and found[0] not in IN_FLIGHT:
-                    break
-                time.sleep(0.2)
-            else:
-                raise BisectPrefetchError(
-                    f"the Slurm check job {job_id} did not run within {CHECK_TIMEOUT_S:g}s")
-        finally:
-            _run(["scancel", job_id])
+        found = self._check_ended(job_id, check_dir)
+        if found.ran is False:
+            raise BisectPrefetchError(
+                f"the Slurm check job {job_id} ended before it started (Slurm state {found.state}): "
+                "nothing was checked; run the command again")
         try:
             seen = token_path.read_text().strip() == token
         except OSError:
@@ -372,3 +374,23 @@ class SlurmExecutor:
                 f"{token_path} there and it did not appear here; use a --state-dir on a shared filesystem")
         token_path.unlink()
         _checked.add(done)
+
+    def _check_ended(self, job_id: str, check_dir: Path) -> JobState:
+        """The check job once it ended; one line when it did not start (or end) in time."""
+        deadline = time.monotonic() + CHECK_TIMEOUT_S
+        found = None
+        try:
+            while time.monotonic() < deadline:
+                found = self._state(job_id, check_dir)
+                if found is not None and found.state not in IN_FLIGHT:
+                    return found
+                time.sleep(0.2)
+        finally:
+            run_client(["scancel", job_id])
+        if found is not None and found.state == "PENDING":
+            raise BisectPrefetchError(
+                f"the Slurm check job {job_id} did not start within {CHECK_TIMEOUT_S:g}s (pending: "
+                f"{found.reason or 'no reason given'}), so it was cancelled: nothing was checked")
+        raise BisectPrefetchError(
+            f"the Slurm check job {job_id} did not end within {CHECK_TIMEOUT_S:g}s "
+            f"(Slurm state {found.state if found else 'unknown'}), so it was cancelled")
