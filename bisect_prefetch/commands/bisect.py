@@ -91,7 +91,6 @@ from bisect_prefetch.vocab import (
     STAGE_CALIBRATE,
     STAGE_CHECK_OFF,
     STRESS_AUTO,
-    STRESS_OFF,
     STRESS_ON,
     VERDICT_FOUND,
     VERDICT_INCONCLUSIVE,
