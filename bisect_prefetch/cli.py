@@ -31,11 +31,29 @@ app = typer.Typer(
     add_completion=False,
     no_args_is_help=True,
     pretty_exceptions_enable=False,
+    context_settings={"help_option_names": ["-h", "--help"]},
+    rich_markup_mode=None,
     help="Find the FSDP prefetch edges that make same-seed training runs drift.",
 )
 # Outside a terminal (CI logs, pipes) rich would wrap at 80 columns and cut
 # edge ids and commands in two; 160 keeps a table row and a command on one line.
 console = Console(highlight=False, width=None if sys.stdout.isatty() else 160)
+
+
+def _say_version(given: bool) -> None:
+    if given:
+        from importlib.metadata import version
+
+        console.print(f"bisect-prefetch {version('bisect-prefetch')}", markup=False)
+        raise typer.Exit()
+
+
+@app.callback()
+def _main_options(
+    version: Annotated[bool, typer.Option("--version", callback=_say_version, is_eager=True,
+                                          help="Print the version and exit.")] = False,
+) -> None:
+    """Find the FSDP prefetch edges that make same-seed training runs drift."""
 
 
 def stderr_console() -> Console:
@@ -51,16 +69,19 @@ class GraphFormat(StrEnum):
 
 
 ExperimentArg = Annotated[
-    Path | None, typer.Argument(help="Experiment YAML (or give --policy and --layers).")
+    Path | None, typer.Argument(metavar="EXPERIMENT.yaml",
+                                help="Experiment YAML (or give --policy and --layers).")
 ]
+# One name for the experiment argument in every command's usage line.
+Experiment = Annotated[Path, typer.Argument(metavar="EXPERIMENT.yaml", help="Experiment YAML.")]
 PolicyOpt = Annotated[
-    str | None, typer.Option("--policy", help="Static policy: mindformers, fsdp2-chain, torchtitan.")
+    str | None, typer.Option("--policy", metavar="POLICY", help="Static policy: mindformers, fsdp2-chain, torchtitan.")
 ]
-LayersOpt = Annotated[int | None, typer.Option("--layers", help="Layer count for --policy.")]
+LayersOpt = Annotated[int | None, typer.Option("--layers", metavar="N", help="Layer count for --policy.")]
 StateDirOpt = Annotated[
-    Path, typer.Option("--state-dir", help="Where run state lives (default .bisect-prefetch).")
+    Path, typer.Option("--state-dir", metavar="DIR", help="Where run state lives.")
 ]
-JsonOpt = Annotated[Path | None, typer.Option("--json", help="Also write the result as JSON here.")]
+JsonOpt = Annotated[Path | None, typer.Option("--json", metavar="FILE", help="Also write the result as JSON here.")]
 ReuseOpt = Annotated[bool | None, typer.Option("--reuse/--no-reuse", help="--reuse: take runs of earlier commands from the journal while every file their jobs read, the symlinks they went through, their packages and every variable they started with are unchanged (what no check can see is said). --no-reuse (the default): run afresh.")]
 
 
@@ -82,7 +103,7 @@ class StressMode(StrEnum):
 
 
 StressOpt = Annotated[StressMode | None, typer.Option("--stress", help="Delays before each prefetch is issued, to make a race show in fewer runs: off, on, auto (measure both, keep the better; default: the experiment's stress.mode).")]
-SlotsOpt = Annotated[int | None, typer.Option("--slots", min=1, help="Most runs in flight at once (default: the experiment's executor.slots).")]
+SlotsOpt = Annotated[int | None, typer.Option("--slots", metavar="N", min=1, help="Most runs in flight at once (default: the experiment's executor.slots).")]
 
 
 @app.command()
@@ -91,7 +112,7 @@ def graph(
     policy: PolicyOpt = None,
     layers: LayersOpt = None,
     fmt: Annotated[GraphFormat, typer.Option("--format", help="Output format.")] = GraphFormat.text,
-    out: Annotated[Path | None, typer.Option("--out", help="Write here instead of stdout.")] = None,
+    out: Annotated[Path | None, typer.Option("--out", metavar="FILE", help="Write here instead of stdout.")] = None,
     state_dir: StateDirOpt = Path(".bisect-prefetch"),
 ) -> None:
     """Show the prefetch edge graph of a policy or of a real job."""
@@ -107,7 +128,7 @@ def masks(
     experiment: ExperimentArg = None,
     policy: PolicyOpt = None,
     layers: LayersOpt = None,
-    preset: Annotated[str, typer.Option("--preset", help="all-on, all-off, backward-off, forward-off, keep-only:SEL, drop-only:SEL.")] = "all-on",
+    preset: Annotated[str, typer.Option("--preset", metavar="MASK", help="all-on, all-off, backward-off, forward-off, keep-only:SEL, drop-only:SEL.")] = "all-on",
     state_dir: StateDirOpt = Path(".bisect-prefetch"),
 ) -> None:
     """Print which edges a preset enables and disables."""
@@ -124,10 +145,10 @@ class Guard(StrEnum):
 
 @app.command()
 def aa(
-    experiment: Annotated[Path, typer.Argument(help="Experiment YAML.")],
-    mask: Annotated[list[str] | None, typer.Option("--mask", help="Preset or selectors of the edges to enable (repeatable; default all-on).")] = None,
-    runs: Annotated[int, typer.Option("--runs", help="Runs in the group (at least 2).")] = 2,
-    steps: Annotated[int | None, typer.Option("--steps", help="Steps per run (default: the experiment's).")] = None,
+    experiment: Experiment,
+    mask: Annotated[list[str] | None, typer.Option("--mask", metavar="MASK", help="Preset or selectors of the edges to enable (repeatable; default all-on).")] = None,
+    runs: Annotated[int, typer.Option("--runs", metavar="N", help="Runs in the group (at least 2).")] = 2,
+    steps: Annotated[int | None, typer.Option("--steps", metavar="N", help="Steps per run (default: the experiment's).")] = None,
     guard: Annotated[Guard | None, typer.Option("--guard", help="Skip prefetches into shard-size-1 units (default: the experiment's).")] = None,
     json_out: JsonOpt = None,
     state_dir: StateDirOpt = Path(".bisect-prefetch"),
@@ -150,10 +171,10 @@ def aa(
 
 @app.command()
 def explain(
-    experiment: Annotated[Path, typer.Argument(metavar="EXPERIMENT.yaml", help="Experiment YAML.")],
-    mask: Annotated[list[str] | None, typer.Option("--mask", help="Preset or selectors of the edges to enable (repeatable; default all-on).")] = None,
+    experiment: Experiment,
+    mask: Annotated[list[str] | None, typer.Option("--mask", metavar="MASK", help="Preset or selectors of the edges to enable (repeatable; default all-on).")] = None,
     stress: Annotated[StressMode | None, typer.Option("--stress", help="Delays before each prefetch is issued: on or off (default: the experiment's stress.mode).")] = None,
-    runs: Annotated[int, typer.Option("--runs", help="Most runs in the traced A/A group (at least 2).")] = 4,
+    runs: Annotated[int, typer.Option("--runs", metavar="N", help="Most runs in the traced A/A group (at least 2).")] = 4,
     steps: Annotated[str | None, typer.Option("--steps", metavar="A-B", help="Steps whose ops are traced; the runs end at B (three untraced steps later where the window starts at step 3 or before, to time tracing against). Default: around where earlier runs first differed, else every step.")] = None,
     all_units: Annotated[bool, typer.Option("--all-units", help="Trace every unit's ops (by default a mask that enables at most 4 edges traces only their source and target units).")] = False,
     json_out: JsonOpt = None,
@@ -170,16 +191,16 @@ def explain(
 
 @app.command()
 def bisect(
-    experiment: Annotated[Path, typer.Argument(metavar="EXPERIMENT.yaml", help="Experiment YAML.")],
-    confidence: Annotated[float | None, typer.Option("--confidence", help="Confidence the answer must reach (default: the experiment's search.confidence).")] = None,
-    max_runs: Annotated[int | None, typer.Option("--max-runs", help="Run budget (default: the experiment's search.max_runs).")] = None,
+    experiment: Experiment,
+    confidence: Annotated[float | None, typer.Option("--confidence", metavar="P", help="Confidence the answer must reach (default: the experiment's search.confidence).")] = None,
+    max_runs: Annotated[int | None, typer.Option("--max-runs", metavar="N", help="Run budget (default: the experiment's search.max_runs).")] = None,
     resume: Annotated[bool, typer.Option("--resume", help="Continue the latest bisection of this experiment in the state dir: its finished runs are taken again after the checks of --reuse (replayed, nothing of other commands unless --reuse).")] = False,
     json_out: JsonOpt = None,
     state_dir: StateDirOpt = Path(".bisect-prefetch"),
     executor: ExecutorOpt = None,
     slots: SlotsOpt = None,
     stress: StressOpt = None,
-    segments: Annotated[str | None, typer.Option("--segments", help="auto: several masks a run, so that a start-up is paid about once per divergence (docs/segments.md); off: one mask a run (default: the experiment's search.segments).")] = None,
+    segments: Annotated[str | None, typer.Option("--segments", metavar="auto|off", help="auto: several masks a run, so that a start-up is paid about once per divergence (docs/segments.md); off: one mask a run (default: the experiment's search.segments).")] = None,
     reuse: ReuseOpt = None,
     explain: Annotated[bool, typer.Option("--explain", help="After the verdict, trace each cause's keep-only (explain) and show its first divergence and edge.")] = False,
 ) -> None:
@@ -196,8 +217,8 @@ def bisect(
 @app.command()
 def matrix(
     matrix_file: Annotated[Path, typer.Argument(metavar="MATRIX.yaml", help="Matrix YAML.")],
-    junit: Annotated[Path | None, typer.Option("--junit", help="Write JUnit XML here (a test case per cell).")] = None,
-    markdown: Annotated[Path | None, typer.Option("--markdown", help="Write the Markdown table here (also appended to $GITHUB_STEP_SUMMARY when set).")] = None,
+    junit: Annotated[Path | None, typer.Option("--junit", metavar="FILE", help="Write JUnit XML here (a test case per cell).")] = None,
+    markdown: Annotated[Path | None, typer.Option("--markdown", metavar="FILE", help="Write the Markdown table here (also appended to $GITHUB_STEP_SUMMARY when set).")] = None,
     json_out: JsonOpt = None,
     state_dir: StateDirOpt = Path(".bisect-prefetch"),
     executor: ExecutorOpt = None,
@@ -219,9 +240,9 @@ def matrix(
 @app.command()
 def init(
     command: Annotated[list[str] | None, typer.Argument(metavar="COMMAND", help="Your training command, after -- (init [OPTIONS] -- torchrun ... train.py ...).")] = None,
-    out: Annotated[Path | None, typer.Option("--out", help="The experiment file to write (default bisect-prefetch.yaml).")] = None,
-    log: Annotated[Path | None, typer.Option("--log", help="Read the metrics format and names from this log of your job instead of a short run.")] = None,
-    steps: Annotated[int, typer.Option("--steps", help="Steps of each of the two all-off runs init checks.")] = 3,
+    out: Annotated[Path | None, typer.Option("--out", metavar="FILE", help="The experiment file to write (default bisect-prefetch.yaml).")] = None,
+    log: Annotated[Path | None, typer.Option("--log", metavar="FILE", help="Read the metrics format and names from this log of your job instead of a short run.")] = None,
+    steps: Annotated[int, typer.Option("--steps", metavar="N", help="Steps of each of the two all-off runs init checks.")] = 3,
     force: Annotated[bool, typer.Option("--force", help="Replace the output file if it exists.")] = False,
     state_dir: StateDirOpt = Path(".bisect-prefetch"),
 ) -> None:
@@ -235,7 +256,7 @@ def init(
 @app.command()
 def report(
     state: Annotated[Path, typer.Argument(metavar="STATE_DIR", help="An experiment's state dir, e.g. .bisect-prefetch/NAME.")],
-    html_out: Annotated[Path | None, typer.Option("--html", help="Write the HTML here (default STATE_DIR/report.html).")] = None,
+    html_out: Annotated[Path | None, typer.Option("--html", metavar="FILE", help="Write the HTML here (default STATE_DIR/report.html).")] = None,
 ) -> None:
     """Rebuild the HTML report of a state dir from its journal and run dirs."""
     from bisect_prefetch.commands.report import report as command
@@ -247,7 +268,7 @@ def report(
 def compare(
     a: Annotated[Path, typer.Argument(metavar="A", help="A run directory or a log file.")],
     b: Annotated[Path, typer.Argument(metavar="B", help="The run directory or log file to compare with.")],
-    fmt: Annotated[str | None, typer.Option("--format", help="Log format: jsonl, mindformers, torchtitan, megatron (default: detected).")] = None,
+    fmt: Annotated[str | None, typer.Option("--format", metavar="jsonl|mindformers|torchtitan|megatron", help="Log format: jsonl, mindformers, torchtitan, megatron (default: detected).")] = None,
     json_out: JsonOpt = None,
     allow_truncated: Annotated[bool, typer.Option("--allow-truncated", help="Compare the common steps when one run stops before the other (otherwise exit 1).")] = False,
 ) -> None:
@@ -260,7 +281,7 @@ def compare(
 
 @app.command()
 def audit(
-    experiment: Annotated[Path, typer.Argument(metavar="EXPERIMENT.yaml", help="Experiment YAML.")],
+    experiment: Experiment,
     guard: Annotated[Guard | None, typer.Option("--guard", help="Run under this guard instead of the experiment's.")] = None,
     kinds: Annotated[str | None, typer.Option("--kinds", metavar="K,...", help="Kinds of finding to report: size-one, never-consumed, late (these fail), no-op, shadowed, duplicate-target (notes). Default: all.")] = None,
     json_out: JsonOpt = None,
@@ -275,24 +296,24 @@ def audit(
 
 @app.command()
 def simulate(
-    policy: Annotated[str, typer.Option("--policy", help="Static policy for the graph: mindformers, fsdp2-chain, torchtitan.")],
-    layers: Annotated[int, typer.Option("--layers", help="Layer count.")],
-    steps: Annotated[int, typer.Option("--steps", help="Steps per run.")],
-    culprit: Annotated[list[str] | None, typer.Option("--culprit", help="Culprit edge selector (repeatable: each one a cause enough alone; A+B: a cause needing both; a glob draws one matching edge per trial). None: drift without prefetch only (give --background); a trial is right when it says not-prefetch.")] = None,
-    hazard: Annotated[float | None, typer.Option("--hazard", help="Per-step chance of drift while the culprit rule holds (needed with --culprit).")] = None,
+    policy: Annotated[str, typer.Option("--policy", metavar="POLICY", help="Static policy for the graph: mindformers, fsdp2-chain, torchtitan.")],
+    layers: Annotated[int, typer.Option("--layers", metavar="N", help="Layer count.")],
+    steps: Annotated[int, typer.Option("--steps", metavar="N", help="Steps per run.")],
+    culprit: Annotated[list[str] | None, typer.Option("--culprit", metavar="EDGE", help="Culprit edge selector (repeatable: each one a cause enough alone; A+B: a cause needing both; a glob draws one matching edge per trial). None: drift without prefetch only (give --background); a trial is right when it says not-prefetch.")] = None,
+    hazard: Annotated[float | None, typer.Option("--hazard", metavar="P", help="Per-step chance of drift while the culprit rule holds (needed with --culprit).")] = None,
     together: Annotated[bool, typer.Option("--together", help="The culprits cause drift only together (default: any one suffices, and a trial is right only when every one is named as its own set).")] = False,
-    trials: Annotated[int, typer.Option("--trials", help="Simulated searches.")] = 100,
-    seed: Annotated[int, typer.Option("--seed", help="Seed of the simulated noise.")] = 0,
-    background: Annotated[float, typer.Option("--background", help="Per-run chance of drift with every edge off (background drift).")] = 0.0,
-    startup_cost: Annotated[float, typer.Option("--startup-cost", help="Start-up cost of a run, in steps (adds to the cost figures).")] = 0.0,
-    confidence: Annotated[float, typer.Option("--confidence", help="Confidence the search must reach.")] = DEFAULT_CONFIDENCE,
-    max_runs: Annotated[int | None, typer.Option("--max-runs", help="Run budget of each search (default: scaled with the graph and the estimated q).")] = None,
-    slots: Annotated[int, typer.Option("--slots", help="Runs at once; wall-clock is reported in full runs.")] = 1,
-    hint_accuracy: Annotated[float | None, typer.Option("--hint-accuracy", help="Give the first diverged run a localization hint, right with this chance.")] = None,
-    stress_factor: Annotated[float | None, typer.Option("--stress-factor", help="Also simulate the searches under stress, which multiplies the culprit's per-step hazard by this factor, and say whether it pays.")] = None,
-    stress_cost: Annotated[float, typer.Option("--stress-cost", help="Step-time factor under stress (with --stress-factor).")] = 1.0,
-    all_off_runs: Annotated[str, typer.Option("--all-off-runs", help="auto (default): all-off runs rule out drift without prefetch as strong as the answer's; or a count of all-off runs after the first divergence (as search.all_off_runs).")] = "auto",
-    segments: Annotated[str, typer.Option("--segments", help="auto: several masks per run, cut by the cost model from --startup-cost (as search.segments), reported beside the same searches with one mask a run; off (default): one mask a run.")] = "off",
+    trials: Annotated[int, typer.Option("--trials", metavar="N", help="Simulated searches.")] = 100,
+    seed: Annotated[int, typer.Option("--seed", metavar="N", help="Seed of the simulated noise.")] = 0,
+    background: Annotated[float, typer.Option("--background", metavar="P", help="Per-run chance of drift with every edge off (background drift).")] = 0.0,
+    startup_cost: Annotated[float, typer.Option("--startup-cost", metavar="STEPS", help="Start-up cost of a run, in steps (adds to the cost figures).")] = 0.0,
+    confidence: Annotated[float, typer.Option("--confidence", metavar="P", help="Confidence the search must reach.")] = DEFAULT_CONFIDENCE,
+    max_runs: Annotated[int | None, typer.Option("--max-runs", metavar="N", help="Run budget of each search (default: scaled with the graph and the estimated q).")] = None,
+    slots: Annotated[int, typer.Option("--slots", metavar="N", help="Runs at once; wall-clock is reported in full runs.")] = 1,
+    hint_accuracy: Annotated[float | None, typer.Option("--hint-accuracy", metavar="P", help="Give the first diverged run a localization hint, right with this chance.")] = None,
+    stress_factor: Annotated[float | None, typer.Option("--stress-factor", metavar="X", help="Also simulate the searches under stress, which multiplies the culprit's per-step hazard by this factor, and say whether it pays.")] = None,
+    stress_cost: Annotated[float, typer.Option("--stress-cost", metavar="X", help="Step-time factor under stress (with --stress-factor).")] = 1.0,
+    all_off_runs: Annotated[str, typer.Option("--all-off-runs", metavar="auto|N", help="auto (default): all-off runs rule out drift without prefetch as strong as the answer's; or a count of all-off runs after the first divergence (as search.all_off_runs).")] = "auto",
+    segments: Annotated[str, typer.Option("--segments", metavar="auto|off", help="auto: several masks per run, cut by the cost model from --startup-cost (as search.segments), reported beside the same searches with one mask a run; off (default): one mask a run.")] = "off",
     json_out: JsonOpt = None,
 ) -> None:
     """Run the search against a simulated oracle with a known answer, and score it."""

@@ -101,6 +101,7 @@ class Narrator:
         self.titled = [(events[-1].stage, events[-1].enabled)] if events else []
         self.notices_said = len(search.notices)  # the audit's suspects are already said
         self.units_said: set[str] = set()
+        self.switch_said = False  # a divergence at a switch of masks: explained once
 
     def before(self, ask: Ask) -> None:
         """Before a run of the mask the search asks for (`search.pending`)."""
@@ -129,6 +130,10 @@ class Narrator:
         ended = any(n.get("event") in STAGE_ENDED for n in new)
         self.close(None if ended else len(self.search.events) - 1)
         for notice in new:
+            if notice["event"] == "diverged-at-switch":
+                if self.switch_said:
+                    continue  # said once; their count comes after the verdict
+                self.switch_said = True
             if "unit" not in notice or notice["unit"] not in self.units_said:  # a unit's hint once
                 self.console.print(f"  {notice_line(notice)}", markup=False, soft_wrap=True)
                 self.units_said.add(notice.get("unit"))

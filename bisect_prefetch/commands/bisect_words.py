@@ -74,8 +74,8 @@ def run_line(number: int, planned: Mask | tuple[tuple[int, Mask], ...], out: Run
         how = f"{out.outcome}: {out.why()}"
     when = "from the journal" if out.reused else f"{out.wall_s or 0:.1f}s"
     under = ", stress" if stress else ""
-    what = (f"{len(planned)} segments, {len(mask)} edges on first" if segmented
-            else f"{len(mask)} edges on")
+    on = f"{len(mask)} edge{'' if len(mask) == 1 else 's'} on"
+    what = f"{len(planned)} segments, {on} first" if segmented and len(planned) > 1 else on
     return f"    run {number} ({what}{under}): {how} [{when}]"
 
 
@@ -300,10 +300,12 @@ def render_result(data: dict, console: Console) -> None:
         low, high = calibration["interval"]
         hazard = calibration["hazard_per_step"]
         hazard_text = f", per-step hazard {hazard:.3g}" if hazard is not None else ""
+        chance = calibration["per_run_chance"]
+        gloss = f": drift in about {round(10 * chance)} of 10 runs" if round(10 * chance) else ""
         console.print(
-            f"per-run chance {calibration['per_run_chance']:.3g} "
+            f"per-run chance {chance:.3g}{gloss} "
             f"({calibration['interval_confidence']:.0%} interval {low:.3g}-{high:.3g}){hazard_text}, "
-            f"from {calibration['runs']} runs that enabled "
+            f"from {_runs(calibration['runs'])} that enabled "
             f"{'the set' if data['minimal_set'] else 'every edge (all-on)'}",
             markup=False,
         )
@@ -380,10 +382,17 @@ def say_after_verdict(result: SearchResult, data: dict, experiment: Experiment,
         console.print(f"drift at a per-run chance below {ruled_out:.3g} can still hide: for a "
                       "prefetch race, --stress auto checks whether delays before each prefetch "
                       "make it show more often (docs/stress.md)", markup=False, soft_wrap=True)
-    cost = fix_cost_line(data["step_time"], sorted({e for c in result.culprit_sets for e in c["edges"]})
+    # What a fix costs, only where the runs measured it (the JSON keeps why not, otherwise).
+    measured = {k: c for k, c in (data["step_time"] or {}).items()
+                if isinstance(c, dict) and c.get("meaningful")}
+    cost = fix_cost_line(measured, sorted({e for c in result.culprit_sets for e in c["edges"]})
                          if len(result.culprit_sets) > 1 else result.minimal_set)
     if cost:
         console.print(cost, markup=False, soft_wrap=True)
+    switches = len(data["segments"]["diverged_at_switch"])
+    if switches > 1:
+        console.print(f"{switches} runs diverged at the first step under a new mask; each "
+                      "counted against both masks", markup=False, soft_wrap=True)
     console.print(f"report: {report}", markup=False)
     for e in before:
         if e.runs:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from rich.console import Console
@@ -35,14 +35,18 @@ class OpenState:
     state: StateDir
     runner: Runner
     console: Console | None
+    _graph: PrefetchGraph | None = field(default=None, repr=False)
 
     @property
     def path(self) -> Path:
         return self.state.path
 
     def graph(self) -> PrefetchGraph:
-        """The experiment's prefetch graph (narrated when a discovery run is needed)."""
-        return discover_graph(self.runner, self.console)
+        """The experiment's prefetch graph (narrated when a discovery run is needed), found
+        once a command: the stages that ask again are not told it again."""
+        if self._graph is None:
+            self._graph = discover_graph(self.runner, self.console)
+        return self._graph
 
 
 @contextmanager

@@ -210,10 +210,10 @@ testing drop-only:bwd:layers.2->layers.1...
     run 5 (3 edges on): clean over 20 steps [0.2s]
   -> clean (2 runs)
 checking that the leading set is enough: keep-only:bwd:layers.2->layers.1 should diverge...
-    run 6 (1 edges on): clean over 20 steps [0.2s]
+    run 6 (1 edge on): clean over 20 steps [0.2s]
   -> clean (1 run)
 testing keep-only:bwd:layers.2->layers.1...
-    run 7 (1 edges on): diverged at step 19 [0.2s]
+    run 7 (1 edge on): diverged at step 19 [0.2s]
   -> diverged at run 7 (step 19)
 double checking the answer: drop-only:bwd:layers.2->layers.1 should be consistent...
     run 8 (3 edges on): clean over 20 steps [0.2s]
@@ -253,7 +253,7 @@ evidence
 │ drop-only   │ drop-only:bwd:layers.2->layers.1 │ 3     │ 5    │ 0        │ -                     │ clean    │
 │ check-off   │ all-off                          │ 0     │ 1    │ 0        │ -                     │ clean    │
 └─────────────┴──────────────────────────────────┴───────┴──────┴──────────┴───────────────────────┴──────────┘
-per-run chance 0.75 (95% interval 0.194-0.994), per-step hazard 0.0476, from 4 runs that enabled the set
+per-run chance 0.75: drift in about 8 of 10 runs (95% interval 0.194-0.994), per-step hazard 0.0476, from 4 runs that enabled the set
 report: TMP/state/sim/report.html
 wrote TMP/out.json
 """
@@ -269,10 +269,10 @@ testing forward-off...
     run 2 (2 edges on): clean over 20 steps [0.2s]
   -> clean (1 run)
 testing keep-only:fwd:layers.0->layers.1...
-    run 3 (1 edges on): clean over 20 steps [0.2s]
+    run 3 (1 edge on): clean over 20 steps [0.2s]
   -> clean (1 run)
 testing keep-only:fwd:layers.1->layers.2...
-    run 4 (1 edges on): clean over 20 steps [0.2s]
+    run 4 (1 edge on): clean over 20 steps [0.2s]
   -> clean (1 run)
 testing backward-off...
     run 5 (2 edges on): clean over 20 steps [0.2s]
@@ -343,7 +343,7 @@ evidence
 │ calibrate │ all-on  │ 4     │ 1    │ 1        │ 15                                │ diverged │
 │ check-off │ all-off │ 0     │ 12   │ 11       │ 8, 16, 11, 6, 3, 2, 4, 9, 3, 2, 3 │ diverged │
 └───────────┴─────────┴───────┴──────┴──────────┴───────────────────────────────────┴──────────┘
-per-run chance 1 (95% interval 0.025-1), per-step hazard 0.0667, from 1 runs that enabled every edge (all-on)
+per-run chance 1: drift in about 10 of 10 runs (95% interval 0.025-1), per-step hazard 0.0667, from 1 run that enabled every edge (all-on)
 report: TMP/state/sim/report.html
 wrote TMP/out.json
 """
@@ -374,7 +374,7 @@ evidence
 │ check-off │ all-off     │ 0     │ 1    │ 0        │ -                     │ clean    │
 │ search    │ forward-off │ 2     │ 1    │ 0        │ -                     │ clean    │
 └───────────┴─────────────┴───────┴──────┴──────────┴───────────────────────┴──────────┘
-per-run chance 0.5 (95% interval 0.0126-0.987), per-step hazard 0.027, from 2 runs that enabled every edge (all-on)
+per-run chance 0.5: drift in about 5 of 10 runs (95% interval 0.0126-0.987), per-step hazard 0.027, from 2 runs that enabled every edge (all-on)
 report: TMP/state/sim/report.html
 wrote TMP/out.json
 """
@@ -416,10 +416,10 @@ testing drop-only:bwd:layers.2->layers.1...
     run 5 (3 edges on): clean over 20 steps [0.2s]
   -> clean (2 runs)
 checking that the leading set is enough: keep-only:bwd:layers.2->layers.1 should diverge...
-    run 6 (1 edges on): clean over 20 steps [0.2s]
+    run 6 (1 edge on): clean over 20 steps [0.2s]
   -> clean (1 run)
 testing keep-only:bwd:layers.2->layers.1...
-    run 7 (1 edges on): diverged at step 2 [0.2s]
+    run 7 (1 edge on): diverged at step 2 [0.2s]
   -> diverged at run 7 (step 2)
 double checking the answer: drop-only:bwd:layers.2->layers.1 should be consistent...
     run 8 (3 edges on): clean over 20 steps [0.2s]
@@ -459,7 +459,7 @@ evidence
 │ drop-only   │ drop-only:bwd:layers.2->layers.1 │ 3     │ 5    │ 0        │ -                     │ clean    │
 │ check-off   │ all-off                          │ 0     │ 1    │ 0        │ -                     │ clean    │
 └─────────────┴──────────────────────────────────┴───────┴──────┴──────────┴───────────────────────┴──────────┘
-per-run chance 0.75 (95% interval 0.194-0.994), per-step hazard 0.0652, from 4 runs that enabled the set
+per-run chance 0.75: drift in about 8 of 10 runs (95% interval 0.194-0.994), per-step hazard 0.0652, from 4 runs that enabled the set
 report: TMP/state/sim/report.html
 wrote TMP/out.json
 """
@@ -484,10 +484,10 @@ testing drop-only:bwd:layers.2->layers.1...
 testing keep-only:bwd:layers.2->layers.1...
     run 5 (3 edges on): clean over 20 steps [0.2s]
 checking that the leading set is enough: keep-only:bwd:layers.2->layers.1 should diverge...
-    run 6 (1 edges on): diverged at step 19 [0.2s]
+    run 6 (1 edge on): diverged at step 19 [0.2s]
   -> testing drop-only:bwd:layers.2->layers.1: clean (2 runs)
 double checking the answer: drop-only:bwd:layers.2->layers.1 should be consistent...
-    run 7 (1 edges on): clean over 20 steps [0.2s]
+    run 7 (1 edge on): clean over 20 steps [0.2s]
   -> testing keep-only:bwd:layers.2->layers.1: diverged at run 6 (step 19)
 testing drop-only:bwd:layers.2->layers.1...
     run 8 (3 edges on): clean over 20 steps [0.2s]
@@ -539,7 +539,7 @@ evidence
 │ search      │ drop-only:bwd:layers.2->layers.1 │ 3     │ 1    │ 0        │ -                     │ clean    │
 │ check-off   │ all-off                          │ 0     │ 2    │ 0        │ -                     │ clean    │
 └─────────────┴──────────────────────────────────┴───────┴──────┴──────────┴───────────────────────┴──────────┘
-per-run chance 0.75 (95% interval 0.194-0.994), per-step hazard 0.0476, from 4 runs that enabled the set
+per-run chance 0.75: drift in about 8 of 10 runs (95% interval 0.194-0.994), per-step hazard 0.0476, from 4 runs that enabled the set
 report: TMP/state/sim/report.html
 wrote TMP/out.json
 """
@@ -560,7 +560,7 @@ running the golden reference again, 60 steps: as long as the longest run...
     run 4 (3 segments, 3 edges on first): clean over 60 steps [0.2s]
   -> testing forward-off: diverged at run 3 (step 6)
   -> testing drop-only:bwd:layers.2->layers.1: clean (2 runs)
-    run 5 (3 segments, 1 edges on first): diverged at step 19 [0.2s]
+    run 5 (3 segments, 1 edge on first): diverged at step 19 [0.2s]
   -> checking that the leading set is enough: keep-only:bwd:layers.2->layers.1 should diverge: clean (1 run)
     run 6 (3 segments, 3 edges on first): clean over 60 steps [0.2s]
   -> testing keep-only:bwd:layers.2->layers.1: diverged at run 5 (step 19)
@@ -593,7 +593,7 @@ evidence
 │ search      │ keep-only:bwd:layers.2->layers.1 │ 1     │ 1    │ 1        │ 19                    │ diverged │
 │ drop-only   │ drop-only:bwd:layers.2->layers.1 │ 3     │ 5    │ 0        │ -                     │ clean    │
 └─────────────┴──────────────────────────────────┴───────┴──────┴──────────┴───────────────────────┴──────────┘
-per-run chance 0.75 (95% interval 0.194-0.994), per-step hazard 0.0476, from 4 runs that enabled the set
+per-run chance 0.75: drift in about 8 of 10 runs (95% interval 0.194-0.994), per-step hazard 0.0476, from 4 runs that enabled the set
 report: TMP/state/sim/report.html
 wrote TMP/out.json
 """
@@ -676,7 +676,7 @@ def test_two_independent_causes(tmp_path):
     union = re.search(r"with all of them off \(drop-only of the union\): (\d+) runs consistent$", data["facts"][0])
     assert union and int(union[1]) >= 3, data["facts"][0]
     for found in data["culprit_sets"]:  # the runs are the transcript's
-        assert all(f"    run {n} (1 edges on): diverged at step" in text for n in found["keep_only_runs"])
+        assert all(f"    run {n} (1 edge on): diverged at step" in text for n in found["keep_only_runs"])
     assert [d["run"] for d in data["run_details"]] == list(range(1, len(data["run_details"]) + 1))
 
 

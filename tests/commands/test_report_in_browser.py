@@ -29,7 +29,7 @@ from bisect_prefetch.runs.execute import Runner
 from bisect_prefetch.runs.outcome import RunOutcome
 from bisect_prefetch.runs.store import StateDir
 from bisect_prefetch.vocab import GRAPH_FILE, probe_rank_file
-from tests.commands.test_bisect_transcripts import CULPRIT, STEPS, Simulation
+from tests.commands.test_bisect_transcripts import CULPRIT, READ_NOTHING, STEPS, Simulation
 from tests.conftest import console
 
 sync_api = pytest.importorskip("playwright.sync_api")
@@ -56,7 +56,8 @@ search: {{confidence: 0.95, max_runs: 200}}
 
 def _journal(state: StateDir, runner: Runner, key, run_id: str, **fields) -> None:
     out = RunOutcome(run_id=run_id, outcome="ok", reason="", steps_done=fields.pop("steps"),
-                     manifest={"files": {}, "env": runner.reuse_check.env}, **fields)
+                     launched=runner.reuse_check.launched,
+                     manifest=READ_NOTHING | {"env": runner.reuse_check.env}, **fields)
     state.append(key, out.to_record())
 
 
@@ -95,8 +96,8 @@ def two_causes(tmp_path_factory) -> tuple[Path, dict]:
     experiment, root = _experiment(tmp), tmp / "state"
     _discovered_size_one(experiment, root)
     code = command.bisect(experiment, confidence=None, max_runs=None, resume=False,
-                          state_dir=root, console=console(io.StringIO()),
-                          oracle_for=Simulation([CULPRIT, SECOND], q=0.7))
+                          state_dir=root, console=console(io.StringIO()), reuse=True,
+                          oracle_for=Simulation([CULPRIT, SECOND], q=0.7))  # its discovery run
     assert code == 1
     data = json.loads((root / "sim" / "bisect.json").read_text())
     _guard_checked(experiment, root, sorted(data["graph"]["edges"][i]["id"]

@@ -3,13 +3,12 @@
 
 from __future__ import annotations
 
-import io
-
 import pytest
 
-from bisect_prefetch.commands.bisect_words import confidence_met, render_result
+from bisect_prefetch.commands.bisect_record import result_to_json
+from bisect_prefetch.commands.bisect_words import confidence_met
+from bisect_prefetch.report.verdict_block import headline
 from bisect_prefetch.search.verdict import SearchResult
-from tests.conftest import console
 
 CALIBRATION = {"runs": 0, "per_run_chance": None, "interval": [0, 1], "interval_confidence": 0.95,
                "hazard_per_step": None}
@@ -32,10 +31,11 @@ def test_confidence_met(verdict, confidence, asked, met):
 
 
 def test_the_verdict_line_says_it_is_below_the_confidence_asked():
-    out = io.StringIO()
-    render_result(result("not-prefetch", 0.947), console(out), asked=0.95)
-    assert out.getvalue().splitlines()[0] == \
-        "verdict: not-prefetch (confidence 0.947, below the 0.95 asked)"
-    out = io.StringIO()
-    render_result(result("not-prefetch", 0.97), console(out), asked=0.95)
-    assert out.getvalue().splitlines()[0] == "verdict: not-prefetch"
+    def said(confidence: float, asked: float) -> str:
+        found = result("not-prefetch", confidence)
+        data = result_to_json(found, "") | {"confidence_asked": asked,
+                                            "confidence_met": confidence_met(found, asked)}
+        return headline(data)
+
+    assert said(0.947, 0.95) == "verdict: not-prefetch (confidence 0.947, below the 0.95 asked)"
+    assert said(0.97, 0.95) == "verdict: not-prefetch (confidence 0.970)"

@@ -217,10 +217,12 @@ print(json.dumps(out))
 def _template_commands() -> dict[str, list[str]]:
     import yaml
 
-    readme = (TESTS.parent / "README.md").read_text()
-    blocks = [b.split("```", 1)[0] for b in readme.split("```yaml")[1:]]
-    commands = {f"README {k}": yaml.safe_load(block)["command"]
-                for k, block in enumerate(b for b in blocks if "torchtitan.train" in b)}
+    commands = {}
+    for doc in ("README.md", "docs/slurm.md"):
+        text = (TESTS.parent / doc).read_text()
+        blocks = [b.split("```", 1)[0] for b in text.split("```yaml")[1:]]
+        commands |= {f"{doc} {k}": yaml.safe_load(block)["command"]
+                     for k, block in enumerate(b for b in blocks if "torchtitan.train" in b)}
     lines = (TESTS.parent / "configs" / "slurm-fsdp2.yaml").read_text().splitlines()
     start = next(i for i, line in enumerate(lines) if line.startswith("#   command:"))
     end = next(i for i in range(start, len(lines)) if "]" in lines[i].split("#", 2)[1])
@@ -242,7 +244,7 @@ def test_the_torchtitan_templates_parse_on_030_as_written():
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     parsed = json.loads(done.stdout.splitlines()[-1])
-    assert set(parsed) == {"README 0", "README 1", "configs/slurm-fsdp2.yaml"}
+    assert set(parsed) == {"README.md 0", "docs/slurm.md 0", "configs/slurm-fsdp2.yaml"}
     for where, got in parsed.items():
         assert got["module"] and got["script"] == "torchtitan.train", where
         assert (got["steps"], got["seed"], got["deterministic"]) == (10, 1234, True), where

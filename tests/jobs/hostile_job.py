@@ -26,9 +26,12 @@ in the plan's mask, entropy from step 2 on. The ways (where the flag comes from)
   is there.
 
 It imports nothing of bisect-prefetch: the plan's out_dir is read as any job reads a path it
-is given.
+is given. It writes what an adapter that hooks its engine writes (the graph it ran and a probe
+of the plan it applied), as tests/jobs/fake_job.py does: a run whose mask was never applied
+gives no verdict.
 """
 
+import hashlib
 import json
 import os
 import random
@@ -119,11 +122,26 @@ def flag(way: str) -> bool:
     raise SystemExit(f"unknown way {way}")
 
 
+def _acknowledge(plan: dict, out: str) -> None:
+    """The graph and the probe of an engine's hooks: the plan (its sha256 over sorted keys,
+    as the adapter hashes it) applied, each edge of its mask gone through the gate once."""
+    graph = {"nodes": [{"name": f"layers.{i}", "kind": "layer", "order": i, "shard_size": 2}
+                       for i in range(2)], "edges": []}
+    with open(os.path.join(out, "graph.rank0.json"), "w") as f:
+        json.dump(graph, f)
+    canonical = json.dumps(plan, sort_keys=True, separators=(",", ":")).encode()
+    probe = {"rank": 0, "plan_hash": hashlib.sha256(canonical).hexdigest(),
+             "edges": {e: {"fired": 1, "issued": 1} for e in sorted(plan.get("mask") or [])}}
+    with open(os.path.join(out, "probe.rank0.json"), "w") as f:
+        json.dump(probe, f)
+
+
 def main() -> None:
     way = sys.argv[1]
     with open(os.environ["BISECT_PREFETCH_PLAN"]) as f:
         plan = json.load(f)
     out, racy = plan["out_dir"], CULPRIT in (plan.get("mask") or [])
+    _acknowledge(plan, out)
     late = way == "exit-after-step-1"
     noisy = False if late else flag(way)
     scale = _flags(os.path.join(HERE, "data", "latest", "flags.json")).get("scale", 1) if (
