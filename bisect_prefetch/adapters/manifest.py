@@ -153,6 +153,7 @@ class Manifest:
         self._lines = 0
         self._busy = False
         self._writer = 0  # the thread writing now: its own opens and stats are not the job's
+        self.signal_after_write: int | None = None  # a SIGTERM that came inside a write
         self.closed = False
 
     def start(self) -> None:
@@ -225,7 +226,21 @@ class Manifest:
     # -- writing --------------------------------------------------------------------------
     def write(self, *, closed: bool = False, step: int | None = None) -> None:
         """Append what is new since the last line (closed: the last line of the process;
-        step: the step that just ended, said even when nothing is new, in a line of its own)."""
+        step: the step that just ended, said even when nothing is new, in a line of its own).
+        A SIGTERM that came inside this write (``signal_after_write``) closes the file once
+        the write is done, then ends the process as the signal would have."""
+        self._write(closed=closed, step=step)
+        if self.signal_after_write is not None and not self._busy:
+            signum, self.signal_after_write = self.signal_after_write, None
+            self._write(closed=True)
+            signal.signal(signum, signal.SIG_DFL)
+            os.kill(os.getpid(), signum)
+
+    def writing_here(self) -> bool:
+        """Whether this thread is inside a write (a signal handler running on top of it)."""
+        return self._busy and self._writer == threading.get_ident()
+
+    def _write(self, *, closed: bool = False, step: int | None = None) -> None:
         with self._lock:
             if self.closed or self._busy:
                 return  # a signal inside a write: the file stays unclosed (not reusable)
@@ -549,11 +564,11 @@ def attach(session: Any) -> Manifest | None:
         session.note_error(f"manifest not written: {e!r}")
     session.add_step_end_listener(lambda step: write(step=step))
     session.add_exit_listener(lambda: write(closed=True))
-    _write_on_sigterm(lambda: write(closed=True))
+    _write_on_sigterm(manifest, lambda: write(closed=True))
     return manifest
 
 
-def _write_on_sigterm(write: Any) -> None:
+def _write_on_sigterm(manifest: Manifest, write: Any) -> None:
     """A job stopped early (SIGTERM, at its first difference) runs no exit handler: close
     the manifest then, and die of the signal as before. Only where the job left SIGTERM
     at its default; a handler the job sets later replaces this one."""
@@ -563,6 +578,9 @@ def _write_on_sigterm(write: Any) -> None:
         return
 
     def on_term(signum: int, _frame: Any) -> None:
+        if manifest.writing_here():  # the signal came inside a write (at exit, at a step end):
+            manifest.signal_after_write = signum  # it ends, closes the file, then dies
+            return
         try:
             write()
         finally:

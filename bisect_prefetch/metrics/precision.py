@@ -165,7 +165,7 @@ def describe_precision(precision: dict[str, str | int | None]) -> str:
         if p == FULL:
             parts.append(f"{name} (full precision)")
         elif p == AS_PRINTED:
-            parts.append(f"{name} (as printed: its decimals vary)")
+            parts.append(f"{name} (as printed)")  # decimals that vary, or one value so far
         elif p is None:
             parts.append(f"{name} (never printed)")
         else:

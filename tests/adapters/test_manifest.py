@@ -8,10 +8,17 @@ from __future__ import annotations
 
 import json
 import os
+import signal
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
 
 from bisect_prefetch.adapters import manifest as m
 from bisect_prefetch.runs.launch_env import launch_print
 from bisect_prefetch.runs.reuse import ReuseCheck, collect, gather, summary
+
+REPO = Path(__file__).resolve().parents[2]
 
 
 def _manifest(tmp_path, monkeypatch, **kw):
@@ -173,3 +180,31 @@ def test_processes_that_read_different_bytes_are_never_reused(tmp_path):
            "launched": launch_print(os.environ, cwd=None)}
     why = ReuseCheck(os.environ, records=[]).why_not(run)
     assert "was read with different contents by different processes" in why
+
+
+def test_a_sigterm_inside_a_write_closes_the_manifest_once_the_write_is_done(tmp_path):
+    """Stopped at its first difference just as it ended, a job gets SIGTERM inside the exit's
+    write: the write finishes, the file is closed, and the process dies of the signal."""
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    script = tmp_path / "job.py"
+    script.write_text(textwrap.dedent(f"""
+        import os, signal
+        from bisect_prefetch.adapters import manifest as m
+        manifest = m.Manifest(out_dir={str(run_dir)!r}, rank=0)
+        manifest.start()
+        m._write_on_sigterm(manifest, lambda: manifest.write(closed=True))
+        real = os.write
+        def write_then_term(fd, data):  # the orchestrator's SIGTERM lands inside the write
+            os.write = real
+            os.kill(os.getpid(), signal.SIGTERM)
+            return real(fd, data)
+        os.write = write_then_term
+        manifest.write(closed=True)  # the exit's write
+        print("not reached")
+    """))
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                          env={**os.environ, "PYTHONPATH": str(REPO)}, timeout=60)
+    assert done.returncode == -signal.SIGTERM and "not reached" not in done.stdout, done.stderr
+    assert _lines(run_dir)[-1].get("closed") is True
+    assert collect(run_dir)["unclosed"] == []

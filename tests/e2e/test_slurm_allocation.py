@@ -258,7 +258,7 @@ def test_a_node_lost_mid_search_costs_one_run_and_too_few_nodes_stop_until_resum
                        capture_output=True)
         tool = _inside(cluster, [*bisect, "--resume"], tmp_path)
         said, err = tool.communicate(timeout=300)
-        assert tool.returncode == 1 and "minimal set: " + RACY_EDGE in said, said + err
+        assert tool.returncode == 1 and f"cause 1: {RACY_EDGE} (" in said, said + err
         assert "resuming: " in said
 
 
