@@ -243,7 +243,7 @@ class Manifest:
     def _write(self, *, closed: bool = False, step: int | None = None) -> None:
         with self._lock:
             if self.closed or self._busy:
-                return  # a signal inside a write: the file stays unclosed (not reusable)
+                return  # closed, or called from a signal handler on top of a write (write())
             self._busy, self._writer = True, threading.get_ident()
             try:
                 line = self._new(final=closed)

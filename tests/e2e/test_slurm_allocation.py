@@ -105,9 +105,12 @@ def test_a_bisect_inside_salloc_runs_every_run_as_a_step_and_no_batch_job(slurm_
 
 
 def _steps_now(allocation: str) -> list[str]:
+    """The allocation's run steps now (the shared-filesystem check step, which ends by
+    itself within a second, left out)."""
     shown = subprocess.run(["squeue", "--steps", "-h", "-j", allocation, "-o", "%i %j"],
                            capture_output=True, text=True)
-    return [line.split()[1] for line in shown.stdout.splitlines() if "bisect-prefetch-" in line]
+    return [line.split()[1] for line in shown.stdout.splitlines()
+            if "bisect-prefetch-" in line and not line.endswith("-slurm-check")]
 
 
 def _wait_for(condition, seconds: float, what: str):
