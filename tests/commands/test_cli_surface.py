@@ -58,3 +58,22 @@ def test_every_command_has_help_text():
     group = typer.main.get_command(app)
     for name, cmd in group.commands.items():
         assert cmd.help, f"{name} has no help text"
+
+
+def test_every_command_takes_h_and_the_tool_says_its_version(capsys):
+    """`-h` as well as `--help` on every command, values shown by what they are (a metavar)
+    and not by their Python type; `--version` from the installed package."""
+    from importlib.metadata import version
+
+    from bisect_prefetch.cli import main
+
+    for name in SURFACE:
+        assert main([name, "-h"]) == 0
+        shown = capsys.readouterr().out
+        assert f"Usage: bisect-prefetch {name}" in shown
+        # init's COMMAND... argument keeps typer's `<list[str]>`: typer shows an argument's type
+        leaks = {"<int>", "<float>", "<str>", "<int range>"} | (
+            set() if name == "init" else {"<list[str]>"})
+        assert not [t for t in leaks if t in shown], shown
+    assert main(["--version"]) == 0
+    assert capsys.readouterr().out.strip() == f"bisect-prefetch {version('bisect-prefetch')}"
