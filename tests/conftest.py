@@ -219,6 +219,17 @@ def run_fsdp2(
     return result
 
 
+def run_json(folder: Path, *argv: str) -> tuple[int, dict | None]:
+    """A command through the CLI with --state-dir and --json in folder: its exit code and
+    its JSON (None where it wrote none)."""
+    from bisect_prefetch.cli import main
+
+    out = folder / f"{argv[0]}.json"
+    out.unlink(missing_ok=True)
+    code = main([*argv, "--state-dir", str(folder / "state"), "--json", str(out)])
+    return code, json.loads(out.read_text()) if out.exists() else None
+
+
 def read_jsonl(path: Path) -> list[dict]:
     """Records sorted by (step, rank, param): ranks append in any order."""
     records = [json.loads(line) for line in path.read_text().splitlines()]

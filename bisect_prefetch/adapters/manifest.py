@@ -182,8 +182,7 @@ class Manifest:
                 or self._writer == threading.get_ident()):
             return
         path = os.path.abspath(os.fsdecode(path))
-        if (path in self.opened or path.endswith(".pyc") or path.startswith(self.out_dir)
-                or _under(path, self.installed)):
+        if path in self.opened or not self._the_jobs(path):
             return
         if len(self.opened) >= OPENED_LIMIT:
             self.opened_truncated = True
@@ -198,13 +197,18 @@ class Manifest:
             self.opened[path] = (info.st_size, info.st_mtime_ns)
         self._order.append(path)
 
+    def _the_jobs(self, path: str) -> bool:
+        """Whether a path is the job's input: not bytecode, the run dir or an installed
+        module (those have checks of their own)."""
+        return not (path.endswith(".pyc") or path.startswith(self.out_dir)
+                    or _under(path, self.installed))
+
     def _looked(self, path: Any) -> None:
         """os.stat found nothing there (os.path.exists, isfile, pathlib's exists)."""
         if self._writer == threading.get_ident():
             return
         path = os.path.abspath(os.fsdecode(path))
-        if (path in self.looked_for or path.endswith(".pyc") or path.startswith(self.out_dir)
-                or _under(path, self.installed)):
+        if path in self.looked_for or not self._the_jobs(path):
             return
         if len(self.looked_for) >= OPENED_LIMIT:
             self.opened_truncated = True

@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 from bisect_prefetch.cli import main
-from tests.conftest import read_ranks
+from tests.conftest import read_ranks, run_json
 
 pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[2]
@@ -62,13 +62,6 @@ def _experiment(folder: Path, venv: Path, *, name: str, graph: str = "{source: r
     return path
 
 
-def _run(folder: Path, *argv: str) -> tuple[int, dict | None]:
-    out = folder / f"{argv[0]}.json"
-    out.unlink(missing_ok=True)
-    code = main([*argv, "--state-dir", str(folder / "state"), "--json", str(out)])
-    return code, json.loads(out.read_text()) if out.exists() else None
-
-
 @pytest.mark.parametrize("version", VERSIONS)
 def test_graph_aa_with_digests_and_bisect_on_a_users_script(version, tmp_path, capsys):
     folder = tmp_path / version
@@ -83,7 +76,7 @@ def test_graph_aa_with_digests_and_bisect_on_a_users_script(version, tmp_path, c
         f"bwd:{a}->{b}" for a, b in zip(chain, chain[1:], strict=False)]
     assert {n["shard_size"] for n in graph["nodes"] if n["name"] != "root"} == {2}
 
-    code, aa = _run(folder, "aa", str(experiment), "--mask", "all-off", "--runs", "2")
+    code, aa = run_json(folder, "aa", str(experiment), "--mask", "all-off", "--runs", "2")
     out = capsys.readouterr().out
     assert code == 0 and aa["verdict"] == "consistent", out
     assert "bitwise identical (digests)" in out
@@ -97,7 +90,7 @@ def test_graph_aa_with_digests_and_bisect_on_a_users_script(version, tmp_path, c
         assert probe["edges"] and all(c["masked"] > 0 and c["issued"] == 0
                                       for c in probe["edges"].values())
 
-    code, bisect = _run(folder, "bisect", str(experiment))
+    code, bisect = run_json(folder, "bisect", str(experiment))
     out = capsys.readouterr().out
     assert code == 1 and bisect["verdict"] == "culprit-found", out
     assert bisect["minimal_set"] == [PLANTED]
@@ -112,7 +105,7 @@ def test_a_torch_lacking_a_name_the_adapter_needs_fails_every_run_with_one_line(
                       r"torch\.cpu\.Stream\.record_event")
     experiment = _experiment(tmp_path, venv, name="lacking", lacking="torch.cpu.Stream.record_event",
                              graph="{source: static, policy: fsdp2-chain, layers: 4}")
-    code, aa = _run(tmp_path, "aa", str(experiment), "--mask", "all-off", "--runs", "2")
+    code, aa = run_json(tmp_path, "aa", str(experiment), "--mask", "all-off", "--runs", "2")
     out = capsys.readouterr().out
     assert code == 2 and aa["verdict"] not in ("consistent", "diverged"), out
     assert [d["outcome"] for d in aa["run_details"]] == ["error", "error"]

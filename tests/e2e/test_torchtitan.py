@@ -20,7 +20,7 @@ import pytest
 
 from bisect_prefetch.cli import main
 from bisect_prefetch.graph import from_policy
-from tests.conftest import read_ranks
+from tests.conftest import read_ranks, run_json
 
 pytestmark = pytest.mark.slow
 TESTS = Path(__file__).resolve().parents[1]
@@ -80,13 +80,6 @@ def _experiment(folder: Path, assets: Path, *, name: str, steps: int, graph: str
     return path
 
 
-def _run(folder: Path, *argv: str) -> tuple[int, dict | None]:
-    out = folder / f"{argv[0]}.json"
-    out.unlink(missing_ok=True)
-    code = main([*argv, "--state-dir", str(folder / "state"), "--json", str(out)])
-    return code, json.loads(out.read_text()) if out.exists() else None
-
-
 @pytest.fixture(scope="module")
 def clean(tmp_path_factory, titan_assets) -> Path:
     """torchtitan without a fault, its graph discovered at run time; one state dir for the
@@ -130,7 +123,7 @@ def test_graph_lists_torchtitans_units_and_the_static_policy_is_that_graph(clean
 
 
 def test_aa_all_on_is_consistent_with_digests_in_torchtitans_own_venv(clean, capsys):
-    code, result = _run(clean.parent, "aa", str(clean), "--runs", "2")
+    code, result = run_json(clean.parent, "aa", str(clean), "--runs", "2")
     out = capsys.readouterr().out
     assert code == 0 and result["verdict"] == "consistent", out
     assert len(result["mask"]) == 7
@@ -159,7 +152,7 @@ def test_aa_all_on_is_consistent_with_digests_in_torchtitans_own_venv(clean, cap
 
 
 def test_audit_reads_torchtitans_run(clean, capsys):
-    code, result = _run(clean.parent, "audit", str(clean))
+    code, result = run_json(clean.parent, "audit", str(clean))
     out = capsys.readouterr().out
     assert code == 0 and result["ok"], out
     assert {e["id"] for e in result["edges"]} == set(from_policy("torchtitan", LAYERS).edge_ids())
@@ -169,7 +162,7 @@ def test_audit_reads_torchtitans_run(clean, capsys):
 
 
 def test_the_wrappers_fault_diverges_aa_and_is_localized_to_its_unit(faulty, capsys):
-    code, result = _run(faulty.parent, "aa", str(faulty), "--runs", "2")
+    code, result = run_json(faulty.parent, "aa", str(faulty), "--runs", "2")
     out = capsys.readouterr().out
     assert code == 1 and result["verdict"] == "diverged", out
     where = result["localization"]
@@ -190,7 +183,7 @@ def test_the_wrappers_fault_diverges_aa_and_is_localized_to_its_unit(faulty, cap
 
 
 def test_bisect_names_the_planted_edge(faulty, capsys):
-    code, result = _run(faulty.parent, "bisect", str(faulty))
+    code, result = run_json(faulty.parent, "bisect", str(faulty))
     out = capsys.readouterr().out
     assert code == 1, out
     assert result["verdict"] == "culprit-found", out

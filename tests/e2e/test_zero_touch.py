@@ -14,8 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from bisect_prefetch.cli import main
-from tests.conftest import rank_lines, run_dir_writers
+from tests.conftest import rank_lines, run_dir_writers, run_json
 
 pytest.importorskip("torch")
 JOB = Path(__file__).resolve().parents[2] / "examples" / "fsdp2_train.py"
@@ -38,19 +37,12 @@ def _experiment(tmp_path: Path, *job_args: str, name: str = "user", steps: int =
     return path
 
 
-def _run(tmp_path: Path, *argv: str) -> tuple[int, dict | None]:
-    out = tmp_path / f"{argv[0]}.json"
-    out.unlink(missing_ok=True)
-    code = main([*argv, "--state-dir", str(tmp_path / "state"), "--json", str(out)])
-    return code, json.loads(out.read_text()) if out.exists() else None
-
-
 def _runs(tmp_path: Path, name: str = "user") -> list[Path]:
     return sorted(p for p in (tmp_path / "state" / name / "runs").iterdir() if "aa" in p.name)
 
 
 def test_a_users_job_gets_digests_order_and_step_times_and_says_so(tmp_path, capsys):
-    code, result = _run(tmp_path, "aa", str(_experiment(tmp_path)), "--runs", "2")
+    code, result = run_json(tmp_path, "aa", str(_experiment(tmp_path)), "--runs", "2")
     out = capsys.readouterr().out
     assert code == 0, out
     for run_dir in _runs(tmp_path):
@@ -85,7 +77,7 @@ def test_a_users_job_gets_digests_order_and_step_times_and_says_so(tmp_path, cap
     # Every process closed its manifest (torchrun's agent and both ranks, one file each): a
     # resume takes both runs, and the discovery run, and launches nothing.
     assert all(len(list(d.glob("manifest.*.jsonl"))) == 3 for d in _runs(tmp_path))
-    code, again = _run(tmp_path, "aa", str(_experiment(tmp_path)), "--runs", "2", "--resume")
+    code, again = run_json(tmp_path, "aa", str(_experiment(tmp_path)), "--runs", "2", "--resume")
     out = capsys.readouterr().out
     assert code == 0 and all(run["reused"] for run in again["run_details"]), out
     assert "note: 3 run(s) reused from the journal" in out
@@ -93,7 +85,7 @@ def test_a_users_job_gets_digests_order_and_step_times_and_says_so(tmp_path, cap
 
 def test_a_fault_of_the_jobs_own_is_localized_to_its_target_unit(tmp_path):
     experiment = _experiment(tmp_path, "--fault-target", "layers.4", "--fault-hazard", "0.25")
-    code, result = _run(tmp_path, "aa", str(experiment), "--runs", "4")
+    code, result = run_json(tmp_path, "aa", str(experiment), "--runs", "4")
     assert code == 1 and result["verdict"] == "diverged"
     where = result["localization"]
     assert where["unit"] == "layers.4" and where["rule"] == "values", where
@@ -106,7 +98,7 @@ def test_a_fault_of_the_jobs_own_is_localized_to_its_target_unit(tmp_path):
 
 def test_audit_finds_the_mistargeted_and_the_shadowed_edge_from_the_order_record(tmp_path, capsys):
     experiment = _experiment(tmp_path, "--mistarget", "--depth2", name="audited", steps=3)
-    code, result = _run(tmp_path, "audit", str(experiment))
+    code, result = run_json(tmp_path, "audit", str(experiment))
     out = capsys.readouterr().out
     kinds = {(f["kind"], f["edge"]) for f in result["findings"]}
     assert code == 1, out
@@ -128,7 +120,7 @@ def test_audit_finds_the_mistargeted_and_the_shadowed_edge_from_the_order_record
 )
 def test_step_boundaries_without_a_single_optimizer(tmp_path, capsys, job_args, expect):
     experiment = _experiment(tmp_path, *job_args, steps=4)
-    code, result = _run(tmp_path, "aa", str(experiment), "--runs", "2")
+    code, result = run_json(tmp_path, "aa", str(experiment), "--runs", "2")
     out = capsys.readouterr().out
     assert code == expect["code"], out
     signals = result["signals"]
@@ -140,7 +132,7 @@ def test_step_boundaries_without_a_single_optimizer(tmp_path, capsys, job_args, 
 
 def test_ranks_that_step_different_numbers_of_times_are_never_consistent(tmp_path, capsys):
     experiment = _experiment(tmp_path, "--skip-step-on-rank1", "2", steps=4)
-    code, _ = _run(tmp_path, "aa", str(experiment), "--runs", "2")
+    code, _ = run_json(tmp_path, "aa", str(experiment), "--runs", "2")
     captured = capsys.readouterr()
     assert code == 2
     assert "ranks counted different numbers of training steps (rank 0 4, rank 1 3)" in (

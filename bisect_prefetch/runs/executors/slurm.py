@@ -29,7 +29,13 @@ from pathlib import Path
 
 from bisect_prefetch.errors import BisectPrefetchError
 from bisect_prefetch.runs.executors.base import LOST, Job
-from bisect_prefetch.runs.executors.slurm_cli import fields, no_list, one_line, run_client
+from bisect_prefetch.runs.executors.slurm_cli import (
+    fields,
+    no_list,
+    one_line,
+    require_clients,
+    run_client,
+)
 from bisect_prefetch.runs.launcher import JobResult
 from bisect_prefetch.vocab import (
     ERROR,
@@ -333,10 +339,7 @@ class SlurmExecutor:
     # -- checks before any run --------------------------------------------
     def check(self, state_path: Path) -> None:
         """sbatch on PATH, the options accepted, the state dir seen by the job's node."""
-        for program in CLIENTS:
-            if shutil.which(program) is None:
-                raise BisectPrefetchError(
-                    f"{program} not found on PATH: the slurm executor needs Slurm's client commands")
+        require_clients(CLIENTS)
         if "\\" in str(state_path):
             # slurmd takes a backslash in --output as "expand no %" and fails the job's start.
             raise BisectPrefetchError(f"state dir {state_path} holds a backslash, which Slurm "

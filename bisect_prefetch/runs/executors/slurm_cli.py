@@ -7,11 +7,20 @@ here, so a missing client or a controller that does not answer is said the same 
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 
 from bisect_prefetch.errors import BisectPrefetchError
 
 CLIENT_TIMEOUT_S = 60
+
+
+def require_clients(programs: tuple[str, ...]) -> None:
+    """Each of Slurm's client commands an executor calls is on PATH, or one line says which."""
+    for program in programs:
+        if shutil.which(program) is None:
+            raise BisectPrefetchError(
+                f"{program} not found on PATH: the slurm executor needs Slurm's client commands")
 
 
 def run_client(argv: list[str], env: dict[str, str] | None = None) -> subprocess.CompletedProcess:

@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import os
 import shlex
-import shutil
 import signal
 import subprocess
 import time
@@ -58,7 +57,7 @@ from bisect_prefetch.runs.executors.slurm import (
     minutes,
     shell_word,
 )
-from bisect_prefetch.runs.executors.slurm_cli import one_line, run_client
+from bisect_prefetch.runs.executors.slurm_cli import one_line, require_clients, run_client
 from bisect_prefetch.runs.launcher import JobResult
 from bisect_prefetch.vocab import ERROR, STDERR_FILE, STDOUT_FILE, STEP_FILE, TIMEOUT
 
@@ -356,10 +355,7 @@ class SlurmStepExecutor:
     # -- checks before any run ------------------------------------------------
     def check(self, state_path: Path) -> None:
         """srun on PATH, a running allocation a run fits in, the state dir seen by every node."""
-        for program in CLIENTS:
-            if shutil.which(program) is None:
-                raise BisectPrefetchError(
-                    f"{program} not found on PATH: the slurm executor needs Slurm's client commands")
+        require_clients(CLIENTS)
         o = self.options
         allocation = read_allocation(self.job_id)
         check_fits(allocation, nodes=o.nodes, partition=o.partition, account=o.account, qos=o.qos)
