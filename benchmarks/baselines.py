@@ -12,8 +12,9 @@ from __future__ import annotations
 import math
 
 from benchmarks.ddmin import DeltaDebugger
-from bisect_prefetch.search.simulate import Outcome, SimulatedOracle
+from bisect_prefetch.search.simulate import SimulatedOracle
 from bisect_prefetch.search.stats import error_share, runs_for_clean_verdict
+from bisect_prefetch.simulation.search_run import Outcome
 
 
 class _Counter:

@@ -44,9 +44,9 @@ from bisect_prefetch.commands import bisect as bisect_command
 from bisect_prefetch.experiment import load_experiment, with_overrides
 from bisect_prefetch.runs.execute import Runner
 from bisect_prefetch.runs.store import StateDir
-from bisect_prefetch.search.simulate import simulate
 from bisect_prefetch.search.stats import clopper_pearson
 from bisect_prefetch.search.stress import FIXED_PAIRS, SEQUENTIAL, CalibrationRule, Hazard
+from bisect_prefetch.simulation.trials import simulate
 from bisect_prefetch.vocab import Mask
 
 REPO = Path(__file__).resolve().parents[1]

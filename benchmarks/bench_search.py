@@ -30,13 +30,15 @@ from dataclasses import dataclass, field
 from benchmarks.baselines import BASELINES
 from bisect_prefetch.graph import from_policy
 from bisect_prefetch.search.hints import HintPrior, edge_ends
-from bisect_prefetch.search.simulate import METHODS, runs_by_step_mean, simulate
 from bisect_prefetch.search.stats import (
     binary_entropy,
     hazard_for_chance,
     per_run_chance,
     z_channel_capacity,
 )
+from bisect_prefetch.simulation.scores import runs_by_stage_mean
+from bisect_prefetch.simulation.search_run import METHODS
+from bisect_prefetch.simulation.trials import simulate
 
 POLICY, LAYERS, STEPS, SEED = "mindformers", 32, 100, 20260601
 CHAIN_Q = per_run_chance(0.05, 30)  # the hazard of issue 35's measurements, over 30 steps
@@ -172,7 +174,7 @@ def _summary(results: list[dict]) -> dict:
         "rounds_median": float(np.median([r["rounds"] for r in results])),
         "rounds_p90": float(np.percentile([r["rounds"] for r in results], 90)),
         "inconclusive": sum(r["verdict"] == "inconclusive" for r in results) / len(results),
-        "by_step": runs_by_step_mean(results),
+        "by_stage": runs_by_stage_mean(results),
         "startups_median": float(np.median([r["startups"] for r in results])),
         # Every step the cluster runs: the search's and the golden reference's.
         "steps_median": float(np.median([r["steps"] + r["golden_steps"] for r in results])),
@@ -252,15 +254,15 @@ def main() -> None:
 
 
 # Protocol stages (vocab.STAGES) grouped by what they are for.
-STEP_GROUPS = {
+STAGE_GROUPS = {
     "localize": ("calibrate", "search", "reduce", "extra"),
     "confirm": ("leading-set", "keep-only", "drop-only", "check-off"),
     "background controls": ("background-control",),
 }
 
 
-def _groups(by_step: dict) -> dict[str, float]:
-    return {group: sum(by_step.get(step, 0.0) for step in steps) for group, steps in STEP_GROUPS.items()}
+def _groups(by_stage: dict) -> dict[str, float]:
+    return {group: sum(by_stage.get(stage, 0.0) for stage in stages) for group, stages in STAGE_GROUPS.items()}
 
 
 def _where_the_runs_go(cases: list[Case], summary: dict) -> None:
@@ -268,11 +270,11 @@ def _where_the_runs_go(cases: list[Case], summary: dict) -> None:
     print("where the runs go (means): localize (the search) + confirm (keep-only, drop-only, "
           "all-off) + background controls; information floor (Fano, expected runs)")
     for case in cases:
-        by_step = summary[case.key]["by_step"]
-        if (not by_step or case.slots > 1 or case.layers != LAYERS or len(case.culprits) != 1
+        by_stage = summary[case.key]["by_stage"]
+        if (not by_stage or case.slots > 1 or case.layers != LAYERS or len(case.culprits) != 1
                 or "segments" in case.options):
             continue
-        g = _groups(by_step)
+        g = _groups(by_stage)
         floor = "" if case.background else f"; floor {information_floor(case.q, hint_accuracy=case.hint_accuracy):.1f}"
         print(f"  {case.title:<62} {g['localize']:6.1f} + {g['confirm']:5.1f} + "
               f"{g['background controls']:5.1f} = {sum(g.values()):6.1f}{floor}")
@@ -305,7 +307,7 @@ def _targets(s: dict) -> list[tuple[bool, str]]:
 
     def runs_at_most(key, limit, what, q, hint_accuracy=None):
         # Beside the target: the floor no search reaches, and the mean runs the checks took.
-        g = _groups(s[key]["by_step"])
+        g = _groups(s[key]["by_stage"])
         at_most(key, "runs_median", limit, what,
                 f" (information floor {information_floor(q, hint_accuracy=hint_accuracy):.1f} on average;"
                 f" of the mean {sum(g.values()):.1f}, confirm {g['confirm']:.1f} and background controls"

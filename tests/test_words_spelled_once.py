@@ -22,7 +22,8 @@ ELSEWHERE = {
     ("runs/oracle.py", "search"): "the real oracle's default run purpose",
     ("experiment_model.py", "search"): "the experiment file's search: key",
     ("report/run_view.py", "search"): "the bisect command's run purpose in the journal",
-    ("search/simulate.py", "search"): "simulate's method: the tool's own search, not a baseline",
+    ("simulation/search_run.py", "search"): "simulate's method: the tool's own search, not a baseline",
+    ("simulation/trials.py", "search"): "simulate's method: the tool's own search, not a baseline",
 }
 
 

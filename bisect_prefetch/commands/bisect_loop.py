@@ -20,8 +20,9 @@ from bisect_prefetch.commands.bisect_words import (
     verdict_line,
 )
 from bisect_prefetch.runs.outcome import RunOutcome
-from bisect_prefetch.search.causes import STAGE_ENDED, Search
+from bisect_prefetch.search.interface import Search
 from bisect_prefetch.search.oracle import Oracle, RunResult
+from bisect_prefetch.search.rounds import ROUND_ENDED
 from bisect_prefetch.search.runlog import Ask, mask_name
 from bisect_prefetch.search.segments import Lengths, Schedule, plan_run, record_run
 from bisect_prefetch.search.verdict import SearchResult
@@ -96,9 +97,9 @@ class Narrator:
         self.console = console
         self.numbers = numbers
         self.interleaved = interleaved
-        events = search.events
-        self.closed = len(events)  # blocks recorded before this drive are not its to say
-        self.titled = [(events[-1].stage, events[-1].enabled)] if events else []
+        blocks = search.blocks
+        self.closed = len(blocks)  # blocks recorded before this drive are not its to say
+        self.titled = [(blocks[-1].stage, blocks[-1].enabled)] if blocks else []
         self.notices_said = len(search.notices)  # the audit's suspects are already said
         self.units_said: set[str] = set()
         self.switch_said = False  # a divergence at a switch of masks: explained once
@@ -107,8 +108,8 @@ class Narrator:
         """Before a run of the mask the search asks for (`search.pending`)."""
         if self.titled[-1:] == [(ask.stage, ask.mask)]:
             return  # the same stage goes on
-        events = self.search.events
-        self.close(len(events) - 1 if self.interleaved else len(events))  # a stage may go on
+        blocks = self.search.blocks
+        self.close(len(blocks) - 1 if self.interleaved else len(blocks))  # a stage may go on
         name = mask_name(ask.mask, self.search.edge_ids)
         self.console.print(f"{stage_title(ask.stage, name, ask.target, ask.context)}...",
                            markup=False)
@@ -121,14 +122,14 @@ class Narrator:
         if self.search.golden_drifted:
             said = next(n for n in reversed(self.search.notices) if n["event"] == "golden-drifted")
             self.console.print(f"  {notice_line(said)}", markup=False, soft_wrap=True)
-            self.closed, self.titled = len(self.search.events), []
+            self.closed, self.titled = len(self.search.blocks), []
             self.notices_said = len(self.search.notices)
             return
         new = self.search.notices[self.notices_said:]
         # Every block but the last is complete; all are once the run ended its stage, whose
         # verdict line comes before the notice of what comes next.
-        ended = any(n.get("event") in STAGE_ENDED for n in new)
-        self.close(None if ended else len(self.search.events) - 1)
+        ended = any(n.get("event") in ROUND_ENDED for n in new)
+        self.close(None if ended else len(self.search.blocks) - 1)
         for notice in new:
             if notice["event"] == "diverged-at-switch":
                 if self.switch_said:
@@ -142,9 +143,9 @@ class Narrator:
     def close(self, upto: int | None = None) -> None:
         """The verdict lines of the blocks before `upto` (None: all) not yet said. A stage
         interrupted before its first run finished has no block, and no verdict yet."""
-        events = self.search.events
-        upto = len(events) if upto is None else upto
-        for block in events[self.closed:upto]:
+        blocks = self.search.blocks
+        upto = len(blocks) if upto is None else upto
+        for block in blocks[self.closed:upto]:
             which = (f"{stage_title(block.stage, block.mask, block.target, block.context)}: "
                      if self.interleaved else "")
             self.console.print(f"  -> {which}{verdict_line(block, run=self.numbers.of)}",

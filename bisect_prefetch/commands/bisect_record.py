@@ -15,7 +15,7 @@ from bisect_prefetch.commands.common import Given
 from bisect_prefetch.commands.explain import explain_command
 from bisect_prefetch.experiment_verdict_cells import runs_to_see
 from bisect_prefetch.report.verdict_block import STEP_EXPLAIN, STEP_FIX, STEP_GUARD, STEP_REPRODUCE
-from bisect_prefetch.search.causes import Search
+from bisect_prefetch.search.interface import Search
 from bisect_prefetch.search.segments import Lengths
 from bisect_prefetch.search.stress import StressChoice
 from bisect_prefetch.search.verdict import SearchResult

@@ -29,7 +29,8 @@ from bisect_prefetch.report.verdict_block import guard_check
 from bisect_prefetch.runs.oracle import Earlier
 from bisect_prefetch.runs.state import OpenState
 from bisect_prefetch.runs.step_time import fix_costs
-from bisect_prefetch.search.causes import CauseSearch, Search
+from bisect_prefetch.search.causes import CauseSearch
+from bisect_prefetch.search.interface import Search
 from bisect_prefetch.search.oracle import Oracle, RunResult
 from bisect_prefetch.search.protocol import Bisection
 from bisect_prefetch.search.segments import Lengths

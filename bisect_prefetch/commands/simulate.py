@@ -10,7 +10,7 @@ from rich.console import Console
 
 from bisect_prefetch.commands.common import write_json
 from bisect_prefetch.errors import BisectPrefetchError
-from bisect_prefetch.search.simulate import simulate as run_simulation
+from bisect_prefetch.simulation.trials import simulate as run_simulation
 from bisect_prefetch.vocab import VERDICT_NO_DRIFT, VERDICT_NOT_PREFETCH
 
 
@@ -18,7 +18,7 @@ def simulate(policy: str, layers: int, culprits: Sequence[str], *, console: Cons
              json_out: Path | None = None, **settings: Any) -> int:
     """Narrate, run and score the simulated searches.
 
-    settings: search.simulate.simulate's keyword arguments (hazard, steps,
+    settings: simulation.trials.simulate's keyword arguments (hazard, steps,
     together, trials, seed, method, ...), passed on as they are.
     """
     s = settings

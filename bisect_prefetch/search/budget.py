@@ -6,7 +6,7 @@ the calibration comes on top, and the background controls at that q
 (all_off_runs="auto"). q is the leading set's posterior mean, so the budget
 follows what the runs show, but never below all-on's rate (Beta(1, 3) prior):
 drift that no single set or pair explains (three edges needed together) leaves
-every set's q low, and the budget must not grow with that. Once the reduce step
+every set's q low, and the budget must not grow with that. Once the reduce stage
 began, at least what it needs (`reduce_budget`).
 """
 
@@ -26,7 +26,7 @@ SEARCH_BEFORE_DRIFT = 0.5
 
 
 def budget(ev: Evidence, reduce_from: tuple[int, int] | None) -> int:
-    """The runs the search may use; reduce_from: (runs, core size) when the reduce step began."""
+    """The runs the search may use; reduce_from: (runs, core size) when the reduce stage began."""
     if ev.settings.max_runs is not None:
         return ev.settings.max_runs
     if reduce_from is not None:
@@ -47,7 +47,7 @@ def search_budget(ev: Evidence) -> int:
 
 
 def reduce_budget(ev: Evidence, reduce_from: tuple[int, int]) -> int:
-    """The runs before the reduce step began, and BUDGET_FACTOR times what ddmin needs
+    """The runs before the reduce stage began, and BUDGET_FACTOR times what ddmin needs
     at the core's rate: every coarse level twice, and a set of three at the last.
 
     The core's rate is the lower of all-on's and that of the runs that enabled the

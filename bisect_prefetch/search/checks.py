@@ -28,7 +28,7 @@ from collections.abc import Callable
 
 from bisect_prefetch.search.evidence import Evidence
 from bisect_prefetch.search.posterior import CLEARLY_ABOVE
-from bisect_prefetch.search.reduce_step import CHECK_IN_FLIGHT
+from bisect_prefetch.search.reduce_stage import CHECK_IN_FLIGHT
 from bisect_prefetch.search.runlog import (
     AFTER_DROP_ONLY_DIVERGED,
     BACKGROUND_CONTROL,
@@ -82,7 +82,7 @@ class Checks:
         if log.tally(drop).divergences:
             if len(edges) > 2:
                 # Another cause beside the set (background drift, once all-off diverges, ends
-                # the reduce step): all-off runs until drift as strong as the set's would show.
+                # the reduce stage): all-off runs until drift as strong as the set's would show.
                 return self._all_off_until(edges, ev.controls_for(edges), waiting=None)
             # Another cause, or background drift: all-off runs tell them apart. And the
             # answer itself may be background drift that keep-only happened to catch

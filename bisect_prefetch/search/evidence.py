@@ -1,8 +1,8 @@
 """What the runs so far show about a set of edges: counts, rates and error chances.
 
-Read by the checks, the reduce step, the budget and the verdict; computed from
+Read by the checks, the reduce stage, the budget and the verdict; computed from
 the run log and the posterior, never stored. A set of one or two edges is the
-posterior's (posterior.py); a set of three or more comes from the reduce step,
+posterior's (posterior.py); a set of three or more comes from the reduce stage,
 outside the posterior's model, and is counted from the log's matrices.
 """
 
@@ -24,7 +24,7 @@ from bisect_prefetch.vocab import DROP_ONLY
 # Prior chance that another set, disjoint from the answer, also causes drift: it is
 # outside the posterior's one-cause model, so only drop-only(answer) runs rule it out.
 DISJOINT_CAUSES = 0.1
-# A set of three or more (reduce step): its members' removals share this part of the
+# A set of three or more (reduce stage): its members' removals share this part of the
 # error budget; the second-cause check (drop-only) the rest.
 MEMBER_SHARE = 0.8
 
@@ -132,7 +132,7 @@ class Evidence:
         return 1.0 - self.model.probability_of(edges)
 
     def members_error(self, edges: Sequence[int]) -> float:
-        """A set from the reduce step: the chance that some member was not needed after all.
+        """A set from the reduce stage: the chance that some member was not needed after all.
 
         Per member: the runs without it that stayed clean all missed drift by chance,
         against the prior odds of the set without it. The odds matter: the core keeps

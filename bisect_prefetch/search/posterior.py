@@ -94,7 +94,7 @@ class EdgePosterior:
     def __init__(self, n_edges: int, prior: dict[str, float] | None = None) -> None:
         n = n_edges
         self.n = n
-        self.prior = dict(prior or PRIOR)  # causes.py gives a later stage its own (sub_prior)
+        self.prior = dict(prior or PRIOR)  # causes.py gives a later round its own (sub_prior)
         self.divergences = 0
         self.exposure = 0.0  # clean runs, as fractions of a run
         self.single_divergences = np.zeros(n)

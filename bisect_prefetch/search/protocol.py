@@ -24,8 +24,8 @@ first part whose condition holds:
 2. check-off ("checking that all-off is consistent"), after the first divergence:
    all-off, `all_off_runs` times.
 3. reduce ("reducing the N edges every diverged run enabled"), for three or more
-   edges needed together, outside the posterior's model (reduce_step.py); a
-   1-minimal set goes to the double check of step 4.
+   edges needed together, outside the posterior's model (reduce_stage.py); a
+   1-minimal set goes to the double check of stage 4.
 4. double check ("double checking the answer"), once a set reaches the
    confidence and keep-only of it diverged: drop-only and the background
    controls (checks.py). not-prefetch: drift without prefetch (none) reaches the
@@ -67,7 +67,7 @@ from bisect_prefetch.search.hints import HintPrior
 from bisect_prefetch.search.oracle import RunResult
 from bisect_prefetch.search.planning import most_informative
 from bisect_prefetch.search.posterior import EdgePosterior, Hypothesis
-from bisect_prefetch.search.reduce_step import CHECK_IN_FLIGHT, ReduceStep
+from bisect_prefetch.search.reduce_stage import CHECK_IN_FLIGHT, ReduceStage
 from bisect_prefetch.search.runlog import Ask, RunLog, mask_name, matched_steps  # noqa: F401 (mask_name: re-exported)
 from bisect_prefetch.search.verdict import SearchResult
 from bisect_prefetch.vocab import (
@@ -114,7 +114,7 @@ class Bisection:
                  prior: dict[str, float] | None = None, none_settles: bool = False, none_after: int = 0,
                  background_parity: bool = False) -> None:
         """For a later cause's search (causes.py), which tells the drift the causes found left
-        from background drift: all_off_first: clean all-off runs step 2 asks for at least;
+        from background drift: all_off_first: clean all-off runs stage 2 asks for at least;
         keep_only_divergences: of keep-only of the leading set before it is confirmed; prior:
         of none, single and pair (posterior.sub_prior); none_settles: "no cause here"
         concludes (not-prefetch) without an all-off divergence, once all-on stayed clean
@@ -136,11 +136,11 @@ class Bisection:
         self.notices: list[dict] = self._hints.set_suspects(suspects)
         self.model.set_prior_factor(*self._hints.log_factors())
         self.evidence = Evidence(self.log, self.model, self.settings)
-        self.reduce = ReduceStep(self.evidence)
+        self.reduce = ReduceStage(self.evidence)
         self.checks = Checks(self.evidence, self._budget)  # a method: a deep copy keeps its own
         self.conclusions = v.Conclusions(self.evidence)
         self._pending: Ask | None = None
-        self.search_share = 1.0  # of a run, for a trial of step 5 (segments.py: a segment's)
+        self.search_share = 1.0  # of a run, for a trial of stage 5 (segments.py: a segment's)
         self._answer: tuple[int, ...] | None = None  # confirmed, under its double check
         self._result: SearchResult | None = None
         self._stale = True  # the next decision is worked out when first read
@@ -168,7 +168,7 @@ class Bisection:
         return ask
 
     def plan_trials(self, share: float) -> None:
-        """Step 5's trials take `share` of a run from now on (segments.py)."""
+        """Stage 5's trials take `share` of a run from now on (segments.py)."""
         self.search_share, self._stale = share, self._stale or share != self.search_share
 
     def golden(self, steps: int) -> None:
@@ -242,7 +242,7 @@ class Bisection:
         return self.conclusions.conclude(finish, budget=self.budget, reducing=self.reduce.reducing,
                                          finished=finished)
 
-    # -- deciding: the protocol's steps, in the order they take precedence -----------------
+    # -- deciding: the protocol's stages, in the order they take precedence -----------------
     def _next(self) -> Decision:
         log, model = self.log, self.model
         if model.divergences == 0 and self.evidence.clean_cover() >= self.settings.calibration_runs:
@@ -256,37 +256,28 @@ class Bisection:
             return v.Inconclusive("max-runs")
         if log.started >= runs_budget:
             return None  # the last runs are in flight
-        # step 1: checking that all-on diverges (until a run diverges)
+        # stage 1: checking that all-on diverges (until a run diverges)
         if model.divergences == 0:
             return self._calibrate()
-        # step 2: checking that all-off is consistent
+        # stage 2: checking that all-off is consistent
         off = log.tally(log.all_off)
         if (off.clean + log.in_flight_of(log.all_off) < self.settings.all_off_runs
                 and not log.unresolved(log.all_off)):
             return log.ask(log.all_off, STAGE_CHECK_OFF)
-        # step 3: reducing the edges every diverged run enabled (three or more needed together)
+        # stage 3: reducing the edges every diverged run enabled (three or more needed together)
         if self.reduce.reducing:
-            step = self.reduce.next()
-            return self._checked(step) if isinstance(step, tuple) else step
-        # step 4: double checking the answer (drop-only, background controls)
+            reduced = self.reduce.next()
+            return self._checked(reduced) if isinstance(reduced, tuple) else reduced
+        # stage 4: double checking the answer (drop-only, background controls)
         if self._answer is None:
             self._answer = confirmed(self.evidence)
         if self._answer is not None:
             return self._checked(self._answer)
-        # step 5: testing the most informative mask (keep-only of a leading set first)
+        # stage 5: testing the most informative mask (keep-only of a leading set first)
         pairs = model.pairs_likely
         top = model.top(pairs=pairs)
-        keep = log.keep_only(top.edges)
-        # In a later cause's search none leads as "no cause here": all-off shows it only
-        # against drift all-off would share, so it gets a few runs, not one until it diverges.
-        leading = (top.kind != "none" or not self.settings.none_settles
-                   or log.tally(keep).clean < self.settings.all_off_runs + self.settings.none_after)
-        if (leading and top.probability >= KEEP_AT and log.tally(keep).divergences < self.settings.keep_only_divergences
-                and log.in_flight_of(keep) < CHECK_IN_FLIGHT):
-            if not log.unresolved(keep):
-                return log.ask(keep, STAGE_LEADING, top.edges)
-            if top.probability >= self.settings.confidence:
-                return v.Inconclusive("keep-only-never-completed")
+        if (leading := _leading_set(top, log, self.settings)) is not None:
+            return leading
         return self._search(top, pairs=pairs)
 
     def _checked(self, edges: tuple[int, ...]) -> Decision:
@@ -299,20 +290,10 @@ class Bisection:
         return check
 
     def _calibrate(self) -> Decision:
-        """Until a run diverges: all-on first, then the search's own masks (a divergence of
-        one shows the drift reproduces and where at once; clean runs narrow the search).
-        After SEARCH_BEFORE_DRIFT of calibration_runs runs with nothing diverged, or once the
-        budget left only holds the all-on runs still needed, all-on again: no-drift-reproduced
-        needs every edge enabled in calibration_runs clean runs, and all-on enables them all.
-        """
-        log, calibration_runs = self.log, self.settings.calibration_runs
-        if log.unresolved(log.all_on):
-            return v.Inconclusive("all-on-never-completed")
-        started = log.tally(log.all_on).clean + log.in_flight_of(log.all_on)  # a failed run is retried
-        late = (log.started >= SEARCH_BEFORE_DRIFT * calibration_runs
-                or self.budget - log.started <= calibration_runs - self.evidence.clean_cover())
-        if (started == 0 or late) and log.in_flight_of(log.all_on) < CHECK_IN_FLIGHT:
-            return log.ask(log.all_on, STAGE_CALIBRATE)
+        """Until a run diverges: all-on (_all_on), else the search's own masks (a divergence
+        of one shows the drift reproduces and where at once; clean runs narrow the search)."""
+        if (all_on := _all_on(self.log, self.settings, self.evidence, self.budget)) is not None:
+            return all_on
         return self._search(self.model.top())
 
     def _search(self, top: Hypothesis, *, pairs: bool = False) -> Decision:
@@ -329,16 +310,16 @@ class Bisection:
     budget = property(_budget)
 
     checking = property(lambda self: self._answer is not None, doc="an answer is under its double check")
-    reducing = property(lambda self: self.reduce.reducing, doc="in the reduce step (three or more edges)")
+    reducing = property(lambda self: self.reduce.reducing, doc="in the reduce stage (three or more edges)")
 
     # The run log's records, as the command reads them.
-    events = property(lambda self: self.log.events, doc="the blocks of runs (Block), in order")
+    blocks = property(lambda self: self.log.blocks, doc="the blocks of runs (Block), in order")
     in_flight = property(lambda self: self.log.in_flight, doc="proposed runs not yet recorded")
     runs_used = property(lambda self: self.log.runs_used)
     steps_used = property(lambda self: self.log.steps_used)
     startups = property(lambda self: self.log.startups, doc="training runs the trials took")
 
-    # -- read by the tests only (the product reads pending, events and result) -------------
+    # -- read by the tests only (the product reads pending, blocks and result) -------------
     next_mask = lambda self: None if self.pending is None else self.pending.mask  # noqa: E731
     history = property(lambda self: self.log.history, doc="(mask, RunResult) of every finished run")
     state = property(lambda self: "done" if self.pending is None else self.pending.stage,
@@ -349,3 +330,36 @@ class Bisection:
     def result(self) -> SearchResult:
         """The verdict; before the search is done, what was learned so far (inconclusive)."""
         return self._result if self.done else self._conclude(v.Inconclusive("not-finished"), finished=False)
+
+
+def _all_on(log: RunLog, settings: Settings, evidence: Evidence, runs_budget: int) -> Decision:
+    """Stage 1's all-on run, until a run diverges, or None: the search's own masks. All-on
+    first; after SEARCH_BEFORE_DRIFT of calibration_runs runs with nothing diverged, or once
+    the budget left only holds the all-on runs still needed, all-on again: no-drift-reproduced
+    needs every edge enabled in calibration_runs clean runs, and all-on enables them all."""
+    calibration_runs = settings.calibration_runs
+    if log.unresolved(log.all_on):
+        return v.Inconclusive("all-on-never-completed")
+    started = log.tally(log.all_on).clean + log.in_flight_of(log.all_on)  # a failed run is retried
+    late = (log.started >= SEARCH_BEFORE_DRIFT * calibration_runs
+            or runs_budget - log.started <= calibration_runs - evidence.clean_cover())
+    if (started == 0 or late) and log.in_flight_of(log.all_on) < CHECK_IN_FLIGHT:
+        return log.ask(log.all_on, STAGE_CALIBRATE)
+    return None
+
+
+def _leading_set(top: Hypothesis, log: RunLog, settings: Settings) -> Decision:
+    """Stage 5's keep-only of the leading set while it holds KEEP_AT of the posterior (its
+    divergence settles the search, its clean runs lower the set), or None: search on."""
+    keep = log.keep_only(top.edges)
+    # In a later cause's search none leads as "no cause here": all-off shows it only
+    # against drift all-off would share, so it gets a few runs, not one until it diverges.
+    leading = (top.kind != "none" or not settings.none_settles
+               or log.tally(keep).clean < settings.all_off_runs + settings.none_after)
+    if (leading and top.probability >= KEEP_AT and log.tally(keep).divergences < settings.keep_only_divergences
+            and log.in_flight_of(keep) < CHECK_IN_FLIGHT):
+        if not log.unresolved(keep):
+            return log.ask(keep, STAGE_LEADING, top.edges)
+        if top.probability >= settings.confidence:
+            return v.Inconclusive("keep-only-never-completed")
+    return None

@@ -117,7 +117,7 @@ class RunLog:
         self.all_on: Mask = frozenset(self.edge_ids)
         self.all_off: Mask = frozenset()
         self.history: list[tuple[Mask, RunResult]] = []
-        self.events: list[Block] = []
+        self.blocks: list[Block] = []
         self.in_flight: list[Ask] = []  # proposed runs not yet recorded, oldest first
         self.runs_used = 0  # trials: runs of one mask, or segments of a run (segments.py)
         self.steps_used = 0
@@ -190,12 +190,12 @@ class RunLog:
 
     def _block_for(self, mask: Mask, ask: Ask | None) -> Block:
         stage = ask.stage if ask else STAGE_EXTRA
-        last = self.events[-1] if self.events else None
+        last = self.blocks[-1] if self.blocks else None
         if last is not None and last.stage == stage and last.enabled == mask:
             return last
         block = Block(stage, mask_name(mask, self.graph_ids), len(mask), self.numbered_from + self.runs_used,
                       enabled=mask, target=ask.target if ask else (), context=ask.context if ask else None)
-        self.events.append(block)
+        self.blocks.append(block)
         return block
 
     def match_golden(self, steps: int) -> None:
@@ -280,7 +280,7 @@ class RunLog:
 
     def clean_runs_of(self, stage: str, mask: Mask) -> int:
         """Clean runs of blocks of this stage and mask."""
-        return sum(b.runs - b.errors - b.divergences for b in self.events
+        return sum(b.runs - b.errors - b.divergences for b in self.blocks
                    if b.stage == stage and b.enabled == mask)
 
 

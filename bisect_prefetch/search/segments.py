@@ -16,7 +16,7 @@ copy of the search records each planned segment as clean and is asked for the
 next.
 
 Lengths (`Lengths`). A check (all-on in calibration, all-off, keep-only,
-drop-only, the reduce step) runs a full run's steps, so every count of clean
+drop-only, the reduce stage) runs a full run's steps, so every count of clean
 runs the checks rely on (issue 12's guarantees: background controls, drop-only
 runs, calibration) stays a count of full runs. A search segment runs
 `segment_steps` steps and counts as that share of a run: a clean one adds its
@@ -65,7 +65,7 @@ import math
 from dataclasses import dataclass, replace
 
 from bisect_prefetch.errors import BisectPrefetchError
-from bisect_prefetch.search.causes import Search
+from bisect_prefetch.search.interface import Search
 from bisect_prefetch.search.oracle import RunResult
 from bisect_prefetch.search.runlog import Ask, matched_steps
 from bisect_prefetch.search.stats import z_channel_capacity

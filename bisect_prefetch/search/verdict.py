@@ -83,7 +83,7 @@ class KeepOnlyDiverged:
 @dataclass(frozen=True)
 class EachNeeded:
     """Per edge, clean runs with the rest of the set but without it; chance: that some edge
-    was not needed after all (a set from the reduce step; None for a pair)."""
+    was not needed after all (a set from the reduce stage; None for a pair)."""
 
     kind: ClassVar[str] = "each-needed"
     edges: tuple[str, ...]
@@ -222,7 +222,7 @@ class Conclusions:
 
     def _stopped(self, reason: str, *, budget: int, reducing: bool) -> Stopped:
         """Why the search stopped, with its best guess (no edges: drift without prefetch;
-        in the reduce step the core, at the chance that each of its edges is needed)."""
+        in the reduce stage the core, at the chance that each of its edges is needed)."""
         limit = budget if reason == "max-runs" else None
         if reducing:
             core = self.log.core_edges()
@@ -307,7 +307,7 @@ class Conclusions:
             confidence=float(confidence),
             runs_used=self.log.runs_used,
             steps_used=self.log.steps_used,
-            evidence=[b.to_dict() for b in self.log.events],
+            evidence=[b.to_dict() for b in self.log.blocks],
             calibration=self._calibration(minimal),
             facts=facts,
             drop_only_diverges=drop,

@@ -409,7 +409,7 @@ def test_bisect_with_stress_auto_names_the_racing_edge(tmp_path):
 
 # -- simulate ----------------------------------------------------------------------------------
 def test_simulate_says_when_stress_pays():
-    from bisect_prefetch.search.simulate import simulate
+    from bisect_prefetch.simulation.trials import simulate
 
     kw = dict(hazard=0.02, steps=20, trials=3, seed=1)
     pays = simulate("fsdp2-chain", 3, ["fwd:layers.0->layers.1"], stress_factor=20,

@@ -8,21 +8,17 @@ import pytest
 
 from bisect_prefetch.graph import from_policy
 from bisect_prefetch.search import verdict as v
-from bisect_prefetch.search.causes import NARROWED, PEELED, CauseSearch
+from bisect_prefetch.search.causes import CauseSearch
 from bisect_prefetch.search.oracle import RunResult
 from bisect_prefetch.search.posterior import sub_prior
 from bisect_prefetch.search.protocol import Bisection
+from bisect_prefetch.search.rounds import NARROWED, PEELED
 from bisect_prefetch.search.runlog import BACKGROUND_PARITY
-from bisect_prefetch.search.simulate import (
-    Outcome,
-    SimulatedOracle,
-    _simulate,
-    _stream,
-    draw_culprits,
-    is_correct,
-    run_search,
-)
+from bisect_prefetch.search.simulate import SimulatedOracle, stream
 from bisect_prefetch.search.stats import hazard_for_chance
+from bisect_prefetch.simulation.scores import is_correct
+from bisect_prefetch.simulation.search_run import Outcome, run_search
+from bisect_prefetch.simulation.trials import _simulate, draw_culprits
 from bisect_prefetch.vocab import (
     OK,
     STOPPED_EARLY,
@@ -79,8 +75,8 @@ def test_after_a_cause_is_found_every_run_keeps_it_off():
     asked = drive(search, oracle([A, B]))
     peeled = next(i for i, n in enumerate(search.notices) if n["event"] == "cause-found")
     first = set(search.notices[peeled]["edges"])
-    # The stage that searched the rest began with the runs before it: count its own runs.
-    later = search.stages[-1]
+    # The round that searched the rest began with the runs before it: count its own runs.
+    later = search.rounds[-1]
     assert later.why == PEELED and not first & later.universe
     own = asked[len(asked) - later.search.runs_used:]
     assert own and all(not first & mask for mask in own)
@@ -91,8 +87,8 @@ def test_runs_that_share_no_edge_narrow_the_search_and_say_so():
     drive(search, oracle([A, B]))
     narrowed = [n for n in search.notices if n["event"] == "narrowed"]
     assert narrowed, "two independent causes make two diverged runs that share no edge"
-    stage = next(s for s in search.stages if s.why == NARROWED)
-    assert stage.universe == frozenset(narrowed[0]["mask"]) and len(stage.universe) < len(EDGES)
+    narrowed_round = next(r for r in search.rounds if r.why == NARROWED)
+    assert narrowed_round.universe == frozenset(narrowed[0]["mask"]) and len(narrowed_round.universe) < len(EDGES)
 
 
 @pytest.mark.parametrize("trial", range(3))
@@ -110,8 +106,8 @@ def test_one_cause_is_searched_exactly_as_the_one_cause_search(trial):
 def test_a_budget_that_runs_out_between_causes_is_inconclusive_with_what_was_found():
     full = CauseSearch(EDGES, steps_per_run=STEPS)
     drive(full, oracle([A, B]))
-    second = next(i for i, s in enumerate(full.stages) if s.why == PEELED)
-    before = sum(s.search.runs_used for s in full.stages[:second])
+    second = next(i for i, s in enumerate(full.rounds) if s.why == PEELED)
+    before = sum(s.search.runs_used for s in full.rounds[:second])
     cut = CauseSearch(EDGES, steps_per_run=STEPS, max_runs=before + 2)
     drive(cut, oracle([A, B]))
     result = cut.result()
@@ -146,7 +142,7 @@ def test_a_trial_is_right_only_when_every_cause_is_named():
 @pytest.mark.parametrize("options", [{"slots": 4}, {"segments": "auto", "startup_cost": 200},
                                      {"slots": 3, "segments": "auto", "startup_cost": 50}])
 def test_slots_and_segments_find_every_cause(options):
-    # Runs planned or in flight when a stage ends are counted where they fit the next one.
+    # Runs planned or in flight when a round ends are counted where they fit the next one.
     result = _simulate("fsdp2-chain", 8, ["all", "all"], hazard=HAZARD, steps=STEPS, trials=8, seed=3,
                        **options)
     assert result["accuracy"] >= 0.85
@@ -190,7 +186,7 @@ def test_two_causes_beside_one_all_off_divergence_are_not_taken_for_background_d
     result = every.result()
     assert result.verdict == VERDICT_FOUND
     assert sorted(s["edges"] for s in result.culprit_sets) == sorted([[A], [B]])
-    parity = [b for b in every.events if b.context == BACKGROUND_PARITY]
+    parity = [b for b in every.blocks if b.context == BACKGROUND_PARITY]
     assert parity and all(b.enabled in (frozenset(), frozenset(EDGES)) for b in parity)
     assert asked.count(frozenset()) >= 3
 
@@ -269,16 +265,16 @@ def test_no_cause_among_the_edges_left_settles_only_after_their_all_on_stayed_cl
     assert left.result().verdict == VERDICT_FOUND and left.result().minimal_set == [edges[1]]
 
 
-def test_a_peeled_stage_does_not_reduce_background_drift_for_ever():
+def test_a_peeled_round_does_not_reduce_background_drift_for_ever():
     # One culprit beside background drift at 0.02 on 67 edges (seed 777, trial 10): a
     # background divergence on the answer's drop-only peels it, and background divergences
-    # in the peeled stage make a core of three or more edges. Its reduce step used to hold
-    # until all-off diverged: 1171 of the search's 1350 runs. A later stage's reduce step now
+    # in the peeled round make a core of three or more edges. Its reduce stage used to hold
+    # until all-off diverged: 1171 of the search's 1350 runs. A later round's reduce stage now
     # holds once keep-only of the core diverged twice, as its answers must.
     edges = from_policy("mindformers", 32).edge_ids()
-    truth = draw_culprits(["all"], edges, _stream(777, 10, "choice"))
+    truth = draw_culprits(["all"], edges, stream(777, 10, "choice"))
     oracle = SimulatedOracle(truth, hazard=hazard_for_chance(0.3, 100), steps=100,
                              background=hazard_for_chance(0.02, 100), seed=777, trial=10)
     outcome = run_search(edges, oracle, confidence=0.95, steps_per_run=100)
     assert (outcome.verdict, outcome.minimal_set) == (v.VERDICT_FOUND, truth)
-    assert outcome.runs_by_step["reduce"] < 200, outcome.runs_by_step
+    assert outcome.runs_by_stage["reduce"] < 200, outcome.runs_by_stage

@@ -6,8 +6,9 @@ from bisect_prefetch.graph import from_policy
 from bisect_prefetch.search.causes import CauseSearch
 from bisect_prefetch.search.golden_drift import drift_step, drifted_golden, rejudged
 from bisect_prefetch.search.oracle import RunResult
-from bisect_prefetch.search.simulate import SimulatedOracle, run_search
+from bisect_prefetch.search.simulate import SimulatedOracle
 from bisect_prefetch.search.stats import hazard_for_chance
+from bisect_prefetch.simulation.search_run import run_search
 from bisect_prefetch.vocab import OK, STOPPED_EARLY
 
 EDGES = from_policy("fsdp2-chain", 8).edge_ids()
@@ -57,8 +58,8 @@ def test_the_search_asks_for_nothing_until_a_new_golden_run():
     assert search.golden_drifted == 9 and search.pending is None and not search.done
     drift = [n for n in search.notices if n["event"] == "golden-drifted"]
     assert drift == [{"event": "golden-drifted", "step": 9, "runs": search.runs_used}]
-    assert search.stage.search.log.tally(ALL_OFF).divergences == 1  # the golden run's own
-    assert search.stage.search.log.tally(ALL_OFF).clean >= 1  # the all-off run read again
+    assert search.round.search.log.tally(ALL_OFF).divergences == 1  # the golden run's own
+    assert search.round.search.log.tally(ALL_OFF).clean >= 1  # the all-off run read again
     search.golden(30)
     assert search.golden_drifted is None and search.pending is not None
 

@@ -152,7 +152,7 @@ def test_replaying_the_runs_rebuilds_the_same_search():
             again.record(mask, r)
         assert again.next_mask() == history[cut][0]
         # The step the first search took its next run for, found by run number.
-        asked = next(b for b in search.events if b.first_run <= cut + 1 < b.first_run + b.runs)
+        asked = next(b for b in search.blocks if b.first_run <= cut + 1 < b.first_run + b.runs)
         assert again.state == asked.stage
     again = Bisection(EDGES, steps_per_run=STEPS)
     for mask, r in history:
@@ -195,7 +195,7 @@ def test_a_failure_between_runs_is_retried_not_counted():
     all_on = search.next_mask()
     search.record(all_on, RunResult("timeout", None, None, 7))
     search.record(all_on, RunResult("stopped-early", True, 12, 12))
-    block = search.events[0]
+    block = search.blocks[0]
     assert (block.runs, block.errors, block.divergences) == (2, 1, 1)
     assert (block.diverged_at, block.first_diff_steps) == (2, [12])
     assert search.steps_used == 19
@@ -252,7 +252,7 @@ def test_auto_all_off_runs_rule_out_background_as_strong_as_the_answer():
     # shown with chance 1 - alpha/2; the plain search stops with fewer.
     assert (1 - background.strength) ** background.runs <= 0.025
     assert plain.facts[-1].runs < background.runs
-    assert [b.context for b in search.events if b.stage == "check-off"][-1] == BACKGROUND_CONTROL
+    assert [b.context for b in search.blocks if b.stage == "check-off"][-1] == BACKGROUND_CONTROL
 
 
 def test_auto_all_off_runs_turn_background_drift_into_not_prefetch():
@@ -268,7 +268,7 @@ def test_all_off_runs_must_be_a_count_or_auto():
 
 @pytest.mark.parametrize("trial", range(3))
 def test_three_edges_needed_together_are_reduced_to_a_one_minimal_set(trial):
-    # Outside the posterior's model: the reduce step (noise-aware ddmin) finds them.
+    # Outside the posterior's model: the reduce stage (noise-aware ddmin) finds them.
     edges = from_policy("mindformers", 8).edge_ids()
     culprits = [edges[1], edges[7], edges[12]]
     print(f"seed {SEED} trial {trial}")
@@ -296,13 +296,13 @@ def test_three_edges_needed_together_are_reduced_to_a_one_minimal_set(trial):
     assert again.result() == result
 
 
-def test_a_budget_that_runs_out_in_the_reduce_step_names_the_core_or_the_reduced_set():
+def test_a_budget_that_runs_out_in_the_reduce_stage_names_the_core_or_the_reduced_set():
     edges = from_policy("mindformers", 8).edge_ids()
     culprits = [edges[1], edges[7], edges[12]]
 
     def search(max_runs=None):
         oracle = SimulatedOracle(culprits, together=True, hazard=hazard(0.5), steps=STEPS, seed=SEED,
-                                 trial=4)  # the reduce step starts from all 19 edges
+                                 trial=4)  # the reduce stage starts from all 19 edges
         # One all-off run: the drop-only check is then the last step.
         return run(Bisection(edges, steps_per_run=STEPS, max_runs=max_runs, all_off_runs=1), oracle)
 

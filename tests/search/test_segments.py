@@ -19,8 +19,10 @@ from bisect_prefetch.search.segments import (
     plan_run,
     record_run,
 )
-from bisect_prefetch.search.simulate import SimulatedOracle, run_search, simulate
+from bisect_prefetch.search.simulate import SimulatedOracle
 from bisect_prefetch.search.stats import hazard_for_chance
+from bisect_prefetch.simulation.search_run import run_search
+from bisect_prefetch.simulation.trials import simulate
 from bisect_prefetch.vocab import ERROR, OK, STOPPED_EARLY
 
 EDGES = from_policy("fsdp2-chain", 4).edge_ids()
@@ -208,7 +210,7 @@ def test_a_golden_run_as_long_as_six_runs_stands_in_for_background_controls():
             o = SimulatedOracle([CULPRIT], hazard=hazard, steps=STEPS, seed=21, trial=trial)
             out = run_search(EDGES, o, lengths=lengths, steps_per_run=STEPS)
             assert out.minimal_set == [CULPRIT]
-            controls[lengths] += out.runs_by_step["background-control"]
+            controls[lengths] += out.runs_by_stage["background-control"]
     assert controls[Lengths(STEPS, STEPS, 6 * STEPS)] < controls[None]
 
 

@@ -1,4 +1,4 @@
-"""The reduce step: three or more edges needed together (reduce.py's noise-aware ddmin).
+"""The reduce stage: three or more edges needed together (reduce.py's noise-aware ddmin).
 
 It begins once "a set of three or more inside the core" (the edges every
 diverged run enabled) explains the runs better than the posterior's model
@@ -41,7 +41,7 @@ def _triples(m: int) -> np.ndarray:
     return np.array(list(combinations(range(m), 3))).reshape(-1, 3).T
 
 
-class ReduceStep:
+class ReduceStage:
     def __init__(self, ev: Evidence) -> None:
         self.ev = ev
         self.log = ev.log
@@ -49,7 +49,7 @@ class ReduceStep:
         self.began: tuple[int, int] | None = None  # (runs, core size) when it first began
 
     def update(self) -> None:
-        """After a completed run: does the reduce step run now?"""
+        """After a completed run: does the reduce stage run now?"""
         self.reducing = self._set_leads()
         if self.reducing and self.began is None:
             self.began = (math.ceil(self.log.used - 1e-9), int(self.log.core.sum()))
@@ -87,7 +87,7 @@ class ReduceStep:
         return core if self.next_drop(core) is None else None
 
     def next(self) -> Ask | Inconclusive | tuple[int, ...] | None:
-        """The next run of the reduce step; the 1-minimal core (for the double check); None: wait."""
+        """The next run of the reduce stage; the 1-minimal core (for the double check); None: wait."""
         log = self.log
         core = log.core_edges()
         keep = log.keep_only(core)
