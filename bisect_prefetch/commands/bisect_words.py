@@ -137,16 +137,18 @@ def notice_line(notice: dict) -> str:
         return f"localization points at {unit}, which no edge of the graph touches: hint ignored"
     if event == "hint-ignored":
         return f"a hint for {unit} from a run that did not diverge: ignored"
-    if event == "narrowed":
+    if event == "narrowed":  # each notice of a new round (causes.py) titles it "round N: ..."
         return ("two diverged runs share no edge, and all-off diverges far less often than the "
-                "runs without the leading set: more than one cause; searching inside the "
+                f"runs without the leading set: more than one cause; round {notice['round']}: the "
                 f"{notice['edges_on']} edges of the smallest diverged mask first, every other edge off")
     if event == "cause-found":
-        return (f"cause {notice['number']}: {{{','.join(notice['edges'])}}}; drift may remain "
-                f"without it: searching the other {notice['left']} edges with every cause found off")
+        found = notice["number"]
+        off = "cause 1" if found == 1 else f"causes 1-{found}"
+        return (f"cause {found}: {{{','.join(notice['edges'])}}}; drift may remain without it: "
+                f"round {notice['round']}: the other {notice['left']} edges with {off} off")
     if event == "narrowing-found-nothing":
         return (f"no cause inside those {len(notice['mask'])} edges ({notice['verdict']}): "
-                "back to every edge left")
+                f"round {notice['round']}: every edge left")
     if event == "golden-drifted":
         step = notice["step"]
         return (f"the golden run itself drifted at step {step}: {notice['runs']} runs first "

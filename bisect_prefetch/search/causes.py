@@ -241,7 +241,7 @@ class CauseSearch:
             return False
         within, drift = narrowed
         self.notices.append({"event": "narrowed", "edges_on": len(within), "edges": len(universe),
-                             "mask": sorted(within)})
+                             "mask": sorted(within), "round": len(self.rounds) + 1})
         self._start(within, NARROWED, drift=drift)
         return True
 
@@ -256,7 +256,7 @@ class CauseSearch:
             left -= set(edges)
             if another and left:
                 self.notices.append({"event": "cause-found", "edges": list(edges), "number": len(self.causes),
-                                     "left": len(left)})
+                                     "left": len(left), "round": len(self.rounds) + 1})
                 # The drift the masks that diverged without any cause found showed: background
                 # drift that strong would show in all-off runs.
                 named = self._found().named()
@@ -268,7 +268,7 @@ class CauseSearch:
         elif ended.why == NARROWED and not _out_of_runs(result):
             self._set_aside.append(ended.universe)
             self.notices.append({"event": "narrowing-found-nothing", "mask": sorted(ended.universe),
-                                 "verdict": result.verdict})
+                                 "verdict": result.verdict, "round": len(self.rounds) + 1})
             self._start(left, PEELED if self.causes else EVERY_EDGE,
                         calibration_runs=self._peel_runs() if self.causes else None)
         else:

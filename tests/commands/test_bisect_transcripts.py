@@ -651,10 +651,10 @@ def test_two_independent_causes(tmp_path):
     assert code == 1
     said = lines(text)
     assert ("  two diverged runs share no edge, and all-off diverges far less often than the runs "
-            "without the leading set: more than one cause; searching inside the 2 edges of the "
+            "without the leading set: more than one cause; round 2: the 2 edges of the "
             "smallest diverged mask first, every other edge off") in said
-    assert (f"  cause 1: {{{CULPRIT}}}; drift may remain without it: searching the other 3 edges with "
-            "every cause found off") in said
+    assert (f"  cause 1: {{{CULPRIT}}}; drift may remain without it: round 3: the other 3 edges with "
+            "cause 1 off") in said
     head = next(i for i, line in enumerate(said) if line.startswith("verdict: "))
     assert said[head].startswith("verdict: culprit-found, 2 independent causes, each enough alone")
     assert said[head + 1].startswith(f"cause 1: {CULPRIT} (confidence ")
