@@ -5,7 +5,7 @@ diverged run enabled) explains the runs better than the posterior's model
 does, and holds while all-off never diverged (background drift breaks the
 core: a diverged run need not enable the set). keep-only(core) must diverge
 first (in a later cause's search twice, as its answers must, and until then the
-step holds only while the core leads: causes.py); then each chunk of the core is
+stage holds only while the core leads: causes.py); then each chunk of the core is
 dropped until it diverges (the core shrinks) or stays clean often enough. A
 1-minimal core goes to the double check.
 """

@@ -6,8 +6,9 @@ each), the clean and diverged runs as matrices over the edges, and the core
 (the edges every diverged run enabled, drop-only runs of the double check
 apart: their divergence shows a second cause, not where the answer lies).
 
-Words: a protocol *stage* (STAGES) is a block of the search's runs; a *step*
-is always a training step of a run.
+Words: a protocol *stage* (STAGES) is a block of the search's runs; a *round* is one
+one-cause search of the search for every cause (rounds.py); a *step* is always a
+training step of a run.
 """
 
 from __future__ import annotations
