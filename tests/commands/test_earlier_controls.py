@@ -25,7 +25,7 @@ CULPRIT = "bwd:layers.2->layers.1"
 
 
 def _all_off_runs(search: Bisection) -> int:
-    return sum(b.runs for b in search.events if not b.enabled)
+    return sum(b.runs for b in search.blocks if not b.enabled)
 
 
 def _search_reusing(clean_all_off: int) -> tuple[Bisection, v.SearchResult]:
@@ -54,7 +54,7 @@ def test_reused_all_off_runs_count_as_background_controls_not_as_runs():
     background = with_many.facts[-1]
     assert background.kind == v.BackgroundRuledOut.kind and background.runs >= 30
     # Not runs of this search: neither its run count nor its evidence rows hold them.
-    assert many.runs_used == sum(b.runs for b in many.events)
+    assert many.runs_used == sum(b.runs for b in many.blocks)
 
 
 def test_a_reused_run_that_diverged_counts_against_the_answer():
