@@ -26,9 +26,12 @@ RUN_OUTCOMES = (OK, ERROR, TIMEOUT, STOPPED_EARLY, TRUNCATED)
 USABLE_OUTCOMES = (OK, STOPPED_EARLY)
 
 # -- what an A/A group (or a matrix cell) concluded, and what a cell may expect ----
+# consistent is a group's verdict: its runs agree with each other. A single run compared
+# with its reference (the group's first run, or a bisection's golden run) is clean or
+# diverged; "clean" never names a group, "consistent" never a single run.
 CONSISTENT = "consistent"
-DIVERGED = "diverged"
-SAME = "same"  # one run that agreed with its reference, as progress lines say it
+DIVERGED = "diverged"  # a group with two runs that differ, or a single run that differed
+CLEAN = "clean"  # a single run that agreed with its reference (and runs that each did)
 EXPECTATIONS = (CONSISTENT, DIVERGED, "any")
 
 # -- the bisection: its verdicts (search/verdict.py) and the protocol's stages ------
@@ -42,7 +45,7 @@ VERDICTS = (VERDICT_FOUND, VERDICT_NO_DRIFT, VERDICT_NOT_PREFETCH, VERDICT_INCON
 KEEP_ONLY = "keep-only"
 DROP_ONLY = "drop-only"
 STAGE_CALIBRATE = "calibrate"  # checking that all-on diverges
-STAGE_CHECK_OFF = "check-off"  # checking that all-off is consistent
+STAGE_CHECK_OFF = "check-off"  # checking that all-off's runs are clean
 STAGE_SEARCH = "search"  # testing the most informative mask
 STAGE_LEADING = "leading-set"  # keep-only of the leading set, before any answer is confirmed
 STAGE_REDUCE = "reduce"  # reducing the edges every diverged run enabled

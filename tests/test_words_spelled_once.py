@@ -1,10 +1,14 @@
-"""The bisection's verdicts, the protocol's stages and the file names of a state dir and
-a run dir are spelled once, in vocab.py.
+"""The bisection's verdicts, the verdict words of a group and of a single run (consistent,
+diverged, clean), the protocol's stages and the file names of a state dir and a run dir
+are spelled once, in vocab.py.
 
 Everywhere else in the package they are named by vocab's constants and functions: a
 string literal equal to one of them fails here, and so does an f-string that spells a
-rank's file (``f"probe.rank{rank}.json"``). A few literals mean something else that is
-spelled the same (listed, with what they mean).
+rank's file (``f"probe.rank{rank}.json"``). A word is matched as a whole literal, so
+prose that holds it ("-> consistent (3 runs, ...)") is not; a JSON field that counts runs
+by a verdict word (``{"diverged": 2}``, ``data.get("diverged")``) is a field's name, not the
+verdict. A few literals mean something else that is spelled the same (listed, with what
+they mean).
 """
 
 from __future__ import annotations
@@ -15,7 +19,9 @@ from pathlib import Path
 from bisect_prefetch import vocab
 
 PACKAGE = Path(vocab.__file__).parent
-WORDS = set(vocab.VERDICTS) | set(vocab.STAGES)
+# An A/A group's verdicts and a single run's word (vocab.py says which is which).
+VERDICT_WORDS = {vocab.CONSISTENT, vocab.DIVERGED, vocab.CLEAN}
+WORDS = set(vocab.VERDICTS) | set(vocab.STAGES) | VERDICT_WORDS
 # (file under the package, literal): what the literal means there instead.
 ELSEWHERE = {
     ("commands/bisect.py", "search"): "the bisect command's run purpose in the journal",
@@ -24,6 +30,7 @@ ELSEWHERE = {
     ("report/run_view.py", "search"): "the bisect command's run purpose in the journal",
     ("simulation/search_run.py", "search"): "simulate's method: the tool's own search, not a baseline",
     ("simulation/trials.py", "search"): "simulate's method: the tool's own search, not a baseline",
+    ("commands/bisect_words.py", "diverged"): "the evidence table's column: how many runs diverged",
 }
 
 
@@ -37,17 +44,44 @@ FILE_NAMES = ({value for name, value in vars(vocab).items()
               | {spell("*") for spell in RANK_FILES} | {vocab.manifest_process_file("*", "*")})
 
 
-def _literals(path: Path) -> list[tuple[int, str]]:
-    tree = ast.parse(path.read_text())
+def _literal_nodes(tree: ast.AST) -> list[ast.Constant]:
+    """Every string literal but docstrings and the text of f-strings."""
     docstrings = {id(node.body[0].value) for node in ast.walk(tree)
                   if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
                   and node.body and isinstance(node.body[0], ast.Expr)
                   and isinstance(node.body[0].value, ast.Constant)}
     in_fstrings = {id(part) for node in ast.walk(tree) if isinstance(node, ast.JoinedStr)
                    for part in node.values}
-    return [(node.lineno, node.value) for node in ast.walk(tree)
+    return [node for node in ast.walk(tree)
             if isinstance(node, ast.Constant) and isinstance(node.value, str)
             and id(node) not in docstrings and id(node) not in in_fstrings]
+
+
+def _literals(path: Path) -> list[tuple[int, str]]:
+    return [(node.lineno, node.value) for node in _literal_nodes(ast.parse(path.read_text()))]
+
+
+def _field_names(tree: ast.AST) -> set[int]:
+    """The ids of literals that name a field: a dict display's keys, a subscript's key,
+    `.get`'s first argument (`{"diverged": 2}`, `row["diverged"]`, `data.get("diverged")`)."""
+    fields: list[ast.AST | None] = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Dict):
+            fields += node.keys
+        elif isinstance(node, ast.Subscript):
+            fields.append(node.slice)
+        elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+              and node.func.attr == "get" and node.args):
+            fields.append(node.args[0])
+    return {id(field) for field in fields if isinstance(field, ast.Constant)}
+
+
+def _words(path: Path) -> list[tuple[int, str]]:
+    """The literals the words check looks at: a verdict word naming a field is left out."""
+    tree = ast.parse(path.read_text())
+    fields = _field_names(tree)
+    return [(node.lineno, node.value) for node in _literal_nodes(tree)
+            if not (node.value in VERDICT_WORDS and id(node) in fields)]
 
 
 def _fstrings(path: Path) -> list[tuple[int, str]]:
@@ -63,7 +97,7 @@ def test_verdicts_and_stages_appear_only_in_vocab():
         name = path.relative_to(PACKAGE).as_posix()
         if name == "vocab.py":
             continue
-        found += [f"{name}:{line}: {text!r}" for line, text in _literals(path)
+        found += [f"{name}:{line}: {text!r}" for line, text in _words(path)
                   if text in WORDS and (name, text) not in ELSEWHERE]
     assert found == []
 
@@ -84,6 +118,12 @@ def test_the_file_check_sees_a_rank_file_spelled_by_hand(tmp_path):
     path.write_text('def f(rank):\n    return f"probe.rank{rank}.json", "plan.json"\n')
     assert [text for _, text in _fstrings(path) + _literals(path)
             if text in FILE_NAMES] == ["probe.rank*.json", "plan.json"]
+
+
+def test_the_check_tells_a_verdict_from_a_field_named_by_it(tmp_path):
+    path = tmp_path / "cell.py"
+    path.write_text('def f(cell):\n    return {"diverged": 2}, cell.get("diverged") == "diverged"\n')
+    assert len(_literals(path)) == 3 and _words(path) == [(2, "diverged")]
 
 
 def test_the_check_sees_a_literal():

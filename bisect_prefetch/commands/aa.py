@@ -39,7 +39,7 @@ from bisect_prefetch.runs.signals import describe_stress, not_localized_wording
 from bisect_prefetch.runs.state import open_state
 from bisect_prefetch.runs.step_time import WARMUP_STEPS, fix_cost_line, fix_costs
 from bisect_prefetch.select import describe, resolve_mask
-from bisect_prefetch.vocab import STRESS_AUTO
+from bisect_prefetch.vocab import CONSISTENT, DIVERGED, STRESS_AUTO
 
 
 def aa(
@@ -78,7 +78,7 @@ def aa(
             for g in result.stress_groups]}, console)
     if result.verdict == "error":
         raise BisectPrefetchError(f"no verdict: {result.reason}")
-    return 0 if result.verdict == "consistent" else 1
+    return 0 if result.verdict == CONSISTENT else 1
 
 
 def run_aa(
@@ -193,13 +193,13 @@ def verdict_line(result: AAResult) -> str:
     failed = len(result.runs) - usable
     not_counted = f"; {failed} failed run(s) not counted" if failed else ""
     stress = " under stress" if result.stress else ""
-    if result.verdict == "consistent":
+    if result.verdict == CONSISTENT:
         steps = max((m.get("steps_compared", 0) for m in result.metrics.values()), default=0)
         also = "".join(f"; and {group.runs_usable} runs without stress"
                        for group in result.stress_groups[:-1] if not group.stress)
         return (f"-> consistent ({usable} runs{stress}, {result.identical} over {steps} steps"
                 f"{not_counted}){also}")
-    if result.verdict == "diverged":
+    if result.verdict == DIVERGED:
         pair = " vs ".join(result.first_pair or [])
         where = describe_localization(result.localization) or not_localized_wording(
             [run.signals for run in result.runs if run.usable])

@@ -237,7 +237,7 @@ def fact_line(fact: v.Fact, *, confidence: float, run: Callable[[int], int] = _s
         case v.DropOnlyDiverges():
             return (f"drop-only:{names} still diverges while all-off stayed consistent "
                     f"({_runs(fact.all_off_clean)}): another set of edges causes drift too")
-        case v.DropOnlyConsistent():
+        case v.DropOnlyClean():
             return f"drop-only:{names}: {_runs(fact.runs)}, all consistent: removing the set removes drift"
         case v.DropOnlyFailed():
             return f"drop-only:{names} could not be run ({fact.errors} failed)"

@@ -7,7 +7,8 @@ under the mask (default all-on) with those ops traced (adapters/op_trace.py), ru
 runs one (the golden run to the end, each further run stopped at its first differing step,
 the journal), until two runs differ or every run agrees; then the two runs' traces side by
 side (metrics/op_compare.py): per rank the first op that differs and its kind, and across
-ranks the finding with its edge (commands/explain_words.py says it).
+ranks the finding with its edge (commands/explain_words.py says it). What is traced, and
+in which steps, is commands/explain_window.py's; what tracing cost, commands/explain_cost.py's.
 
 Exit codes: 0 every run agreed ("consistent: nothing to explain"), 1 a finding (an op that
 differs first, or the place where the runs' ops stopped lining up), 2 bad input, 3 the
@@ -17,7 +18,6 @@ tool failed inside a traced run (errors.ToolFailure, with the rank's log).
 from __future__ import annotations
 
 import json
-import statistics
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -30,13 +30,14 @@ from bisect_prefetch.commands.common import (
     resume_hint_on_interrupt,
     write_json,
 )
+from bisect_prefetch.commands.explain_cost import overhead, say_cost
+from bisect_prefetch.commands.explain_window import PURPOSE, targeted_units, traced_steps
 from bisect_prefetch.commands.explain_words import edge_note, explanation_lines
 from bisect_prefetch.errors import BisectPrefetchError, ToolFailure
 from bisect_prefetch.experiment import (
     Experiment,
     load_experiment,
     parse_steps_window,
-    with_overrides,
     with_stress,
 )
 from bisect_prefetch.files import write_text_atomic
@@ -48,7 +49,6 @@ from bisect_prefetch.report.progress import RunProgress
 from bisect_prefetch.runs.group import AAResult, stressed_groups
 from bisect_prefetch.runs.sessions import Scope
 from bisect_prefetch.runs.state import OpenState, open_state
-from bisect_prefetch.runs.step_time import WARMUP_STEPS, run_step_times_ms
 from bisect_prefetch.runs.tool_fault import tool_failure
 from bisect_prefetch.select import describe, resolve_mask
 from bisect_prefetch.vocab import (
@@ -58,18 +58,8 @@ from bisect_prefetch.vocab import (
     VERDICT_FOUND,
     VERDICT_NOT_PREFETCH,
     Mask,
-    parse_edge_id,
-    probe_rank_file,
     quote_edges,
 )
-
-PURPOSE = "explain"
-TIMEOUT_FACTOR = 4  # traced runs get the experiment's timeouts times this
-TARGETED_EDGES = 4  # a mask enabling at most this many edges traces only their units
-# Untraced steps after the window where none comes before it (after the warm-up steps,
-# runs/step_time.py): the step after the window pays the trace's last write, the next ones
-# are the untraced step time overhead.ratio divides by.
-UNTRACED_TAIL = 3
 
 
 def explain(
@@ -129,7 +119,7 @@ def run_explain(
         # stage 1: what to trace, and in which steps; from here on the runner's runs are
         # traced runs (other keys, other runs in the journal)
         units = None if all_units else targeted_units(mask)
-        first, last, run_steps = _traced_steps(opened, experiment, window, mask, units, console)
+        first, last, run_steps = traced_steps(opened, experiment, window, mask, units, console)
         # stage 2: the traced A/A group, until two runs differ
         group = _traced_group(opened, mask, name=name, edges=len(edge_ids), runs=runs,
                               steps=run_steps, guard=experiment.guard, console=console)
@@ -141,7 +131,7 @@ def run_explain(
                                 "first_diff_step": group.first_diff_step, "pair": None,
                                 "overhead": overhead(group, opened.state.run_dir,
                                                      (first, last))}
-        _say_cost(data["overhead"], console)
+        say_cost(data["overhead"], console)
         if group.verdict == CONSISTENT:
             console.print(f"-> consistent: nothing to explain ({group.runs_usable} runs, "
                           f"{group.identical} over {run_steps} steps)", markup=False)
@@ -179,45 +169,6 @@ def _checked_input(experiment_path: Path, *, stress: str | None, runs: int,
         return experiment, parse_steps_window(steps)
     except ValueError as e:
         raise BisectPrefetchError(f"--steps: {e}") from None
-
-
-def targeted_units(mask: Mask) -> list[str] | None:
-    """The source and target units of the edges a mask enables, where it enables few
-    (keep-only of a cause): only their ops are traced. None: every unit's."""
-    if not 1 <= len(mask) <= TARGETED_EDGES:
-        return None
-    units: set[str] = set()
-    for edge in mask:
-        try:
-            _, src, dst = parse_edge_id(edge)
-        except ValueError:
-            return None
-        units |= {src, dst}
-    return sorted(units)
-
-
-def _traced_steps(opened: OpenState, experiment: Experiment, window: tuple[int, int] | None,
-                  mask: Mask, units: list[str] | None,
-                  console: Console) -> tuple[int, int, int]:
-    """The window to trace (asked, or where earlier runs differed) and the runs' length,
-    said; the runner's experiment becomes the traced one."""
-    why = "asked"
-    if window is None:
-        window, why = default_window(opened.state.records(), experiment.steps, mask)
-        if window[1] <= WARMUP_STEPS:  # a traced step after warm-up, to time the tracing by
-            window = (window[0], WARMUP_STEPS + 1)
-            why += f"; to step {WARMUP_STEPS + 1}, the first after warm-up, for its cost"
-    first, last = window
-    run_steps = last + (UNTRACED_TAIL if first <= WARMUP_STEPS + 1 else 0)
-    what = (f"the ops of {', '.join(units)} (the source and target units of the "
-            f"{len(mask)} edge{'s' if len(mask) != 1 else ''} on; --all-units traces every "
-            "unit)" if units else "every op")
-    tail = (f", then {UNTRACED_TAIL} untraced steps to time against" if run_steps > last else "")
-    console.print(f"{what} traced in steps {first}-{last} on every rank ({why}), runs of "
-                  f"{run_steps} steps{tail}", markup=False, soft_wrap=True)
-    opened.runner.experiment = traced_experiment(experiment, first, last, units=units,
-                                                 steps=run_steps)
-    return first, last, run_steps
 
 
 def _traced_group(opened: OpenState, mask: Mask, *, name: str, edges: int, runs: int,
@@ -294,45 +245,6 @@ def unit_of(module: str | None, units: list[str]) -> str | None:
     return max(inside, key=len) if inside else ("root" if "root" in units else None)
 
 
-def default_window(records: list[dict[str, Any]], steps: int,
-                   mask: Mask | None = None) -> tuple[tuple[int, int], str]:
-    """The steps to trace when --steps is not given: around where earlier runs of this
-    experiment (aa, bisect, matrix: not explain's own, so a resumed explain keeps its
-    window) first differed, those with the mask's edges on where some did, else every
-    step."""
-    def seen(rows: list[dict[str, Any]]) -> list[int]:
-        return sorted({r["first_diff_step"] for r in rows
-                       if isinstance(r.get("first_diff_step"), int)
-                       and not str(r.get("variant", "")).startswith(PURPOSE + "+")
-                       and 1 <= r["first_diff_step"] <= steps})
-
-    if mask:
-        with_edges = seen([r for r in records if isinstance(r.get("mask"), list)
-                           and set(mask) <= set(r["mask"])])
-        if with_edges:
-            return ((with_edges[0], with_edges[-1]), "where earlier runs with these edges on "
-                    "first differed")
-    found = seen(records)
-    if found:
-        return (found[0], found[-1]), "where earlier runs of this experiment first differed"
-    return (1, steps), "every step: no earlier run of this experiment differed"
-
-
-def traced_experiment(experiment: Experiment, first: int, last: int, *,
-                      units: list[str] | None = None, steps: int | None = None) -> Experiment:
-    """The experiment whose runs trace steps first-last (only the units' ops, if given) and
-    end at ``steps`` (default: last).
-
-    A step after the window cannot explain a step in it. A traced step costs several
-    untraced ones (docs/explain.md): the timeouts grow alike."""
-    overrides: dict[str, Any] = {"record.trace": f"{first}-{last}",
-                                 "record.trace_units": units, "steps": steps or last,
-                                 "timeout_s": experiment.timeout_s * TIMEOUT_FACTOR}
-    if experiment.no_progress_timeout_s is not None:
-        overrides["no_progress_timeout_s"] = experiment.no_progress_timeout_s * TIMEOUT_FACTOR
-    return with_overrides(experiment, overrides)
-
-
 def diverged_pair(group: AAResult) -> tuple[str, str]:
     """The reference run and the run that differed from it first."""
     usable = [run for run in group.runs if run.usable]
@@ -343,61 +255,6 @@ def diverged_pair(group: AAResult) -> tuple[str, str]:
     if group.first_pair:  # only the full comparison of the metrics saw it
         return group.first_pair[0], group.first_pair[1]
     raise BisectPrefetchError("the runs differ, but no pair of runs was found to compare")
-
-
-def overhead(group: AAResult, run_dir: Any, window: tuple[int, int]) -> dict[str, Any]:
-    """What tracing cost, from the ranks' probes: ops and bytes per traced step, flush time,
-    and the traced steps' time against the untraced steps' of the same runs (after the
-    warm-up steps, and not the step after the window, which writes its last records):
-    ``ratio``, None where the runs had no untraced step to time."""
-    ops, written, flush, granularity, units = [], [], [], set(), None
-    traced_ms: list[float] = []
-    untraced_ms: list[float] = []
-    first, last = window
-    for run in group.runs:
-        directory = Path(run_dir(run.run_id))
-        for probe in directory.glob(probe_rank_file("*")):
-            try:
-                trace = json.loads(probe.read_text()).get("op_trace")
-            except (OSError, ValueError, AttributeError):
-                continue
-            if trace:
-                granularity.add(trace.get("granularity", "op"))
-                units = trace.get("units", units)
-                count = max(trace["steps"][1] - trace["steps"][0] + 1, 1)
-                ops.append(trace["ops"] / count)
-                written.append(trace["bytes"] / count)
-                flush.append(trace["flush_s"] / count * 1000)
-        for step, ms in run_step_times_ms(directory):
-            if first <= step <= last:
-                traced_ms.append(ms)
-            elif step != last + 1:
-                untraced_ms.append(ms)
-
-    def median(values: list[float]) -> float | None:
-        return round(statistics.median(values), 1) if values else None
-
-    traced, untraced = median(traced_ms), median(untraced_ms)
-    return {"ops_per_step": median(ops), "bytes_per_step": median(written),
-            "flush_ms_per_step": median(flush), "step_time_ms": traced,
-            "untraced_step_time_ms": untraced,
-            "ratio": round(traced / untraced, 2) if traced and untraced else None,
-            "traced_steps_timed": len(traced_ms), "untraced_steps_timed": len(untraced_ms),
-            "rank_records": len(ops), "units": units,
-            # op: torch's dispatcher ops; cell: MindSpore Cell calls (adapters/cell_trace.py)
-            "granularity": "cell" if "cell" in granularity else "op"}
-
-
-def _say_cost(cost: dict[str, Any], console: Console) -> None:
-    if cost["ratio"] is None:
-        console.print(f"tracing cost: not timed ({cost['traced_steps_timed']} traced and "
-                      f"{cost['untraced_steps_timed']} untraced steps after warm-up, the "
-                      f"first {WARMUP_STEPS}, in these runs)", markup=False)
-        return
-    console.print(f"tracing cost: a traced step {cost['step_time_ms']:.0f} ms against "
-                  f"{cost['untraced_step_time_ms']:.0f} ms untraced in the same runs "
-                  f"(x{cost['ratio']:.2f}; {cost['ops_per_step']:.0f} ops a step and rank)",
-                  markup=False)
 
 
 def explain_command(given: Given, verdict: str, minimal_set: Sequence[str], *,

@@ -48,7 +48,7 @@ from bisect_prefetch.runs.state import open_state
 from bisect_prefetch.runs.step_time import compare_runs, describe_cost, group_cost
 from bisect_prefetch.runs.store import JOURNAL
 from bisect_prefetch.select import resolve_mask
-from bisect_prefetch.vocab import USABLE_OUTCOMES
+from bisect_prefetch.vocab import CONSISTENT, DIVERGED, USABLE_OUTCOMES
 
 
 @dataclass(frozen=True)
@@ -76,7 +76,7 @@ def count_divergences(group: dict[str, Any]) -> int:
     if isinstance(details, list):
         return sum(1 for run in details
                    if run.get("outcome") in USABLE_OUTCOMES and run.get("first_diff_step") is not None)
-    return 1 if group.get("verdict") == "diverged" else 0
+    return 1 if group.get("verdict") == DIVERGED else 0
 
 
 @dataclass
@@ -184,10 +184,10 @@ def cell_request(matrix: Matrix, cell: Cell, stress: str | None = None) -> CellR
 def cell_verdict_line(cell: CellResult) -> str:
     """`-> diverged at step 4 (2 of 3 runs); expected diverged: ok`."""
     data = cell.to_json()
-    if cell.verdict == "diverged":
+    if cell.verdict == DIVERGED:
         what = f"diverged at step {data['first_diff_step']}{in_unit(data['localization'])}"
-    elif cell.verdict == "consistent":
-        what = "consistent"
+    elif cell.verdict == CONSISTENT:
+        what = CONSISTENT
     else:
         what = f"error: {cell.group.get('reason', '')}".rstrip(": ")
     met = "ok" if cell.expectation_met else "FAILED"

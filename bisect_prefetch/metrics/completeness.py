@@ -1,6 +1,6 @@
 """Whether a run logged everything a verdict needs: every configured metric, every step up
 to the steps asked, on every rank that logs it, and the same ranks and metrics as the run
-it is compared with. A run that lacks any of it is never consistent (issue 26): the steps it
+it is compared with. A run that lacks any of it is never clean (issue 26): the steps it
 never logged may be where the runs part.
 """
 

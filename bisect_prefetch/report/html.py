@@ -287,7 +287,7 @@ def render_html(
     headers, rows = evidence
     if rows:
         parts.append("<h2>Evidence</h2>")
-        parts.append(_table(headers, rows, [r[headers.index("verdict")] == "diverged"
+        parts.append(_table(headers, rows, [r[headers.index("verdict")] == DIVERGED
                                             for r in rows] if "verdict" in headers else None))
     if figures:
         parts.append("<h2>Plots</h2>")
@@ -359,7 +359,7 @@ def _other_commands(groups: list[RunGroup], edge_ids: list[str] | None) -> list[
     return ["<h2>Runs of other commands</h2>",
             f"<p>{len(records)} run(s) in the same state dir, not this bisection's: "
             f"{_esc(outcome_counts_text(records))}</p>",
-            _table(["command", "runs of", "mask", "guard", "steps", "runs", "diverged",
+            _table(["command", "runs of", "mask", "guard", "steps", "runs", DIVERGED,
                     "failed", "first diff step", "verdict"], rows,
                    [g.verdict in (DIVERGED, "error") for g in groups]),
             *[f"<p>{_esc(line)}</p>" for line in fault_lines(records)]]
@@ -427,7 +427,7 @@ def render_bisect_page(state_dir: Path, data: dict[str, Any], records: list[dict
     headers, evidence = _bisect_evidence(data, journal_groups(mine), edge_ids)
     if evidence:
         parts.append(_details(f"evidence by stage ({len(evidence)} rows)", _table(
-            headers, evidence, [r[headers.index("verdict")] == "diverged" for r in evidence])))
+            headers, evidence, [r[headers.index("verdict")] == DIVERGED for r in evidence])))
     parts += _explain_part(_read_json(state_dir / EXPLAIN_FILE))
     figures = _bisect_figures(state_dir, data, mine, rows, out_dir)
     if figures:

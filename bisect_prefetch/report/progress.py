@@ -14,7 +14,7 @@ from collections.abc import Callable
 from rich.console import Console
 from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn
 
-from bisect_prefetch.vocab import DIVERGED, SAME
+from bisect_prefetch.vocab import CLEAN, DIVERGED
 
 
 def fmt_duration(seconds: float | None) -> str:
@@ -102,7 +102,7 @@ class RunProgress:
             self.run_seconds.append(seconds)
         if self.live:
             self._bar.update(self._task, completed=self.group_done, status=self.status_text())
-            if outcome not in (DIVERGED, SAME):  # a failed run and why: kept above the bar
+            if outcome not in (DIVERGED, CLEAN):  # a failed run and why: kept above the bar
                 self._bar.console.print(f"  run {k}/{self.group_runs} {outcome}", markup=False,
                                         highlight=False, soft_wrap=True)
         else:

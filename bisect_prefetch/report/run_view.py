@@ -15,7 +15,7 @@ from typing import Any
 
 from bisect_prefetch.report.localization import describe as describe_localization
 from bisect_prefetch.runs.faults import describe as describe_fault
-from bisect_prefetch.vocab import USABLE_OUTCOMES
+from bisect_prefetch.vocab import CONSISTENT, DIVERGED, USABLE_OUTCOMES
 
 SEARCH = "search"  # commands/bisect.PURPOSE: the prefix of every run a bisection keys
 DISCOVER = "discover"
@@ -67,11 +67,11 @@ class RunGroup:
         """diverged, consistent, error (no usable run), or reference: runs compared with
         nothing (a golden trajectory, a graph discovery), which decide nothing alone."""
         if self.diverged_runs:
-            return "diverged"  # a divergence is conclusive, even in a group of one run
+            return DIVERGED  # a divergence is conclusive, even in a group of one run
         if not self.usable:
             return "error"
         if any(r.get("reference") is not None for r in self.usable):
-            return "consistent"
+            return CONSISTENT
         return "reference"
 
     def first_divergence(self) -> dict[str, Any] | None:

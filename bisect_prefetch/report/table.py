@@ -13,6 +13,8 @@ from rich.console import Console
 from rich.measure import Measurement
 from rich.table import Table
 
+from bisect_prefetch.vocab import DIVERGED
+
 STAT_FIELDS = (("mae", "MAE"), ("p95", "P95"), ("max_abs", "max abs"))
 
 
@@ -59,7 +61,7 @@ def matrix_rows(result: dict) -> tuple[list[str], list[list[str]]]:
     headers = ["cell", "verdict", "first diff step"]
     for name in names:
         headers += [f"{name} {title}" for _, title in STAT_FIELDS]
-    headers += ["runs", "diverged", "expect"]
+    headers += ["runs", DIVERGED, "expect"]  # runs, and how many of them diverged
     rows = []
     for cell in result["cells"]:
         row = [cell["name"], cell["verdict"], fmt_step(cell.get("first_diff_step"))]

@@ -12,7 +12,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from bisect_prefetch.vocab import GUARD_SIZE_ONE, VERDICT_FOUND, VERDICT_INCONCLUSIVE
+from bisect_prefetch.vocab import (
+    CONSISTENT,
+    DIVERGED,
+    GUARD_SIZE_ONE,
+    VERDICT_FOUND,
+    VERDICT_INCONCLUSIVE,
+)
 
 # next_steps' kinds, in the order they are listed (bisect_record.next_steps)
 STEP_GUARD, STEP_REPRODUCE, STEP_FIX, STEP_EXPLAIN = "guard", "reproduce", "fix", "explain"
@@ -131,10 +137,10 @@ def guard_result_words(result: dict[str, Any] | None) -> str:
     if result is None:
         return "not run yet"
     runs = f"{result['runs']} run{'s' * (result['runs'] != 1)}"
-    if result["verdict"] == "diverged":
+    if result["verdict"] == DIVERGED:
         return (f"diverged with the guard on: {result['diverged']} of {runs}, first at step "
                 f"{result['first_diff_step']}: the guard is not the whole fix")
-    if result["verdict"] == "consistent":
+    if result["verdict"] == CONSISTENT:
         return f"consistent over {runs} with the guard on: the guard removes the drift"
     return f"no verdict ({runs}, none usable)"
 

@@ -30,11 +30,11 @@ from bisect_prefetch.runs.signals import identical_wording
 from bisect_prefetch.runs.slots import RunRequest, keep_slots_busy
 from bisect_prefetch.runs.step_time import group_cost
 from bisect_prefetch.vocab import (
+    CLEAN,
     CONSISTENT,
     DIVERGED,
     ERROR,
     RUN_OUTCOMES,
-    SAME,
     STRESS_AUTO,
     STRESS_ON,
     Mask,
@@ -130,7 +130,7 @@ class AAResult:
 def _label(outcome: RunOutcome) -> str:
     """A run's word for the progress display: a divergence is what it is counting."""
     if outcome.usable:
-        return DIVERGED if outcome.diverged else SAME
+        return DIVERGED if outcome.diverged else CLEAN
     return f"{outcome.outcome} ({outcome.why()})"
 
 

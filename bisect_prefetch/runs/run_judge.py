@@ -243,7 +243,7 @@ class RunJudge:
 
         Updates out's first_diff_step and localization. Returns the digest problems (a cut
         file, a silent rank, other parameters) when the run showed no difference: then its
-        digests cannot vouch for it, and it must not count as consistent.
+        digests cannot vouch for it, and it must not count as clean.
         """
         if reference is None:
             return []

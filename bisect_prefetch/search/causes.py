@@ -32,7 +32,7 @@ settles. So the causes are found one at a time, each by a one-cause search
    shown to diverge about as often as the other runs (checks.py); if it diverges far
    less often, the drift is prefetch's and 2 narrows.
 5. The end. A peeled round whose answer's drop-only (drop-only of the union of every
-   cause) is consistent, that finds no drift, or whose drift is background: culprit-
+   cause) stays clean, that finds no drift, or whose drift is background: culprit-
    found, naming every cause. A narrowed round that finds nothing (its divergence was
    chance) goes back to every edge left, that mask set aside. Out of runs between
    causes: inconclusive, with the sets found.

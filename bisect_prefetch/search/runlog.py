@@ -20,7 +20,7 @@ import numpy as np
 
 from bisect_prefetch.search.oracle import RunResult
 from bisect_prefetch.select import describe
-from bisect_prefetch.vocab import DROP_ONLY, KEEP_ONLY, STAGE_EXTRA, Mask
+from bisect_prefetch.vocab import CLEAN, DIVERGED, DROP_ONLY, KEEP_ONLY, STAGE_EXTRA, Mask
 
 # Why a check-off stage runs again late in the search (Ask.context, Block.context).
 AFTER_DROP_ONLY_DIVERGED = "drop-only-diverged"
@@ -62,8 +62,8 @@ class Block:
     @property
     def verdict(self) -> str:
         if self.divergences:
-            return "diverged"
-        return "clean" if self.runs > self.errors else "unresolved"
+            return DIVERGED
+        return CLEAN if self.runs > self.errors else "unresolved"
 
     def to_dict(self) -> dict:
         """An evidence row of the bisect JSON (docs/contract.md: "step" names the stage)."""

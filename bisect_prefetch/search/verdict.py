@@ -101,8 +101,8 @@ class DropOnlyDiverges:
 
 
 @dataclass(frozen=True)
-class DropOnlyConsistent:
-    kind: ClassVar[str] = "drop-only-consistent"
+class DropOnlyClean:
+    kind: ClassVar[str] = "drop-only-clean"
     edges: tuple[str, ...]
     runs: int  # clean drop-only runs
 
@@ -150,7 +150,7 @@ class Causes:
 
 
 Fact = (Causes | Background | NoDrift | AllOffDiverged | Stopped | KeepOnlyDiverged | EachNeeded | DropOnlyDiverges
-        | DropOnlyConsistent | DropOnlyFailed | DropOnlyNotRun | BackgroundRuledOut)
+        | DropOnlyClean | DropOnlyFailed | DropOnlyNotRun | BackgroundRuledOut)
 
 
 @dataclass(frozen=True)
@@ -246,7 +246,7 @@ class Conclusions:
         else:
             confidence -= ev.second_cause_error(edges)
             if tally.clean:
-                facts.append(DropOnlyConsistent(ids, tally.clean))
+                facts.append(DropOnlyClean(ids, tally.clean))
             elif tally.errors:
                 facts.append(DropOnlyFailed(ids, tally.errors))
             else:

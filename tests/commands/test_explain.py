@@ -12,12 +12,9 @@ from pathlib import Path
 
 from bisect_prefetch.commands.bisect_explain import TracedHints, traced_findings
 from bisect_prefetch.commands.common import Given
-from bisect_prefetch.commands.explain import (
-    default_window,
-    explain_command,
-    overhead,
-    targeted_units,
-)
+from bisect_prefetch.commands.explain import explain_command
+from bisect_prefetch.commands.explain_cost import overhead
+from bisect_prefetch.commands.explain_window import default_window, targeted_units
 from bisect_prefetch.commands.explain_words import explanation_lines
 from bisect_prefetch.metrics.op_compare import RankFinding, explain
 from bisect_prefetch.report.localization import describe

@@ -237,13 +237,13 @@ def test_plain_progress_prints_a_line_per_event_with_eta():
     progress.start_group("all-on", 2)
     progress.run_started(1)
     clock.now += 10
-    progress.run_finished(1, "consistent", 10.0)
+    progress.run_finished(1, "clean", 10.0)
     progress.run_started(2)
     clock.now += 20
     progress.run_finished(2, "diverged", 20.0)
     progress.end_group("diverged")
     progress.start_group("all-off", 2)
-    progress.run_finished(1, "consistent", 0.0, reused=True)
+    progress.run_finished(1, "clean", 0.0, reused=True)
     lines = out.getvalue().splitlines()
     assert lines[0] == "all-on: 2 runs"
     assert "run 1/2 started" in lines[1]

@@ -178,9 +178,9 @@ def test_on_a_terminal_a_failed_run_keeps_its_line_with_the_fault():
     out = io.StringIO()
     with RunProgress(Console(file=out, width=300, force_terminal=True)) as progress:
         progress.start_group("all-off", 2)
-        progress.run_finished(1, "same", 1.0)
+        progress.run_finished(1, "clean", 1.0)
         progress.run_finished(2, "error (exit code 1; fault gloo-timeout on rank 0 "
                                  "(stderr.log:13): Timed out)", 1.0)
     text = out.getvalue()
     assert "run 2/2 error (exit code 1; fault gloo-timeout on rank 0 (stderr.log:13)" in text
-    assert "run 1/2 same" not in text
+    assert "run 1/2 clean" not in text

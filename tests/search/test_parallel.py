@@ -85,7 +85,7 @@ def test_runs_in_flight_are_never_evidence_and_slots_ask_different_questions():
     search = Bisection(EDGES, steps_per_run=STEPS)
     diverged = RunResult("stopped-early", True, 3, 3)
     search.record(frozenset(EDGES), diverged)  # drift reproduces
-    search.record(frozenset(), RunResult("ok", False, None, STEPS))  # all-off is consistent
+    search.record(frozenset(), RunResult("ok", False, None, STEPS))  # all-off is clean
     before = search.model.probabilities().single.copy()
     asks = [search.propose() for _ in range(4)]
     assert all(a is not None for a in asks)

@@ -47,7 +47,7 @@ def test_culprit_found_names_the_edge_and_both_checks(trial):
     keep, drop, background = result.facts
     assert (keep.kind, keep.edges) == (v.KeepOnlyDiverged.kind, (culprit,))
     assert search.history[keep.run - 1][1].first_diff_step == keep.step
-    assert (drop.kind, drop.edges) == (v.DropOnlyConsistent.kind, (culprit,)) and drop.runs >= 1
+    assert (drop.kind, drop.edges) == (v.DropOnlyClean.kind, (culprit,)) and drop.runs >= 1
     assert result.drop_only_diverges is False
     # The controls: the all-off check and the double check's drop-only runs (at least 3).
     assert background.kind == v.BackgroundRuledOut.kind and background.runs >= 1 + MIN_DROP_ONLY
@@ -320,7 +320,7 @@ def test_a_budget_that_runs_out_in_the_reduce_stage_names_the_core_or_the_reduce
     drop_started = full.runs_used - full.facts[2].runs
     late = search(max_runs=drop_started + 1)
     assert (late.verdict, late.minimal_set) == ("culprit-found", full.minimal_set)
-    assert late.facts[2].kind == v.DropOnlyConsistent.kind and late.facts[2].runs == 1
+    assert late.facts[2].kind == v.DropOnlyClean.kind and late.facts[2].runs == 1
 
 
 def test_no_drift_fits_a_tight_budget():

@@ -12,7 +12,7 @@ the job writes its metrics there and the orchestrator follows them live.
 State mapping: COMPLETED is judged by exit code (and steps, by the Runner);
 FAILED and OUT_OF_MEMORY are errors; TIMEOUT is a timeout; CANCELLED,
 PREEMPTED, NODE_FAIL, BOOT_FAIL and DEADLINE are errors the caller retries
-(the job was lost, the run says nothing). None is ever consistent.
+(the job was lost, the run says nothing). None is ever clean.
 """
 
 from __future__ import annotations
