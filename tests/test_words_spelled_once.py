@@ -19,8 +19,8 @@ WORDS = set(vocab.VERDICTS) | set(vocab.STAGES)
 # (file under the package, literal): what the literal means there instead.
 ELSEWHERE = {
     ("commands/bisect.py", "search"): "the bisect command's run purpose in the journal",
-    ("runs/oracle.py", "search"): "the real oracle's default run purpose",
-    ("experiment_model.py", "search"): "the experiment file's search: key",
+    ("drivers/oracle.py", "search"): "the real oracle's default run purpose",
+    ("experiment/model.py", "search"): "the experiment file's search: key",
     ("report/run_view.py", "search"): "the bisect command's run purpose in the journal",
     ("search/simulate.py", "search"): "simulate's method: the tool's own search, not a baseline",
 }

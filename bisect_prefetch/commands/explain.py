@@ -31,6 +31,7 @@ from bisect_prefetch.commands.common import (
     write_json,
 )
 from bisect_prefetch.commands.explain_words import edge_note, explanation_lines
+from bisect_prefetch.drivers.group import AAResult, stressed_groups
 from bisect_prefetch.errors import BisectPrefetchError, ToolFailure
 from bisect_prefetch.experiment import (
     Experiment,
@@ -41,15 +42,14 @@ from bisect_prefetch.experiment import (
 )
 from bisect_prefetch.files import write_text_atomic
 from bisect_prefetch.graph import PrefetchGraph
+from bisect_prefetch.judge.step_time import WARMUP_STEPS, run_step_times_ms
+from bisect_prefetch.judge.tool_fault import tool_failure
 from bisect_prefetch.metrics.op_compare import Explanation, compare_traces, neighbours
 from bisect_prefetch.report.html import EXPLAIN_FILE, build_report
 from bisect_prefetch.report.localization import describe as describe_localization
 from bisect_prefetch.report.progress import RunProgress
-from bisect_prefetch.runs.group import AAResult, stressed_groups
 from bisect_prefetch.runs.sessions import Scope
 from bisect_prefetch.runs.state import OpenState, open_state
-from bisect_prefetch.runs.step_time import WARMUP_STEPS, run_step_times_ms
-from bisect_prefetch.runs.tool_fault import tool_failure
 from bisect_prefetch.select import describe, resolve_mask
 from bisect_prefetch.vocab import (
     CONSISTENT,
@@ -67,7 +67,7 @@ PURPOSE = "explain"
 TIMEOUT_FACTOR = 4  # traced runs get the experiment's timeouts times this
 TARGETED_EDGES = 4  # a mask enabling at most this many edges traces only their units
 # Untraced steps after the window where none comes before it (after the warm-up steps,
-# runs/step_time.py): the step after the window pays the trace's last write, the next ones
+# judge/step_time.py): the step after the window pays the trace's last write, the next ones
 # are the untraced step time overhead.ratio divides by.
 UNTRACED_TAIL = 3
 
@@ -238,7 +238,7 @@ def _traced_group(opened: OpenState, mask: Mask, *, name: str, edges: int, runs:
 
 def _tool_failed(opened: OpenState, group: AAResult) -> None:
     """A traced run in which the tool itself failed: its trace cannot be compared, and
-    the failure is the tool's (runs/tool_fault.py), never the input's."""
+    the failure is the tool's (judge/tool_fault.py), never the input's."""
     for run in group.runs:
         failure = tool_failure(opened.state.run_dir(run.run_id))
         if failure is not None:

@@ -1,11 +1,11 @@
 """`bisect-prefetch init -- COMMAND...`: a commented experiment file for your own job.
 
 Steps, each printed as it happens, then a `->` line:
-1. the arguments that set steps, seed and port (init_file.find_placeholders);
+1. the arguments that set steps, seed and port (experiment/init_file.find_placeholders);
 2. one short run of the command under the adapter, through the Runner every
    command uses (or the log given with --log): its metric lines, read by
    every parser (metrics/detect.py), and the prefetch graph the adapter found;
-3. the file, written (init_file.render_experiment) and read back as `aa` reads it;
+3. the file, written (experiment/init_file.render_experiment) and read back as `aa` reads it;
 4. two short runs with every edge off must be identical (all-off A/A): else
    the job drifts without prefetch and bisect cannot help yet (exit 1);
 5. the commands to run next.
@@ -26,25 +26,21 @@ from pydantic import ValidationError
 from rich.console import Console
 
 from bisect_prefetch.commands.common import command_line, write_text
+from bisect_prefetch.drivers.group import AAResult, run_group
 from bisect_prefetch.errors import BisectPrefetchError
 from bisect_prefetch.experiment import Experiment, load_experiment
-from bisect_prefetch.init_file import (
+from bisect_prefetch.experiment.init_file import (
     LAUNCHERS,
-    PORT,
-    SEED,
-    STEPS,
     MetricsChoice,
-    Placeholders,
     find_placeholders,
     render_experiment,
 )
+from bisect_prefetch.judge.faults import RANK_LOG_DIR
+from bisect_prefetch.judge.first_error import first_error_line
+from bisect_prefetch.judge.merge import GRAPH_FILE
 from bisect_prefetch.metrics.detect import FORMATS, Reading, readings, steps_seen
 from bisect_prefetch.report.progress import RunProgress
 from bisect_prefetch.runs.discover import engine_says
-from bisect_prefetch.runs.faults import RANK_LOG_DIR
-from bisect_prefetch.runs.first_error import first_error_line
-from bisect_prefetch.runs.group import AAResult, run_group
-from bisect_prefetch.runs.merge import GRAPH_FILE
 from bisect_prefetch.runs.rank_logs import WORKER_LOGS, log_files, per_rank_logs
 from bisect_prefetch.runs.state import open_state
 from bisect_prefetch.vocab import (
@@ -52,9 +48,13 @@ from bisect_prefetch.vocab import (
     DIVERGED,
     GUARD_NONE,
     METRICS_FILE,
+    PORT,
+    SEED,
     STDERR_FILE,
     STDOUT_FILE,
+    STEPS,
     TIMEOUT,
+    Placeholders,
 )
 
 DEFAULT_OUT = Path("bisect-prefetch.yaml")

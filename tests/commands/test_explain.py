@@ -19,9 +19,9 @@ from bisect_prefetch.commands.explain import (
     targeted_units,
 )
 from bisect_prefetch.commands.explain_words import explanation_lines
+from bisect_prefetch.judge.tool_fault import tool_failure
 from bisect_prefetch.metrics.op_compare import RankFinding, explain
 from bisect_prefetch.report.localization import describe
-from bisect_prefetch.runs.tool_fault import tool_failure
 from bisect_prefetch.search.oracle import Finished, RunResult
 
 
