@@ -4,14 +4,14 @@ FSDP2 reference workload (torchrun, gloo, CPU), under the launcher's setup
 (sitecustomize, a plan in BISECT_PREFETCH_PLAN).
 
 1. Audit overhead. The audit is the order record inside the discovery run
-   plus the analysis afterwards (audit.audit_run_dir). The record's cost is
+   plus the analysis afterwards (judge/audit.audit_run_dir). The record's cost is
    measured side by side inside ONE job (machine noise hits both alike):
    steps alternate between recording the order and not, and the extra time
    of a recorded step is charged once per recorded discovery step. Overhead
    = (extra per recorded step x recorded steps + analysis time) / the
    discovery run's wall time (launch to exit). Target: at most 1%.
 2. Step time per mask: K runs each of all-on, backward-off and all-off; each
-   run's step time by the tool's own rule (runs/step_time.py: slowest rank,
+   run's step time by the tool's own rule (judge/step_time.py: slowest rank,
    warm-up steps left out, median), reported against all-on as a ratio with
    its range over the K runs.
 
@@ -81,7 +81,7 @@ def worker(out: str, layers: int, steps: int) -> None:
 
 
 def _audit_overhead(tmp: Path, args: argparse.Namespace) -> dict:
-    from bisect_prefetch.audit import audit_run_dir
+    from bisect_prefetch.judge.audit import audit_run_dir
     from bisect_prefetch.runs.discover import DISCOVERY_STEPS
 
     inside = tmp / "inside"
@@ -111,7 +111,7 @@ def _audit_overhead(tmp: Path, args: argparse.Namespace) -> dict:
 
 
 def _mask_costs(tmp: Path, args: argparse.Namespace) -> dict:
-    from bisect_prefetch.runs.step_time import WARMUP_STEPS, mask_costs, run_step_time_ms
+    from bisect_prefetch.judge.step_time import WARMUP_STEPS, mask_costs, run_step_time_ms
 
     graph_dir = tmp / "graph"
     _torchrun(graph_dir, ["bisect_prefetch.workloads.fsdp2", "--layers", str(args.layers),

@@ -27,11 +27,11 @@ import tempfile
 import time
 from pathlib import Path
 
+from bisect_prefetch.drivers.group import run_group
 from bisect_prefetch.experiment import ExecutorConfig, load_experiment
 from bisect_prefetch.runs.execute import Runner
 from bisect_prefetch.runs.executors.base import Job
 from bisect_prefetch.runs.executors.slurm import EXIT_FILE, SlurmExecutor, SlurmOptions
-from bisect_prefetch.runs.group import run_group
 from bisect_prefetch.runs.launcher import JobSpec, job_env
 from bisect_prefetch.runs.store import StateDir
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
 
 # -- the search's options ---------------------------------------------------------
 # The chance the answer must reach when neither --confidence nor search.confidence says
@@ -162,6 +163,49 @@ def fill_placeholders(word: str, value: Callable[[str], str]) -> str:
                             word)
 
 
+# -- the arguments `init` gave a placeholder (experiment/init_file.py finds them; runs/rank_logs.py
+# and commands/init.py read them): here, so that a job's life needs nothing of a command's file
+STEPS, SEED, PORT = "steps", "seed", "port"
+INTEGER = re.compile(r"^[+-]?\d+$")  # a whole number as a command argument spells it
+
+
+@dataclass(frozen=True)
+class Marked:
+    """One argument init gave a placeholder: `--steps 100` -> `--steps {steps}`."""
+
+    kind: str  # steps | seed | port
+    flag: str  # the argument's name as written: --steps, --rdzv-endpoint, MASTER_PORT
+    value: str  # the value it had
+    index: int  # the argv word that holds the value
+
+    def describe(self) -> str:
+        return f"{self.flag} {self.value} -> {{{self.kind}}}"
+
+
+@dataclass
+class Placeholders:
+    """A command with `{steps}`, `{seed}` and `{port}` where init found their arguments."""
+
+    original: list[str]
+    argv: list[str]
+    marked: list[Marked] = field(default_factory=list)
+    launcher: str | None = None  # torchrun, msrun, ... when the command starts one
+    standalone: bool = False  # torchrun --standalone: it picks a free port itself
+    notes: list[str] = field(default_factory=list)  # arguments seen but left as they are
+
+    def found(self, kind: str) -> Marked | None:
+        return next((m for m in reversed(self.marked) if m.kind == kind), None)
+
+    def value(self, kind: str) -> int | None:
+        """The command's own value of steps or seed, when it had one."""
+        mark = self.found(kind)
+        return int(mark.value) if mark is not None and INTEGER.match(mark.value) else None
+
+    def needs_port(self) -> bool:
+        """Whether runs side by side would meet at one port: a launcher, no {port}, not standalone."""
+        return self.launcher is not None and not self.standalone and self.found(PORT) is None
+
+
 # -- every other file name of a state dir and a run dir ------------------------------
 # A rank's file is named by a function of its rank; given "*", the function gives the
 # glob that finds every rank's. tests/test_words_spelled_once.py fails on a literal of
@@ -180,7 +224,7 @@ STATUS_FILE = "status.json"  # how the run ended, once collected
 STDOUT_FILE = "stdout.log"
 STDERR_FILE = "stderr.log"
 ENV_FILE = "env.json"  # the environment the orchestrator started the job with
-GRAPH_FILE = "graph.json"  # the ranks' graph files merged (runs/merge.py)
+GRAPH_FILE = "graph.json"  # the ranks' graph files merged (judge/merge.py)
 PROBE_FILE = "probe.json"  # the ranks' probes merged
 SCRIPT_FILE = "job.sbatch"  # a Slurm run's batch script
 STEP_FILE = "job.srun"  # a run's srun command line, when it is a step of the tool's allocation

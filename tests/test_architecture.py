@@ -126,9 +126,39 @@ def test_the_table_is_read():
     assert {"cli", "commands", "runs", "search", "adapters", "vocab"} <= {p for parts, _ in ROWS for p in parts}
 
 
-def test_every_module_belongs_to_a_row():
-    parts = [p for names, _ in ROWS for p in names]
-    assert sorted(m for m in MODULES if m != PACKAGE and not any(_in(p, m) for p in parts)) == []
+def test_every_module_belongs_to_exactly_one_row():
+    rows_of = {m: [names for names, _ in ROWS if any(_in(p, m) for p in names)]
+               for m in MODULES if m != PACKAGE}
+    assert sorted(m for m, rows in rows_of.items() if len(rows) != 1) == []
+
+
+# -- rooms: a row is a room, a package or loose modules of the package root ---------------
+LOOSE_MODULES_MAX = 6
+
+
+def _room(module: str) -> str:
+    """The room a module is in: its package under the root, or the loose module itself."""
+    return module.split(".")[1] if module != PACKAGE else PACKAGE
+
+
+def test_a_row_names_rooms():
+    """A part a row names is a package of the root or a loose module of it, not a piece of a room."""
+    loose = {p.stem for p in ROOT.glob("*.py") if p.name != "__init__.py"}
+    packages = {p.parent.name for p in ROOT.glob("*/__init__.py")}
+    assert sorted(p for names, _ in ROWS for p in names if p not in loose | packages) == []
+
+
+def test_the_root_holds_at_most_six_loose_modules():
+    loose = sorted(p.stem for p in ROOT.glob("*.py") if p.name != "__init__.py")
+    assert len(loose) <= LOOSE_MODULES_MAX, loose
+
+
+def test_there_is_no_circle_between_rooms():
+    rooms: dict[str, set[str]] = {}
+    for module, targets in GRAPH.items():
+        rooms.setdefault(_room(module), set()).update(
+            _room(t) for t in targets if _room(t) != _room(module))
+    assert find_circle(rooms) is None
 
 
 def _breaking(parts, bad) -> list[str]:

@@ -25,8 +25,8 @@ WORDS = set(vocab.VERDICTS) | set(vocab.STAGES) | VERDICT_WORDS
 # (file under the package, literal): what the literal means there instead.
 ELSEWHERE = {
     ("commands/bisect.py", "search"): "the bisect command's run purpose in the journal",
-    ("runs/oracle.py", "search"): "the real oracle's default run purpose",
-    ("experiment_model.py", "search"): "the experiment file's search: key",
+    ("drivers/oracle.py", "search"): "the real oracle's default run purpose",
+    ("experiment/model.py", "search"): "the experiment file's search: key",
     ("report/run_view.py", "search"): "the bisect command's run purpose in the journal",
     ("simulation/search_run.py", "search"): "simulate's method: the tool's own search, not a baseline",
     ("simulation/trials.py", "search"): "simulate's method: the tool's own search, not a baseline",

@@ -41,7 +41,7 @@ For framework adapters (fsdp2, hyper_parallel, ...), through ``session()``:
   belong to. It records the plan's first ``record.order_steps`` steps.
 - ``Session.step_seconds``: ``[step, seconds]`` per step (time since the previous
   step ended; step 1: since install), written to the probe as ``step_seconds``:
-  each run's step time comes from it (runs/step_time.py). The probe also says
+  each run's step time comes from it (judge/step_time.py). The probe also says
   ``step_source`` (optimizer, backward, report or null), ``steps_counted`` and
   the clock's ``step_notes``.
 - ``Session.stress`` (adapters/stress.py; None unless the plan's ``stress`` is set):

@@ -22,6 +22,7 @@ from bisect_prefetch.commands.common import (
     reuse_options,
     write_json,
 )
+from bisect_prefetch.drivers.group import AAResult, stressed_groups
 from bisect_prefetch.errors import BisectPrefetchError
 from bisect_prefetch.experiment import (
     Experiment,
@@ -30,14 +31,13 @@ from bisect_prefetch.experiment import (
     with_overrides,
     with_stress,
 )
+from bisect_prefetch.judge.signals import describe_stress, not_localized_wording
+from bisect_prefetch.judge.step_time import WARMUP_STEPS, fix_cost_line, fix_costs
 from bisect_prefetch.report.localization import describe as describe_localization
 from bisect_prefetch.report.progress import RunProgress
 from bisect_prefetch.report.table import group_table
-from bisect_prefetch.runs.group import AAResult, stressed_groups
 from bisect_prefetch.runs.sessions import Scope
-from bisect_prefetch.runs.signals import describe_stress, not_localized_wording
 from bisect_prefetch.runs.state import open_state
-from bisect_prefetch.runs.step_time import WARMUP_STEPS, fix_cost_line, fix_costs
 from bisect_prefetch.select import describe, resolve_mask
 from bisect_prefetch.vocab import CONSISTENT, DIVERGED, STRESS_AUTO
 

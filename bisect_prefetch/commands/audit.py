@@ -1,4 +1,4 @@
-"""`bisect-prefetch audit`: one short recorded run, then the audit of its probe and order (audit.py).
+"""`bisect-prefetch audit`: one short recorded run, then the audit of its probe and order (judge/audit.py).
 
 The run changes nothing (no mask) and uses the experiment's guard unless
 --guard says otherwise, so it shows the build as it is: which edges prefetch
@@ -16,10 +16,10 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from bisect_prefetch.audit import FAILING_KINDS, KINDS, audit_run_dir
 from bisect_prefetch.commands.common import check_outputs, write_json
 from bisect_prefetch.errors import BisectPrefetchError
 from bisect_prefetch.experiment import load_experiment
+from bisect_prefetch.judge.audit import FAILING_KINDS, KINDS, audit_run_dir
 from bisect_prefetch.runs.state import open_state
 from bisect_prefetch.runs.workloads import require_prefetch_graph
 from bisect_prefetch.vocab import STDERR_FILE

@@ -34,7 +34,6 @@ from pathlib import Path
 
 from rich.console import Console
 
-from bisect_prefetch.audit import FAILING_KINDS, audit_run_dir
 from bisect_prefetch.commands.bisect_explain import explain_causes, with_traced_hints
 from bisect_prefetch.commands.bisect_loop import run_bisection
 from bisect_prefetch.commands.bisect_record import (
@@ -60,6 +59,7 @@ from bisect_prefetch.commands.common import (
     search_settings,
     write_json,
 )
+from bisect_prefetch.drivers.oracle import OnRun, RealOracle
 from bisect_prefetch.errors import BisectPrefetchError
 from bisect_prefetch.experiment import (
     Experiment,
@@ -70,12 +70,12 @@ from bisect_prefetch.experiment import (
     with_stress,
 )
 from bisect_prefetch.files import write_text_atomic
+from bisect_prefetch.judge.audit import FAILING_KINDS, audit_run_dir
+from bisect_prefetch.judge.step_time import WARMUP_STEPS, startup_in_steps
 from bisect_prefetch.report.html import BISECT_FILE, REPORT_FILE, build_report
 from bisect_prefetch.runs.discover import DISCOVERY_STEPS
-from bisect_prefetch.runs.oracle import OnRun, RealOracle
 from bisect_prefetch.runs.sessions import SESSION_FIELD, Scope
 from bisect_prefetch.runs.state import OpenState, open_state
-from bisect_prefetch.runs.step_time import WARMUP_STEPS, startup_in_steps
 from bisect_prefetch.runs.workloads import require_prefetch_graph
 from bisect_prefetch.search.oracle import RunResult
 from bisect_prefetch.search.segments import Lengths, lengths_for
@@ -411,7 +411,7 @@ def _leading_checks(b: Bisecting) -> tuple[Hazard | None, bool]:
 
 
 def discovery_audit(opened: OpenState) -> tuple[dict | None, dict | None]:
-    """The discovery run's journal record and its audit (audit.py); None where there is no
+    """The discovery run's journal record and its audit (judge/audit.py); None where there is no
     discovery run (a static graph) or its records cannot be audited."""
     key = opened.runner.key("discover", mask=None, guard="none", steps=DISCOVERY_STEPS, index=0,
                             stress=False)
@@ -425,7 +425,7 @@ def discovery_audit(opened: OpenState) -> tuple[dict | None, dict | None]:
 
 
 def audit_suspects(opened: OpenState, console: Console, audit: dict | None = None) -> list[str]:
-    """Edges the audit of the discovery run flags as wasting work or racing (audit.py).
+    """Edges the audit of the discovery run flags as wasting work or racing (judge/audit.py).
 
     The search gives them more prior weight; with no discovery run (a static
     graph) or no order recorded there are none.

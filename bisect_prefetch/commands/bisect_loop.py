@@ -1,7 +1,7 @@
 """The bisect command's one loop: the search's runs through an oracle's slots, narrated.
 
 The same loop for every oracle (search/oracle.py's slot operations): real
-training runs on the executor's slots (runs/oracle.py), or a simulation that
+training runs on the executor's slots (drivers/oracle.py), or a simulation that
 answers at once (search/simulate.py, and the whole-transcript tests). Serial
 is one slot. The words it prints come from commands/bisect_words.py.
 """
@@ -58,7 +58,7 @@ class RunNumbers:
 
 def run_lines(console: Console, details: list[dict] | None = None, *, stress: bool = False,
               numbers: Iterator[int] | None = None):
-    """The oracle's `on_run`: one line per finished run (runs/oracle.py OnRun).
+    """The oracle's `on_run`: one line per finished run (drivers/oracle.py OnRun).
 
     details, when given, gets each run's record for the JSON's run_details; the oracles
     of one command share it and the run numbers.

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from bisect_prefetch.commands.bisect_words import confidence_met, fact_lines
 from bisect_prefetch.commands.common import Given
 from bisect_prefetch.commands.explain import explain_command
-from bisect_prefetch.experiment_verdict_cells import runs_to_see
+from bisect_prefetch.experiment.verdict_cells import runs_to_see
 from bisect_prefetch.report.verdict_block import STEP_EXPLAIN, STEP_FIX, STEP_GUARD, STEP_REPRODUCE
 from bisect_prefetch.search.interface import Search
 from bisect_prefetch.search.segments import Lengths
@@ -120,7 +120,7 @@ class BisectRecord:
     golden_drifts: list[dict]  # golden runs that drifted: {"step", "runs"} (golden_drift.py)
     run_details: list[dict]  # each run, with where its gradients first differed
     stress: dict
-    signals: dict | None  # what the runs measured (runs/signals.py)
+    signals: dict | None  # what the runs measured (judge/signals.py)
     step_time: dict | None
     search: str = EVERY_CAUSE  # ONE_CAUSE: a journal begun before several causes, replayed as one
     confidence_asked: float | None = None  # --confidence or search.confidence
@@ -206,7 +206,7 @@ def aa_command(given: Given, *, mask: str | None, runs: int, guard: str | None =
 
 def reproduce_command(given: Given, result: SearchResult) -> str:
     """bisect.json's `reproduce`: as many runs as show the weakest cause but for 5% (the
-    matrix's `cells_from` rule, experiment_verdict_cells.runs_to_see)."""
+    matrix's `cells_from` rule, experiment/verdict_cells.runs_to_see)."""
     return aa_command(given, mask=reproduce_mask(result), runs=runs_to_see(_chances(result)))
 
 

@@ -23,12 +23,12 @@ from bisect_prefetch.commands.bisect_record import (
     segments_json,
 )
 from bisect_prefetch.commands.common import Given
+from bisect_prefetch.drivers.oracle import Earlier
 from bisect_prefetch.experiment import Experiment
+from bisect_prefetch.judge.step_time import fix_costs
 from bisect_prefetch.report.run_view import fingerprint_of, journal_groups
 from bisect_prefetch.report.verdict_block import guard_check
-from bisect_prefetch.runs.oracle import Earlier
 from bisect_prefetch.runs.state import OpenState
-from bisect_prefetch.runs.step_time import fix_costs
 from bisect_prefetch.search.causes import CauseSearch
 from bisect_prefetch.search.interface import Search
 from bisect_prefetch.search.oracle import Oracle, RunResult

@@ -15,7 +15,9 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
+from bisect_prefetch.drivers.oracle import Earlier
 from bisect_prefetch.experiment import Experiment, stress_fits
+from bisect_prefetch.judge.step_time import fix_cost_line
 from bisect_prefetch.report.localization import in_unit
 from bisect_prefetch.report.stress import stress_line
 from bisect_prefetch.report.verdict_block import (
@@ -25,9 +27,7 @@ from bisect_prefetch.report.verdict_block import (
     headline,
     step_lines,
 )
-from bisect_prefetch.runs.oracle import Earlier
 from bisect_prefetch.runs.outcome import RunOutcome
-from bisect_prefetch.runs.step_time import fix_cost_line
 from bisect_prefetch.search import verdict as v
 from bisect_prefetch.search.runlog import (
     AFTER_DROP_ONLY_DIVERGED,

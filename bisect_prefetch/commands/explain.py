@@ -33,6 +33,7 @@ from bisect_prefetch.commands.common import (
 from bisect_prefetch.commands.explain_cost import overhead, say_cost
 from bisect_prefetch.commands.explain_window import PURPOSE, targeted_units, traced_steps
 from bisect_prefetch.commands.explain_words import edge_note, explanation_lines
+from bisect_prefetch.drivers.group import AAResult, stressed_groups
 from bisect_prefetch.errors import BisectPrefetchError, ToolFailure
 from bisect_prefetch.experiment import (
     Experiment,
@@ -42,14 +43,13 @@ from bisect_prefetch.experiment import (
 )
 from bisect_prefetch.files import write_text_atomic
 from bisect_prefetch.graph import PrefetchGraph
+from bisect_prefetch.judge.tool_fault import tool_failure
 from bisect_prefetch.metrics.op_compare import Explanation, compare_traces, neighbours
 from bisect_prefetch.report.html import EXPLAIN_FILE, build_report
 from bisect_prefetch.report.localization import describe as describe_localization
 from bisect_prefetch.report.progress import RunProgress
-from bisect_prefetch.runs.group import AAResult, stressed_groups
 from bisect_prefetch.runs.sessions import Scope
 from bisect_prefetch.runs.state import OpenState, open_state
-from bisect_prefetch.runs.tool_fault import tool_failure
 from bisect_prefetch.select import describe, resolve_mask
 from bisect_prefetch.vocab import (
     CONSISTENT,
@@ -189,7 +189,7 @@ def _traced_group(opened: OpenState, mask: Mask, *, name: str, edges: int, runs:
 
 def _tool_failed(opened: OpenState, group: AAResult) -> None:
     """A traced run in which the tool itself failed: its trace cannot be compared, and
-    the failure is the tool's (runs/tool_fault.py), never the input's."""
+    the failure is the tool's (judge/tool_fault.py), never the input's."""
     for run in group.runs:
         failure = tool_failure(opened.state.run_dir(run.run_id))
         if failure is not None:

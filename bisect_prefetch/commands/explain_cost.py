@@ -11,8 +11,8 @@ from typing import Any
 
 from rich.console import Console
 
-from bisect_prefetch.runs.group import AAResult
-from bisect_prefetch.runs.step_time import WARMUP_STEPS, run_step_times_ms
+from bisect_prefetch.drivers.group import AAResult
+from bisect_prefetch.judge.step_time import WARMUP_STEPS, run_step_times_ms
 from bisect_prefetch.vocab import probe_rank_file
 
 

@@ -16,15 +16,15 @@ from typing import Any
 from rich.console import Console
 
 from bisect_prefetch.experiment import Experiment, with_overrides
+from bisect_prefetch.judge.step_time import WARMUP_STEPS
 from bisect_prefetch.runs.state import OpenState
-from bisect_prefetch.runs.step_time import WARMUP_STEPS
 from bisect_prefetch.vocab import Mask, parse_edge_id
 
 PURPOSE = "explain"  # explain's runs in the journal: their variant starts with it
 TIMEOUT_FACTOR = 4  # traced runs get the experiment's timeouts times this
 TARGETED_EDGES = 4  # a mask enabling at most this many edges traces only their units
 # Untraced steps after the window where none comes before it (after the warm-up steps,
-# runs/step_time.py): the step after the window pays the trace's last write, the next ones
+# judge/step_time.py): the step after the window pays the trace's last write, the next ones
 # are the untraced step time overhead.ratio divides by.
 UNTRACED_TAIL = 3
 

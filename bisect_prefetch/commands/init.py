@@ -1,12 +1,12 @@
 """`bisect-prefetch init -- COMMAND...`: a commented experiment file for your own job.
 
 Steps, each printed as it happens, then a `->` line:
-1. the arguments that set steps, seed and port (init_file.find_placeholders);
+1. the arguments that set steps, seed and port (experiment/init_file.find_placeholders);
 2. one short run of the command under the adapter, through the Runner every
    command uses (or the log given with --log): its metric lines, read by
    every parser (metrics/detect.py), and the prefetch graph the adapter found
    (commands/init_run.py);
-3. the file, written (init_file.render_experiment) and read back as `aa` reads it;
+3. the file, written (experiment/init_file.render_experiment) and read back as `aa` reads it;
 4. two short runs with every edge off must be identical (all-off A/A): else
    the job drifts without prefetch and bisect cannot help yet (exit 1);
 5. the commands to run next.
@@ -25,23 +25,19 @@ from rich.console import Console
 
 from bisect_prefetch.commands.common import command_line, write_text
 from bisect_prefetch.commands.init_run import choose_metrics, first_run, read_log
+from bisect_prefetch.drivers.group import AAResult, run_group
 from bisect_prefetch.errors import BisectPrefetchError
 from bisect_prefetch.experiment import Experiment, load_experiment
-from bisect_prefetch.init_file import (
+from bisect_prefetch.experiment.init_file import (
     LAUNCHERS,
-    PORT,
-    SEED,
-    STEPS,
     MetricsChoice,
-    Placeholders,
     find_placeholders,
     render_experiment,
 )
 from bisect_prefetch.report.progress import RunProgress
-from bisect_prefetch.runs.group import AAResult, run_group
 from bisect_prefetch.runs.rank_logs import WORKER_LOGS, per_rank_logs
 from bisect_prefetch.runs.state import open_state
-from bisect_prefetch.vocab import CONSISTENT, DIVERGED, GUARD_NONE
+from bisect_prefetch.vocab import CONSISTENT, DIVERGED, GUARD_NONE, PORT, SEED, STEPS, Placeholders
 
 DEFAULT_OUT = Path("bisect-prefetch.yaml")
 DEFAULT_STATE_DIR = Path(".bisect-prefetch")

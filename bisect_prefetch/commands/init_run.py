@@ -19,15 +19,23 @@ from rich.console import Console
 
 from bisect_prefetch.errors import BisectPrefetchError
 from bisect_prefetch.experiment import Experiment
-from bisect_prefetch.init_file import STEPS, MetricsChoice, Placeholders
+from bisect_prefetch.experiment.init_file import MetricsChoice
+from bisect_prefetch.judge.faults import RANK_LOG_DIR
+from bisect_prefetch.judge.first_error import first_error_line
+from bisect_prefetch.judge.merge import GRAPH_FILE
 from bisect_prefetch.metrics.detect import FORMATS, Reading, readings, steps_seen
 from bisect_prefetch.runs.discover import engine_says
-from bisect_prefetch.runs.faults import RANK_LOG_DIR
-from bisect_prefetch.runs.first_error import first_error_line
-from bisect_prefetch.runs.merge import GRAPH_FILE
 from bisect_prefetch.runs.rank_logs import WORKER_LOGS, log_files
 from bisect_prefetch.runs.state import open_state
-from bisect_prefetch.vocab import GUARD_NONE, METRICS_FILE, STDERR_FILE, STDOUT_FILE, TIMEOUT
+from bisect_prefetch.vocab import (
+    GUARD_NONE,
+    METRICS_FILE,
+    STDERR_FILE,
+    STDOUT_FILE,
+    STEPS,
+    TIMEOUT,
+    Placeholders,
+)
 
 PROBE_STEPS = 2  # the first run: enough metric lines to read the format from
 LOG_FILES = (STDOUT_FILE, STDERR_FILE, METRICS_FILE)  # where a run's metric lines may be

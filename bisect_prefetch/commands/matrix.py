@@ -26,6 +26,7 @@ from bisect_prefetch.commands.common import (
     reuse_options,
     write_json,
 )
+from bisect_prefetch.drivers.group import stressed_groups
 from bisect_prefetch.errors import BisectPrefetchError
 from bisect_prefetch.experiment import (
     Cell,
@@ -36,16 +37,15 @@ from bisect_prefetch.experiment import (
     with_stress,
 )
 from bisect_prefetch.files import write_text_atomic
+from bisect_prefetch.judge.step_time import compare_runs, describe_cost, group_cost
 from bisect_prefetch.report.html import MATRIX_FILE, build_report
 from bisect_prefetch.report.junit import write_junit
 from bisect_prefetch.report.localization import in_unit
 from bisect_prefetch.report.markdown import publish_markdown
 from bisect_prefetch.report.progress import RunProgress
 from bisect_prefetch.report.table import print_matrix
-from bisect_prefetch.runs.group import stressed_groups
 from bisect_prefetch.runs.sessions import Scope
 from bisect_prefetch.runs.state import open_state
-from bisect_prefetch.runs.step_time import compare_runs, describe_cost, group_cost
 from bisect_prefetch.runs.store import JOURNAL
 from bisect_prefetch.select import resolve_mask
 from bisect_prefetch.vocab import CONSISTENT, DIVERGED, USABLE_OUTCOMES
@@ -160,7 +160,7 @@ class MatrixResult:
                 own = group_cost([r.get("step_time_ms") for r in details], None)
                 cost = group_cost([r.get("step_time_ms") for r in details],
                                   own["median_ms"] if own and base is cell else None)
-            else:  # over the steps both cells' runs timed (runs/step_time.py)
+            else:  # over the steps both cells' runs timed (judge/step_time.py)
                 cost = compare_runs(base.group.get("run_details") or [], details)
             if cost is not None:
                 costs[cell.name] = cost

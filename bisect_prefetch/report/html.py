@@ -30,6 +30,9 @@ from typing import Any
 from bisect_prefetch.errors import BisectPrefetchError
 from bisect_prefetch.experiment import expectation_met
 from bisect_prefetch.files import write_text_atomic
+from bisect_prefetch.judge.faults import fault_lines
+from bisect_prefetch.judge.signals import describe_signals
+from bisect_prefetch.judge.step_time import compare_runs
 from bisect_prefetch.report.figures import RunFigures, run_figures
 from bisect_prefetch.report.run_view import (
     SEARCH,
@@ -54,11 +57,8 @@ from bisect_prefetch.report.verdict_block import (
     size_one_words,
     step_lines,
 )
-from bisect_prefetch.runs.faults import fault_lines
 from bisect_prefetch.runs.reuse import MANIFEST_FIELD
 from bisect_prefetch.runs.reuse import summary as manifest_summary
-from bisect_prefetch.runs.signals import describe_signals
-from bisect_prefetch.runs.step_time import compare_runs
 from bisect_prefetch.runs.store import JOURNAL, JOURNAL_VERSION, SUBMITTED
 from bisect_prefetch.search.protocol import mask_name
 from bisect_prefetch.vocab import (
@@ -468,7 +468,7 @@ def _bisect_evidence(bisect: dict[str, Any], groups: list[RunGroup],
 
 def _all_on_runs(groups: list[RunGroup], edge_ids: list[str] | None) -> list[Any]:
     """The baseline: every run with every edge on and no guard, its step times compared
-    with a group's over the steps they all ran (runs/step_time.compare_runs)."""
+    with a group's over the steps they all ran (judge/step_time.compare_runs)."""
     every = set(edge_ids or [])
     return [r for g in groups for r in g.records
             if g.guard == "none" and (g.mask is None or set(g.mask) == every)]

@@ -15,8 +15,8 @@ from pathlib import Path
 
 from bisect_prefetch.errors import BisectPrefetchError
 from bisect_prefetch.files import write_text_atomic
+from bisect_prefetch.judge.faults import fault_lines
 from bisect_prefetch.report.table import matrix_rows, matrix_summary
-from bisect_prefetch.runs.faults import fault_lines
 
 SUMMARY_ENV = "GITHUB_STEP_SUMMARY"
 

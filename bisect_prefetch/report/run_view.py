@@ -13,8 +13,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from bisect_prefetch.judge.faults import describe as describe_fault
 from bisect_prefetch.report.localization import describe as describe_localization
-from bisect_prefetch.runs.faults import describe as describe_fault
 from bisect_prefetch.vocab import CONSISTENT, DIVERGED, USABLE_OUTCOMES
 
 SEARCH = "search"  # commands/bisect.PURPOSE: the prefix of every run a bisection keys

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from bisect_prefetch.runs.signals import describe_stress
+from bisect_prefetch.judge.signals import describe_stress
 
 
 def stress_line(stress: dict) -> str:

@@ -16,8 +16,8 @@ from rich.console import Console
 from bisect_prefetch import graph as graphs
 from bisect_prefetch.errors import BisectPrefetchError
 from bisect_prefetch.experiment import Experiment
+from bisect_prefetch.judge.merge import GRAPH_FILE, PROBE_FILE
 from bisect_prefetch.runs.execute import Runner
-from bisect_prefetch.runs.merge import GRAPH_FILE, PROBE_FILE
 from bisect_prefetch.runs.workloads import has_prefetch_graph
 from bisect_prefetch.vocab import STDERR_FILE
 from bisect_prefetch.workloads import mindformers
@@ -37,7 +37,7 @@ def discover_graph(runner: Runner, console: Console | None = None) -> graphs.Pre
     """The experiment's graph; for a runtime source, one short recorded run (or its journal).
 
     The runner learns its edges: a later run whose mask switches one off must show that
-    the mask was applied (runs/merge.mask_not_applied)."""
+    the mask was applied (judge/merge.mask_not_applied)."""
     graph = _find_graph(runner, console)
     runner.graph_edges = frozenset(graph.edge_ids())
     return graph

@@ -25,13 +25,13 @@ from typing import Any
 
 from bisect_prefetch.experiment import Experiment
 from bisect_prefetch.files import write_text_atomic
+from bisect_prefetch.judge.faults import RANK_LOG_DIR
 from bisect_prefetch.metrics.compare import StreamingComparator
 from bisect_prefetch.metrics.live import LiveMetrics
 from bisect_prefetch.metrics.trajectory import Trajectory
 from bisect_prefetch.runs import envprint
 from bisect_prefetch.runs.code_print import code_fingerprint
 from bisect_prefetch.runs.executors import Executor, Job, make_executor
-from bisect_prefetch.runs.faults import RANK_LOG_DIR
 from bisect_prefetch.runs.job_path import ADAPTER_TREE, write_adapter_tree
 from bisect_prefetch.runs.launcher import (
     STATUS_FILE,
@@ -95,7 +95,7 @@ class Runner:
         self.executor: Executor = executor or make_executor(experiment.executor)
         self.reattached: list[str] = []
         # Told of the first usable run, once (with its run dir): commands say in one line
-        # what it measured (runs/signals.py) and what a static graph got wrong.
+        # what it measured (judge/signals.py) and what a static graph got wrong.
         self.on_first_usable: Callable[[RunOutcome, Path], None] | None = None
         self._first_said = False
         self.killed_leftovers: list[int] = []  # pids open() stopped
@@ -113,7 +113,7 @@ class Runner:
         # also say it itself (the stress calibration of `bisect --stress auto`).
         self.stress = False
         # The graph's edge ids, once known (runs/discover.py): a run whose mask switches
-        # one off must show that its mask was applied (runs/merge.mask_not_applied).
+        # one off must show that its mask was applied (judge/merge.mask_not_applied).
         self.graph_edges: frozenset[str] = frozenset()
 
     def open(self) -> Runner:

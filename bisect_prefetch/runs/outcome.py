@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from bisect_prefetch.runs.faults import describe as describe_fault
+from bisect_prefetch.judge.faults import describe as describe_fault
 from bisect_prefetch.search.oracle import RunResult
 from bisect_prefetch.vocab import USABLE_OUTCOMES
 
@@ -29,17 +29,17 @@ class RunOutcome:
     first_progress_s: float | None = None  # launch to first metrics line
     exit_code: int | None = None
     problems: list[str] = field(default_factory=list)
-    fault: dict[str, Any] | None = None  # runs.faults record of a failed run, if a log names one
-    step_time_ms: float | None = None  # median step time after warm-up (runs/step_time.py)
+    fault: dict[str, Any] | None = None  # judge.faults record of a failed run, if a log names one
+    step_time_ms: float | None = None  # median step time after warm-up (judge/step_time.py)
     # [step, ms] of every step after warm-up (the slowest rank's): costs compare runs over
-    # the steps they all ran (runs/step_time.compare_runs).
+    # the steps they all ran (judge/step_time.compare_runs).
     step_times_ms: list[list[float]] | None = None
     # The machine's 1-minute load average when the run was collected: step times of runs
-    # on a differently busy machine are no cost of a mask (runs/step_time.py).
+    # on a differently busy machine are no cost of a mask (judge/step_time.py).
     load_avg: float | None = None
     # Where the digests first differ from the reference: metrics.localize.Localization's JSON.
     localization: dict[str, Any] | None = None
-    # What the run measured (runs/signals.py): step boundaries, digests, order, precision.
+    # What the run measured (judge/signals.py): step boundaries, digests, order, precision.
     signals: dict[str, Any] | None = None
     # The job's own environment, as its ranks saw it (runs/envprint.summary; None: no print).
     environment: dict[str, Any] | None = None

@@ -9,9 +9,8 @@ from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 
-from bisect_prefetch.init_file import Placeholders
-from bisect_prefetch.runs.faults import RANK_LOG_DIR
-from bisect_prefetch.vocab import METRICS_FILE
+from bisect_prefetch.judge.faults import RANK_LOG_DIR
+from bisect_prefetch.vocab import METRICS_FILE, Placeholders
 
 MSRUN = ("msrun", "mindspore.parallel.cluster.run")
 WORKER_LOGS = f"{RANK_LOG_DIR}/worker_*.log"  # msrun --log_dir: worker_<rank>.log each

@@ -19,6 +19,17 @@ import numpy as np
 
 from bisect_prefetch.errors import BisectPrefetchError
 from bisect_prefetch.experiment import Metrics
+from bisect_prefetch.judge.faults import find_fault
+from bisect_prefetch.judge.first_error import adapter_refusal, first_error_line
+from bisect_prefetch.judge.merge import (
+    GRAPH_FILE,
+    mask_not_applied,
+    merge_graphs,
+    merge_probes,
+    schedule_problems,
+)
+from bisect_prefetch.judge.signals import digest_gaps, run_signals, signal_problems
+from bisect_prefetch.judge.step_time import run_step_time_ms, run_step_times_ms
 from bisect_prefetch.metrics.compare import StreamingComparator, compare_trajectories, earliest
 from bisect_prefetch.metrics.completeness import (
     ZERO_BASED_HINT,
@@ -32,20 +43,9 @@ from bisect_prefetch.metrics.precision import at_decimals, coarser_decimals
 from bisect_prefetch.metrics.trajectory import Trajectory
 from bisect_prefetch.runs import envprint
 from bisect_prefetch.runs.executors.base import LOST
-from bisect_prefetch.runs.faults import find_fault
-from bisect_prefetch.runs.first_error import adapter_refusal, first_error_line
 from bisect_prefetch.runs.launcher import NO_METRICS
-from bisect_prefetch.runs.merge import (
-    GRAPH_FILE,
-    mask_not_applied,
-    merge_graphs,
-    merge_probes,
-    schedule_problems,
-)
 from bisect_prefetch.runs.outcome import RunOutcome
 from bisect_prefetch.runs.reuse import collect
-from bisect_prefetch.runs.signals import digest_gaps, run_signals, signal_problems
-from bisect_prefetch.runs.step_time import run_step_time_ms, run_step_times_ms
 from bisect_prefetch.runs.store import StateDir
 from bisect_prefetch.vocab import ERROR, OK, STOPPED_EARLY, TIMEOUT, TRUNCATED, Mask
 
@@ -126,7 +126,7 @@ class RunJudge:
         asked is truncated; a failed run gets the fault its logs name, if any. A run of
         several masks whose ranks did not follow its schedule is never evidence, nor is a
         run whose mask switches an edge off (masks_off) while nothing shows it was applied
-        (runs/merge.py). A run whose in-job adapter refused the job's engine is an error
+        (judge/merge.py). A run whose in-job adapter refused the job's engine is an error
         whose reason is the adapter's own line.
         """
         _, graph_problems = merge_graphs(run_dir)

@@ -18,12 +18,12 @@ from rich.console import Console
 
 from bisect_prefetch.experiment import Experiment
 from bisect_prefetch.graph import PrefetchGraph
+from bisect_prefetch.judge.signals import describe_signals
 from bisect_prefetch.runs.discover import discover_graph, static_mismatch
 from bisect_prefetch.runs.execute import Runner
 from bisect_prefetch.runs.executors import with_executor
 from bisect_prefetch.runs.reuse import CHECKED, UNSEEN
 from bisect_prefetch.runs.sessions import Scope
-from bisect_prefetch.runs.signals import describe_signals
 from bisect_prefetch.runs.store import StateDir
 
 

@@ -25,8 +25,8 @@ import pytest
 from bisect_prefetch.adapters import Session
 from bisect_prefetch.adapters import hyper_parallel as hp
 from bisect_prefetch.adapters.plan import parse_plan
-from bisect_prefetch.audit import audit_run_dir
 from bisect_prefetch.graph import from_policy
+from bisect_prefetch.judge.audit import audit_run_dir
 from bisect_prefetch.metrics.digests import compare_digest_files
 from bisect_prefetch.metrics.localize import compare_run_digests
 from tests.conftest import rank_lines
@@ -751,7 +751,7 @@ def test_a_nudged_parameter_is_localized_to_the_target_of_its_edge(runs):
 
 def test_a_step_with_no_tensor_found_is_recorded_and_withdraws_the_bitwise_claim(
         adapter_with, tmp_path):
-    from bisect_prefetch.runs.signals import describe_signals, identical_wording, run_signals
+    from bisect_prefetch.judge.signals import describe_signals, identical_wording, run_signals
 
     adapter = adapter_with(record={"digests": "*", "digest_every": 1})
     root, layers = toy_model(shard_size=2)

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from bisect_prefetch.audit import audit_run_dir
+from bisect_prefetch.judge.audit import audit_run_dir
 from bisect_prefetch.metrics.digests import compare_digest_files
 
 pytest.importorskip("torch")

@@ -13,8 +13,8 @@ import json
 import pytest
 from rich.console import Console
 
-from bisect_prefetch.audit import FAILING_KINDS, audit, audit_run_dir
 from bisect_prefetch.commands.audit import finding_lines, run_audit, verdict_lines
+from bisect_prefetch.judge.audit import FAILING_KINDS, audit, audit_run_dir
 
 A, B, C = "layers.0", "layers.1", "layers.2"
 

@@ -21,8 +21,8 @@ import pytest
 from bisect_prefetch.adapters.manifest import MANIFEST_VERSION
 from bisect_prefetch.commands import bisect as command
 from bisect_prefetch.commands import bisect_words
+from bisect_prefetch.drivers.oracle import Earlier
 from bisect_prefetch.errors import BisectPrefetchError
-from bisect_prefetch.runs.oracle import Earlier
 from bisect_prefetch.runs.outcome import RunOutcome
 from bisect_prefetch.search import verdict as v
 from bisect_prefetch.search.oracle import AnswersAtOnce, Finished, RunResult

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from bisect_prefetch.cli import main
+from bisect_prefetch.drivers.oracle import earlier_all_off
 from bisect_prefetch.errors import BisectPrefetchError
-from bisect_prefetch.runs.oracle import earlier_all_off
 from bisect_prefetch.search import verdict as v
 from bisect_prefetch.search.oracle import RunResult
 from bisect_prefetch.search.protocol import Bisection
@@ -216,7 +216,7 @@ def test_under_stress_auto_the_controls_come_before_the_calibration_runs(tmp_pat
     import io
 
     from bisect_prefetch.commands import bisect as bisect_command
-    from bisect_prefetch.runs.oracle import Earlier
+    from bisect_prefetch.drivers.oracle import Earlier
     from bisect_prefetch.runs.outcome import RunOutcome
     from tests.commands.test_stress import _simulated_experiment, _StressOracle
     from tests.conftest import console

@@ -16,9 +16,9 @@ from bisect_prefetch.commands.explain import explain_command
 from bisect_prefetch.commands.explain_cost import overhead
 from bisect_prefetch.commands.explain_window import default_window, targeted_units
 from bisect_prefetch.commands.explain_words import explanation_lines
+from bisect_prefetch.judge.tool_fault import tool_failure
 from bisect_prefetch.metrics.op_compare import RankFinding, explain
 from bisect_prefetch.report.localization import describe
-from bisect_prefetch.runs.tool_fault import tool_failure
 from bisect_prefetch.search.oracle import Finished, RunResult
 
 

@@ -284,8 +284,8 @@ with open(os.path.join(out, "probe.rank0.json"), "w") as f:
     '{"hyper_parallel": {"units": {"u": {"params": "x"}}}}', '{"rank": "zero"}', "[" * 100_000,
 ])
 def test_a_malformed_probe_makes_the_run_unreadable_never_a_crash(tmp_path, capsys, probe):
-    from bisect_prefetch.audit import audit_run_dir
     from bisect_prefetch.errors import BisectPrefetchError
+    from bisect_prefetch.judge.audit import audit_run_dir
 
     script = tmp_path / "probe_job.py"
     script.write_text(textwrap.dedent(PROBE_JOB))

@@ -16,7 +16,7 @@ import pytest
 
 from bisect_prefetch.cli import main
 from bisect_prefetch.experiment import load_experiment
-from bisect_prefetch.init_file import MetricsChoice, find_placeholders, render_experiment
+from bisect_prefetch.experiment.init_file import MetricsChoice, find_placeholders, render_experiment
 from bisect_prefetch.metrics.detect import is_timing, readings
 
 USER_JOB = Path(__file__).resolve().parents[2] / "examples" / "fsdp2_train.py"

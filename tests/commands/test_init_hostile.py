@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import yaml
 
-from bisect_prefetch.init_file import (
+from bisect_prefetch.experiment.init_file import (
     MetricsChoice,
     _check_read_back,
     find_placeholders,

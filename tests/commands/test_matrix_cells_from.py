@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from bisect_prefetch.cli import main
-from bisect_prefetch.experiment_verdict_cells import runs_to_see
+from bisect_prefetch.experiment.verdict_cells import runs_to_see
 from tests.conftest import FAKE_JOB
 
 FIRST, SECOND = "bwd:layers.1->layers.0", "bwd:layers.2->layers.1"

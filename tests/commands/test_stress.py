@@ -18,11 +18,11 @@ from bisect_prefetch.adapters.stress import HIGH, LOW, Stress
 from bisect_prefetch.cli import main
 from bisect_prefetch.commands import bisect as bisect_command
 from bisect_prefetch.commands.bisect_words import stress_choice_words
+from bisect_prefetch.drivers.oracle import Earlier
 from bisect_prefetch.errors import BisectPrefetchError
 from bisect_prefetch.experiment import load_experiment, with_stress
-from bisect_prefetch.runs.oracle import Earlier
+from bisect_prefetch.judge.signals import describe_stress
 from bisect_prefetch.runs.outcome import RunOutcome
-from bisect_prefetch.runs.signals import describe_stress
 from bisect_prefetch.search.oracle import AnswersAtOnce, RunResult
 from bisect_prefetch.search.stress import Hazard, choose_stress
 from tests.conftest import console, read_ranks

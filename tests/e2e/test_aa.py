@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 
 from bisect_prefetch.cli import main
+from bisect_prefetch.drivers.group import run_group
 from bisect_prefetch.experiment import load_experiment
 from bisect_prefetch.runs.envprint import ENV_FILE
 from bisect_prefetch.runs.execute import Runner, write_config
-from bisect_prefetch.runs.group import run_group
 from bisect_prefetch.runs.sessions import Scope
 from bisect_prefetch.runs.store import StateDir
 from tests.conftest import job_processes

@@ -23,11 +23,11 @@ from pathlib import Path
 
 import pytest
 
+from bisect_prefetch.drivers.oracle import RealOracle
 from bisect_prefetch.errors import BisectPrefetchError
 from bisect_prefetch.experiment import load_experiment
 from bisect_prefetch.runs.execute import Runner
 from bisect_prefetch.runs.executors.slurm import SlurmExecutor, SlurmOptions
-from bisect_prefetch.runs.oracle import RealOracle
 from bisect_prefetch.runs.store import RunKey, StateDir
 
 FAULT_EDGE = "bwd:layers.2->layers.1"

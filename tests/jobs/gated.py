@@ -1,6 +1,6 @@
 """A stand-in for a sharded engine around a script that has none: ``python gated.py SCRIPT ARGS``.
 
-A job must show that it applied a run's mask (runs/merge.mask_not_applied): FSDP2's hooks send
+A job must show that it applied a run's mask (judge/merge.mask_not_applied): FSDP2's hooks send
 every prefetch through the in-job adapter's gate. This test device does the same for the two
 edges of a 2-unit chain (the static policy ``fsdp2-chain`` with 2 layers), once, then runs
 SCRIPT as ``__main__`` with ARGS: tests of something else (reuse, resume) bisect a job that

@@ -1,1 +1,1 @@
-"""Tests of runs/: state dir, journal, launcher, executors, the real oracle."""
+"""Tests of runs/: state dir, journal, launcher, executors."""

@@ -93,8 +93,8 @@ def test_slurm_keys_on_a_local_executor_are_an_error(tmp_path):
 
 
 def test_an_aa_group_runs_over_the_local_slots_at_once(tmp_path):
+    from bisect_prefetch.drivers.group import run_group
     from bisect_prefetch.runs.execute import Runner
-    from bisect_prefetch.runs.group import run_group
     from bisect_prefetch.runs.store import StateDir
     from tests.conftest import fake_job_experiment
 

@@ -15,8 +15,8 @@ import textwrap
 import pytest
 
 from bisect_prefetch.cli import main
+from bisect_prefetch.judge.faults import describe, find_fault, match_line
 from bisect_prefetch.report.html import build_report
-from bisect_prefetch.runs.faults import describe, find_fault, match_line
 from tests.conftest import NAME, job_processes, write_experiment
 
 LINES = {
@@ -140,7 +140,7 @@ def test_a_gloo_timeout_is_attributed_to_its_line_and_rank(tmp_path, capsys):
 
 
 def test_in_a_huge_log_only_the_tail_is_read_and_line_numbers_stay_right(tmp_path, monkeypatch):
-    import bisect_prefetch.runs.faults as faults
+    import bisect_prefetch.judge.faults as faults
 
     monkeypatch.setattr(faults, "_MAX_BYTES", 4096)
     early = "srun: error: Node failure on node-1\n"  # before the tail: not read

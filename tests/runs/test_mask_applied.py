@@ -1,11 +1,11 @@
 """No verdict rests on a run whose mask was not applied, or whose adapter refused the job.
 
 A run whose mask switches an edge off must show that the job applied it: a prefetch through
-the adapter's gate on some rank, or a rank's graph (runs/merge.mask_not_applied). A job the
+the adapter's gate on some rank, or a rank's graph (judge/merge.mask_not_applied). A job the
 adapter never entered (here: a script with no engine, on a static graph) used to be
 "consistent" under all-off; each run is now an error that says why. A job whose adapter
 refused its torch (adapters/fsdp2_support.py) is an error whose reason is the adapter's own
-line, taken from the probe (runs/first_error.adapter_refusal), and no command gives a verdict.
+line, taken from the probe (judge/first_error.adapter_refusal), and no command gives a verdict.
 """
 
 from __future__ import annotations

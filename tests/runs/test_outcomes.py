@@ -11,11 +11,11 @@ import json
 from pathlib import Path
 
 from bisect_prefetch.cli import main
+from bisect_prefetch.drivers.group import run_group
+from bisect_prefetch.drivers.oracle import RealOracle
 from bisect_prefetch.experiment import load_experiment
 from bisect_prefetch.report.html import build_report, outcome_counts_text
 from bisect_prefetch.runs.execute import Runner
-from bisect_prefetch.runs.group import run_group
-from bisect_prefetch.runs.oracle import RealOracle
 from bisect_prefetch.runs.store import StateDir
 from tests.conftest import NAME, fake_job_experiment, job_processes, script_experiment
 
@@ -53,7 +53,7 @@ with open(os.path.join(plan["out_dir"], "metrics.jsonl"), "a") as f:
 
 def _aa(tmp_path: Path, experiment: Path, *args: str, mask: str = "all-on") -> tuple[int, dict]:
     """all-on by default: JOB writes metrics only, and a mask that switches an edge off needs
-    a job that applies it (runs/merge.mask_not_applied; fake_job's probe says it does)."""
+    a job that applies it (judge/merge.mask_not_applied; fake_job's probe says it does)."""
     out = tmp_path / "aa.json"
     code = main(["aa", str(experiment), "--state-dir", str(tmp_path / "state"), "--mask",
                  mask, "--json", str(out), *args])

@@ -1,4 +1,4 @@
-"""Step time per run and per mask (runs/step_time.py), the order log's bounds, and a real run."""
+"""Step time per run and per mask (judge/step_time.py), the order log's bounds, and a real run."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 from rich.console import Console
 
 from bisect_prefetch.adapters.order import OrderLog
-from bisect_prefetch.runs.step_time import (
+from bisect_prefetch.judge.step_time import (
     compare_runs,
     describe_cost,
     fix_cost_line,

@@ -297,7 +297,7 @@ def probe_of(**ranks):
 
 
 def test_a_run_counts_only_where_every_rank_followed_its_schedule():
-    from bisect_prefetch.runs.merge import schedule_problems
+    from bisect_prefetch.judge.merge import schedule_problems
 
     followed = {"schedule_followed": [[0, 1], [1, 5], [2, 9]]}
     assert schedule_problems(probe_of(**{"0": followed, "1": followed}), SCHEDULE, 13) == []
@@ -318,7 +318,7 @@ def test_a_run_counts_only_where_every_rank_followed_its_schedule():
 
 
 def test_step_times_of_a_run_of_several_masks_count_for_each_segments_mask():
-    from bisect_prefetch.runs.step_time import _segments
+    from bisect_prefetch.judge.step_time import _segments
 
     record = {"mask": ["a"], "schedule": [[1, ["a"]], [4, ["a", "b"]]],
               "step_times_ms": [[s, 10.0 * s] for s in range(1, 8)]}

@@ -19,7 +19,7 @@ starts it too). Runs of several masks (search/segments.py) come from
 `request_schedule`: their key holds the schedule, and the golden run is
 lengthened to the step cap first (`run_golden(cap)`), so it covers the longest
 run. Runs on several slots go through the slot operations of
-search.oracle.Oracle over runs/slots.py; `run` is one run at once.
+search.oracle.Oracle over drivers/slots.py; `run` is one run at once.
 
 Golden comparison assumes masks do not change the numbers (prefetch only
 moves copies earlier). This is checked, not assumed: every run's trajectory
@@ -39,12 +39,12 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from bisect_prefetch.drivers.slots import RunRequest, Slots
 from bisect_prefetch.errors import BisectPrefetchError
+from bisect_prefetch.judge.merge import REFUSED
 from bisect_prefetch.runs.execute import Runner
 from bisect_prefetch.runs.executors.base import LOST, LOST_RETRIES
-from bisect_prefetch.runs.merge import REFUSED
 from bisect_prefetch.runs.outcome import RunOutcome
-from bisect_prefetch.runs.slots import RunRequest, Slots
 from bisect_prefetch.search.oracle import Finished, RunResult
 from bisect_prefetch.search.segments import Schedule
 from bisect_prefetch.vocab import ADAPTER_NOT_ACTIVE, OK, USABLE_OUTCOMES, Mask

@@ -15,7 +15,7 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 from bisect_prefetch.errors import BisectPrefetchError
-from bisect_prefetch.experiment_model import Experiment
+from bisect_prefetch.experiment.model import Experiment
 
 ModelT = TypeVar("ModelT", bound=BaseModel)
 

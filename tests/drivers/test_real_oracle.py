@@ -12,11 +12,11 @@ from pathlib import Path
 import pytest
 
 from bisect_prefetch.commands.bisect_loop import run_bisection
+from bisect_prefetch.drivers.oracle import RealOracle
 from bisect_prefetch.errors import BisectPrefetchError
 from bisect_prefetch.experiment import load_experiment
 from bisect_prefetch.graph import from_policy
 from bisect_prefetch.runs.execute import Runner
-from bisect_prefetch.runs.oracle import RealOracle
 from bisect_prefetch.runs.sessions import Scope
 from bisect_prefetch.runs.store import StateDir
 from bisect_prefetch.search.causes import CauseSearch

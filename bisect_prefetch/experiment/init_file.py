@@ -19,9 +19,16 @@ from dataclasses import dataclass, field
 
 import yaml
 
-from bisect_prefetch.vocab import escape_placeholders
+from bisect_prefetch.vocab import (
+    INTEGER,
+    PORT,
+    SEED,
+    STEPS,
+    Marked,
+    Placeholders,
+    escape_placeholders,
+)
 
-STEPS, SEED, PORT = "steps", "seed", "port"
 # The last dotted part of an argument's name, dashes read as underscores.
 STEPS_KEYS = frozenset({"steps", "max_steps", "num_steps", "train_steps", "total_steps",
                         "training_steps", "num_train_steps", "max_iters", "train_iters",
@@ -38,44 +45,6 @@ PLACEHOLDER_MEANING = {
     PORT: "a free rendezvous port for each run, so that runs can go at once (executor.slots)",
 }
 _NAME = re.compile(r"^-{0,2}([A-Za-z_][A-Za-z0-9_.\-]*)$")
-_INT = re.compile(r"^[+-]?\d+$")
-
-
-@dataclass(frozen=True)
-class Marked:
-    """One argument init gave a placeholder: `--steps 100` -> `--steps {steps}`."""
-
-    kind: str  # steps | seed | port
-    flag: str  # the argument's name as written: --steps, --rdzv-endpoint, MASTER_PORT
-    value: str  # the value it had
-    index: int  # the argv word that holds the value
-
-    def describe(self) -> str:
-        return f"{self.flag} {self.value} -> {{{self.kind}}}"
-
-
-@dataclass
-class Placeholders:
-    """A command with `{steps}`, `{seed}` and `{port}` where init found their arguments."""
-
-    original: list[str]
-    argv: list[str]
-    marked: list[Marked] = field(default_factory=list)
-    launcher: str | None = None  # torchrun, msrun, ... when the command starts one
-    standalone: bool = False  # torchrun --standalone: it picks a free port itself
-    notes: list[str] = field(default_factory=list)  # arguments seen but left as they are
-
-    def found(self, kind: str) -> Marked | None:
-        return next((m for m in reversed(self.marked) if m.kind == kind), None)
-
-    def value(self, kind: str) -> int | None:
-        """The command's own value of steps or seed, when it had one."""
-        mark = self.found(kind)
-        return int(mark.value) if mark is not None and _INT.match(mark.value) else None
-
-    def needs_port(self) -> bool:
-        """Whether runs side by side would meet at one port: a launcher, no {port}, not standalone."""
-        return self.launcher is not None and not self.standalone and self.found(PORT) is None
 
 
 def _key(name: str) -> str:
@@ -138,13 +107,13 @@ def _mark(out: Placeholders, index: int, name: str, value: str, *, prefix: str) 
     placeholder = f"{{{kind}}}"
     if _key(name) in ENDPOINT_KEYS:
         host, colon, port = value.rpartition(":")
-        if colon and _INT.match(port):
+        if colon and INTEGER.match(port):
             out.argv[index] = f"{prefix}{host}:{placeholder}"
             out.marked.append(Marked(kind, name, value, index))
         else:
             out.notes.append(f"{name} {value}: no :PORT at its end, left as it is")
         return
-    if not _INT.match(value) or (kind == STEPS and int(value) < 1):
+    if not INTEGER.match(value) or (kind == STEPS and int(value) < 1):
         out.notes.append(f"{name} {value}: not a {'positive ' if kind == STEPS else ''}whole "
                          f"number, left as it is")
         return

@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from bisect_prefetch.runs.signals import (
+from bisect_prefetch.judge.signals import (
     describe_signals,
     digest_gaps,
     identical_wording,

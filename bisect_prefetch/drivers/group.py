@@ -20,15 +20,15 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from bisect_prefetch.drivers.slots import RunRequest, keep_slots_busy
+from bisect_prefetch.judge.merge import GRAPH_FILE
+from bisect_prefetch.judge.signals import identical_wording
+from bisect_prefetch.judge.step_time import group_cost
 from bisect_prefetch.metrics.compare import compare_group
 from bisect_prefetch.runs import envprint
 from bisect_prefetch.runs.execute import Runner
 from bisect_prefetch.runs.executors.base import LOST, LOST_RETRIES
-from bisect_prefetch.runs.merge import GRAPH_FILE
 from bisect_prefetch.runs.outcome import RunOutcome
-from bisect_prefetch.runs.signals import identical_wording
-from bisect_prefetch.runs.slots import RunRequest, keep_slots_busy
-from bisect_prefetch.runs.step_time import group_cost
 from bisect_prefetch.vocab import (
     CLEAN,
     CONSISTENT,
@@ -79,7 +79,7 @@ class AAResult:
 
     @property
     def signals(self) -> dict[str, Any] | None:
-        """What the group's first usable run measured (runs/signals.py)."""
+        """What the group's first usable run measured (judge/signals.py)."""
         return next((run.signals for run in self.runs if run.usable and run.signals), None)
 
     @property
@@ -122,7 +122,7 @@ class AAResult:
             "graph_drift": self.graph_drift,
             "reason": self.reason,
             "run_details": [run.to_record() | {"reused": run.reused} for run in self.runs],
-            # median and range of the runs' step times (runs/step_time.py); ratio: see matrix/bisect
+            # median and range of the runs' step times (judge/step_time.py); ratio: see matrix/bisect
             "step_time": group_cost((run.step_time_ms for run in self.runs), None),
         }
 

@@ -22,7 +22,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from bisect_prefetch.audit import read_probe
+from bisect_prefetch.judge.audit import read_probe
 from bisect_prefetch.vocab import USABLE_OUTCOMES, probe_rank_file
 
 WARMUP_STEPS = 2  # the first step builds and initializes; the second still warms caches
@@ -46,7 +46,7 @@ def run_step_times_ms(run_dir: Path) -> list[list[float]]:
     for path in Path(run_dir).glob(probe_rank_file("*")):
         probe, _ = read_probe(path)
         if probe is None:
-            continue  # unreadable: the run is an error, said by runs/merge.py
+            continue  # unreadable: the run is an error, said by judge/merge.py
         for step, seconds in probe.get("step_seconds") or []:
             per_step[int(step)] = max(per_step.get(int(step), 0.0), float(seconds))
     return [[step, round(seconds * 1000.0, 3)] for step, seconds in sorted(per_step.items())

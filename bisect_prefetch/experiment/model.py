@@ -3,7 +3,7 @@
 An experiment says what to run (a built-in reference workload or a command),
 how to read its metrics, where its prefetch graph comes from, and the seed,
 step count and timeouts. Reading one from YAML, with its limits and error
-wording, is experiment_yaml.py's; the matrix, experiment_matrix.py's.
+wording, is experiment/yaml_reader.py's; the matrix, experiment/matrix.py's.
 """
 
 from __future__ import annotations

@@ -88,7 +88,7 @@ OnStart = Callable[[RunRequest], None]
 def keep_slots_busy(runner: Runner, propose: Propose, on_done: OnDone, *,
                     on_start: OnStart | None = None) -> None:
     """Run what propose asks for, up to executor.slots at once, until it asks nothing more
-    and nothing is in flight (an A/A group's runs: runs/group.py).
+    and nothing is in flight (an A/A group's runs: drivers/group.py).
 
     propose returns the next run, or None when nothing more can be asked until a
     result arrives, or ever.

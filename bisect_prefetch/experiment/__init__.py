@@ -1,14 +1,14 @@
 """Experiment and matrix files, by the names the rest of the package imports.
 
-The models are experiment_model.py's, the YAML loading (its limits and error
-wording, overrides) experiment_yaml.py's, the matrix experiment_matrix.py's;
+The models are experiment/model.py's, the YAML loading (its limits and error
+wording, overrides) experiment/yaml_reader.py's, the matrix experiment/matrix.py's;
 this module gathers their public names.
 """
 
 from __future__ import annotations
 
-from bisect_prefetch.experiment_matrix import Cell, Matrix, expectation_met, load_matrix
-from bisect_prefetch.experiment_model import (
+from bisect_prefetch.experiment.matrix import Cell, Matrix, expectation_met, load_matrix
+from bisect_prefetch.experiment.model import (
     ExecutorConfig,
     Experiment,
     Fault,
@@ -29,7 +29,7 @@ from bisect_prefetch.experiment_model import (
     with_segments,
     with_stress,
 )
-from bisect_prefetch.experiment_yaml import apply_overrides, load_experiment, with_overrides
+from bisect_prefetch.experiment.yaml_reader import apply_overrides, load_experiment, with_overrides
 
 __all__ = [
     "Cell", "ExecutorConfig", "Experiment", "Fault", "GraphSource", "Matrix", "Metrics", "Record",

@@ -16,7 +16,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from bisect_prefetch.runs.faults import log_files
+from bisect_prefetch.judge.faults import log_files
 from bisect_prefetch.vocab import probe_rank_file
 
 # The in-job code as the job runs it (a copy in the run dir: runs/job_path.py).

@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from bisect_prefetch.audit import audit, audit_run_dir
 from bisect_prefetch.errors import BisectPrefetchError
+from bisect_prefetch.judge.audit import audit, audit_run_dir
 
 BWD = "bwd:decoder.layers.1->decoder.layers.0"
 FWD = "fwd:decoder.layers.0->decoder.layers.1"

@@ -3,7 +3,7 @@
 A cell has dotted-key overrides, a mask, a guard, a run count and an expected
 verdict; every cell's overrides are checked when the file is loaded. Cells may
 also come from a bisection's verdict (`cells_from: bisect.json`,
-experiment_verdict_cells.py); they run before the file's own cells.
+experiment/verdict_cells.py); they run before the file's own cells.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from typing import Annotated, Any
 from pydantic import Field, PrivateAttr, model_validator
 
 from bisect_prefetch.errors import BisectPrefetchError
-from bisect_prefetch.experiment_model import (
+from bisect_prefetch.experiment.model import (
     ExecutorConfig,
     Expectation,
     Experiment,
@@ -22,12 +22,12 @@ from bisect_prefetch.experiment_model import (
     _Strict,
     check_steps_settable,
 )
-from bisect_prefetch.experiment_verdict_cells import (
+from bisect_prefetch.experiment.verdict_cells import (
     read_culprit_sets,
     verdict_cells,
     verdict_shortfall,
 )
-from bisect_prefetch.experiment_yaml import (
+from bisect_prefetch.experiment.yaml_reader import (
     _read_yaml,
     _validate_experiment,
     _validate_mapping,
@@ -134,7 +134,7 @@ def load_matrix(path: str | Path) -> Matrix:
 
 
 def _cells_from(verdict: Path, experiment_name: str) -> list[Cell]:
-    """The cells a bisect.json's causes make (experiment_verdict_cells.py)."""
+    """The cells a bisect.json's causes make (experiment/verdict_cells.py)."""
     cells = [Cell(**cell) for cell in verdict_cells(read_culprit_sets(verdict, experiment_name))]
     shortfall = verdict_shortfall(verdict)
     for cell in cells:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from bisect_prefetch.runs.faults import MAX_LINE, log_files
+from bisect_prefetch.judge.faults import MAX_LINE, log_files
 from bisect_prefetch.vocab import ADAPTER_NOT_ACTIVE, NOT_ACTIVE_KEY
 
 # A Python exception's message line (`ValueError: 64 is not divisible by 5`), else a logger's

@@ -14,8 +14,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from bisect_prefetch.audit import read_probe
 from bisect_prefetch.files import write_text_atomic
+from bisect_prefetch.judge.audit import read_probe
 from bisect_prefetch.vocab import GRAPH_FILE, PROBE_FILE
 
 REFUSED = "cannot switch masks inside a run"  # a run's error where its engine refused a schedule

@@ -30,7 +30,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from bisect_prefetch.audit import read_probe
+from bisect_prefetch.judge.audit import read_probe
 from bisect_prefetch.metrics.precision import (
     AS_PRINTED,
     FULL,
@@ -52,7 +52,7 @@ def _probes(run_dir: Path) -> dict[int, dict[str, Any]]:
         rank = path.name[len("probe.rank"):-len(".json")]
         if not rank.isdigit():
             continue
-        probe, _ = read_probe(path)  # an unreadable one makes the run an error (runs/merge.py)
+        probe, _ = read_probe(path)  # an unreadable one makes the run an error (judge/merge.py)
         if probe is not None:
             probes[int(rank)] = probe
     return probes

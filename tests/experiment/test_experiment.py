@@ -18,7 +18,7 @@ from bisect_prefetch.experiment import (
     with_overrides,
 )
 
-CONFIGS = Path(__file__).resolve().parent.parent / "configs"
+CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 
 FULL = """
 name: fsdp2-demo

@@ -1,0 +1,1 @@
+"""Tests of drivers/: the real oracle over slots of an executor."""

@@ -1,0 +1,1 @@
+"""Tests of experiment/: the experiment file read, checked and overridden."""
