@@ -18,7 +18,7 @@ PACKAGE = Path(vocab.__file__).parent
 WORDS = set(vocab.VERDICTS) | set(vocab.STAGES)
 # (file under the package, literal): what the literal means there instead.
 ELSEWHERE = {
-    ("commands/bisect.py", "search"): "the bisect command's run purpose in the journal",
+    ("commands/bisect_setup.py", "search"): "the bisect command's run purpose in the journal",
     ("runs/oracle.py", "search"): "the real oracle's default run purpose",
     ("experiment_model.py", "search"): "the experiment file's search: key",
     ("report/run_view.py", "search"): "the bisect command's run purpose in the journal",
