@@ -43,7 +43,8 @@ from bisect_prefetch.vocab import STAGE_CALIBRATE, STAGE_CHECK_OFF, Mask
 class BothSettings:
     """The oracles of both stress settings as one, for the calibration: each run goes to
     the oracle of the setting the calibration asks for. It asks one run at a time (one
-    slot), so the run in flight is the last one asked."""
+    slot), so the run in flight is the last one asked; the loop asks it nothing more (no
+    segments, and no golden run drifts: the calibration compares runs with none)."""
 
     slots = 1
     schedule_refused: str | None = None

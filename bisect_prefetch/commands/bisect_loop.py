@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Iterator
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 from rich.console import Console
 
@@ -75,9 +75,9 @@ class RunLines:
 
     def say(self, heard: Finished) -> None:
         """The line of a run the oracle heard finish (none where it keeps no outcome)."""
-        out = heard.outcome
-        if not isinstance(out, RunOutcome):
-            return  # a bare simulation: nothing ran
+        out = cast(RunOutcome | None, heard.outcome)
+        if out is None:
+            return  # a bare simulation (search/simulate.py): nothing ran
         number = next(self.numbers)
         masks = heard.planned.masks if isinstance(heard.planned, Schedule) else [(1, heard.planned)]
         if self.details is not None:
