@@ -24,7 +24,7 @@ VERDICT_WORDS = {vocab.CONSISTENT, vocab.DIVERGED, vocab.CLEAN}
 WORDS = set(vocab.VERDICTS) | set(vocab.STAGES) | VERDICT_WORDS
 # (file under the package, literal): what the literal means there instead.
 ELSEWHERE = {
-    ("commands/bisect.py", "search"): "the bisect command's run purpose in the journal",
+    ("commands/bisect_setup.py", "search"): "the bisect command's run purpose in the journal",
     ("drivers/oracle.py", "search"): "the real oracle's default run purpose",
     ("experiment/model.py", "search"): "the experiment file's search: key",
     ("report/run_view.py", "search"): "the bisect command's run purpose in the journal",

@@ -37,7 +37,7 @@ from bisect_prefetch.errors import BisectPrefetchError, ToolFailure
 from bisect_prefetch.report.html import BISECT_FILE, EXPLAIN_FILE
 from bisect_prefetch.report.verdict_block import STEP_EXPLAIN
 from bisect_prefetch.search.oracle import Finished, RunResult
-from bisect_prefetch.vocab import STRESS_OFF, STRESS_ON, Mask, parse_edge_id, quote_edges
+from bisect_prefetch.vocab import STRESS_OFF, STRESS_ON, parse_edge_id, quote_edges
 
 TRACED_RUNS = 4  # explain's --runs default
 
@@ -118,9 +118,6 @@ class TracedHints:
     def __getattr__(self, name: str) -> Any:
         return getattr(self._oracle, name)
 
-    def run(self, mask: Mask) -> RunResult:
-        return self._hinted(mask, self._oracle.run(mask))
-
     def finished(self) -> Finished | None:
         heard = self._oracle.finished()
         if heard is None:
@@ -144,8 +141,8 @@ def with_traced_hints(oracle_for: OracleFor) -> OracleFor:
     """oracle_for whose oracles take traced findings as hints (TracedHints), where the
     state dir holds any."""
 
-    def make(opened: Any, on_run: Any, **kwargs: Any) -> Any:
-        oracle = oracle_for(opened, on_run, **kwargs)
+    def make(opened: Any, **kwargs: Any) -> Any:
+        oracle = oracle_for(opened, **kwargs)
         findings = traced_findings(opened.path)
         return TracedHints(oracle, findings) if findings else oracle
 

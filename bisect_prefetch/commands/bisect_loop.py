@@ -1,27 +1,32 @@
-"""The bisect command's one loop: the search's runs through an oracle's slots, narrated.
+"""The bisect command's one loop: every run a search asks for, through an oracle's slots,
+each said as it is heard (its run line) and narrated (its block's title and verdict).
 
 The same loop for every oracle (search/oracle.py's slot operations): real
 training runs on the executor's slots (drivers/oracle.py), or a simulation that
 answers at once (search/simulate.py, and the whole-transcript tests). Serial
-is one slot. The words it prints come from commands/bisect_words.py.
+is one slot. It drives the search (`run_bisection`), and the runs before it
+(commands/bisect_checks.py: the stress calibration, the first checks). The words
+it prints come from commands/bisect_words.py.
 """
 
 from __future__ import annotations
 
 import itertools
 from collections.abc import Iterator
+from typing import Any, Protocol, cast
 
 from rich.console import Console
 
 from bisect_prefetch.commands.bisect_words import (
     notice_line,
     run_line,
+    segments_refused_line,
     stage_title,
     verdict_line,
 )
 from bisect_prefetch.runs.outcome import RunOutcome
 from bisect_prefetch.search.interface import Search
-from bisect_prefetch.search.oracle import Oracle, RunResult
+from bisect_prefetch.search.oracle import Finished, Oracle, RunResult
 from bisect_prefetch.search.rounds import ROUND_ENDED
 from bisect_prefetch.search.runlog import Ask, mask_name
 from bisect_prefetch.search.segments import Lengths, Schedule, plan_run, record_run
@@ -49,46 +54,53 @@ class RunNumbers:
         """The search recorded a run: the last line said (or the one given) reported it."""
         self._lines.append(self.said if line is None else line)
 
-    def new_search(self) -> None:
-        self._lines = []
+    def new_search(self) -> list[int]:
+        """The lines of the runs recorded so far, forgotten: the next search counts anew."""
+        lines, self._lines = self._lines, []
+        return lines
 
     def of(self, run: int) -> int:
         return self._lines[run - 1] if 0 < run <= len(self._lines) else run
 
 
-def run_lines(console: Console, details: list[dict] | None = None, *, stress: bool = False,
-              numbers: Iterator[int] | None = None):
-    """The oracle's `on_run`: one line per finished run (drivers/oracle.py OnRun).
+class RunLines:
+    """One line per finished run, as the loop hears it, numbered one way (RunNumbers);
+    `details`, when given, gets each run's record for the JSON's run_details (`run`: the
+    number its line says, the same in the JSON and the report)."""
 
-    details, when given, gets each run's record for the JSON's run_details; the oracles
-    of one command share it and the run numbers.
-    """
-    numbers = numbers if numbers is not None else itertools.count(1)
+    def __init__(self, console: Console, numbers: Iterator[int] | None = None,
+                 details: list[dict] | None = None) -> None:
+        self.console = console
+        self.numbers = numbers if numbers is not None else itertools.count(1)
+        self.details = details
 
-    def on_run(planned: Mask | tuple[tuple[int, Mask], ...], out: RunOutcome) -> None:
-        segmented = isinstance(planned, tuple)
-        mask = planned[0][1] if segmented else planned
-        number = next(numbers)
-        if details is not None:  # `run`: the number its line says, the same in the JSON and report
-            details.append({"run": number, "run_id": out.run_id, "mask": sorted(mask),
-                            "outcome": out.outcome,
-                            "steps_done": out.steps_done, "first_diff_step": out.first_diff_step,
-                            "localization": out.localization, "fault": out.fault,
-                            "reused": out.reused, "stress": stress,
-                            "step_time_ms": out.step_time_ms})
-            if segmented:
-                details[-1]["schedule"] = [[first, sorted(m)] for first, m in planned]
-        console.print(run_line(number, planned, out, stress=stress), markup=False)
-
-    return on_run
+    def say(self, heard: Finished) -> None:
+        """The line of a run the oracle heard finish (none where it keeps no outcome)."""
+        out = cast(RunOutcome | None, heard.outcome)
+        if out is None:
+            return  # a bare simulation (search/simulate.py): nothing ran
+        number = next(self.numbers)
+        masks = heard.planned.masks if isinstance(heard.planned, Schedule) else [(1, heard.planned)]
+        if self.details is not None:
+            self.details.append({"run": number, "run_id": out.run_id, "mask": sorted(masks[0][1]),
+                                 "outcome": out.outcome, "steps_done": out.steps_done,
+                                 "first_diff_step": out.first_diff_step,
+                                 "localization": out.localization, "fault": out.fault,
+                                 "reused": out.reused, "stress": heard.stress,
+                                 "step_time_ms": out.step_time_ms})
+            if isinstance(heard.planned, Schedule):
+                self.details[-1]["schedule"] = [[first, sorted(m)] for first, m in masks]
+        self.console.print(run_line(number, masks, out, stress=heard.stress), markup=False)
 
 
 class Narrator:
-    """Says a stage's title before its first run and its `->` verdict line once it is over.
+    """Says each block of a search (runs of one mask in one protocol stage): its title
+    before its first run, its `->` verdict line once it is over.
 
-    One run at a time, a stage is over when the next one is announced. With several
-    slots, runs of several stages interleave: a stage is over once a run of a later
-    stage was recorded (or at the end), and its verdict line names the stage.
+    One run at a time, a block is over when the next one is titled. With several slots,
+    runs of several blocks interleave: a block is over once a run of a later block was
+    recorded (or at the end), and its verdict line names it. Every block is over once a
+    run ended a round of the cause search (rounds.ROUND_ENDED: it searches elsewhere next).
     """
 
     def __init__(self, search: Search, console: Console, numbers: RunNumbers, *,
@@ -107,29 +119,30 @@ class Narrator:
     def before(self, ask: Ask) -> None:
         """Before a run of the mask the search asks for (`search.pending`)."""
         if self.titled[-1:] == [(ask.stage, ask.mask)]:
-            return  # the same stage goes on
+            return  # the same block goes on
         blocks = self.search.blocks
-        self.close(len(blocks) - 1 if self.interleaved else len(blocks))  # a stage may go on
+        self.close(len(blocks) - 1 if self.interleaved else len(blocks))  # the last may go on
         name = mask_name(ask.mask, self.search.edge_ids)
         self.console.print(f"{stage_title(ask.stage, name, ask.target, ask.context)}...",
                            markup=False)
         self.titled.append((ask.stage, ask.mask))
 
-    def recorded(self) -> None:
-        """After a run was recorded: the stages it ended, and what its localization did to
+    def recorded(self, result: RunResult | None = None) -> None:
+        """After a run was recorded: the blocks it ended, and what its localization did to
         the search (once a unit); or that the golden run drifted, the search reading its
         runs again (not said again)."""
-        if self.search.golden_drifted:
-            said = next(n for n in reversed(self.search.notices) if n["event"] == "golden-drifted")
+        search = self.search
+        if search.golden_drifted:
+            said = next(n for n in reversed(search.notices) if n["event"] == "golden-drifted")
             self.console.print(f"  {notice_line(said)}", markup=False, soft_wrap=True)
-            self.closed, self.titled = len(self.search.blocks), []
-            self.notices_said = len(self.search.notices)
+            self.closed, self.titled = len(search.blocks), []
+            self.notices_said = len(search.notices)
             return
-        new = self.search.notices[self.notices_said:]
-        # Every block but the last is complete; all are once the run ended its stage, whose
+        new = search.notices[self.notices_said:]
+        # Every block but the last is over; all are once the run ended a round, whose
         # verdict line comes before the notice of what comes next.
-        ended = any(n.get("event") in ROUND_ENDED for n in new)
-        self.close(None if ended else len(self.search.blocks) - 1)
+        round_ended = any(n.get("event") in ROUND_ENDED for n in new)
+        self.close(None if round_ended else len(search.blocks) - 1)
         for notice in new:
             if notice["event"] == "diverged-at-switch":
                 if self.switch_said:
@@ -138,11 +151,11 @@ class Narrator:
             if "unit" not in notice or notice["unit"] not in self.units_said:  # a unit's hint once
                 self.console.print(f"  {notice_line(notice)}", markup=False, soft_wrap=True)
                 self.units_said.add(notice.get("unit"))
-        self.notices_said = len(self.search.notices)
+        self.notices_said = len(search.notices)
 
     def close(self, upto: int | None = None) -> None:
-        """The verdict lines of the blocks before `upto` (None: all) not yet said. A stage
-        interrupted before its first run finished has no block, and no verdict yet."""
+        """The verdict lines of the blocks before `upto` (None: all) not yet said. A block
+        whose first run was interrupted is not one yet: it has no verdict."""
         blocks = self.search.blocks
         upto = len(blocks) if upto is None else upto
         for block in blocks[self.closed:upto]:
@@ -153,30 +166,68 @@ class Narrator:
         self.closed = max(self.closed, upto)
 
 
+class Narrates(Protocol):
+    """What the loop tells its narrator: an ask before its run, a result once recorded, the
+    end of the drive."""
+
+    def before(self, ask: Any) -> None: ...
+
+    def recorded(self, result: RunResult) -> None: ...
+
+    def close(self) -> None: ...
+
+
+class Unsaid:
+    """A drive whose asks and results the command words itself, before and after it (the
+    stress calibration): the loop says only the run lines."""
+
+    def before(self, ask: Any) -> None:
+        pass
+
+    def recorded(self, result: RunResult) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
 def run_bisection(search: Search, oracle: Oracle, *, console: Console,
-                  numbers: RunNumbers | None = None, lengths: Lengths | None = None) -> SearchResult:
-    """Run the search to its verdict, narrating each stage; returns the result.
+                  numbers: RunNumbers | None = None, lengths: Lengths | None = None,
+                  lines: RunLines | None = None) -> SearchResult:
+    """Run the search to its verdict, narrating each block of its runs (Narrator);
+    returns the result. lengths: several masks per run (search/segments.py)."""
+    numbers = numbers if numbers is not None else RunNumbers()
+    narrator = Narrator(search, console, numbers,
+                        interleaved=oracle.slots > 1 or lengths is not None)
+    drive(search, oracle, narrator=narrator, numbers=numbers,
+          lines=lines if lines is not None else RunLines(console, numbers), lengths=lengths)
+    return search.result()
+
+
+def drive(search: Any, oracle: Oracle, *, narrator: Narrates, numbers: RunNumbers,
+          lines: RunLines, lengths: Lengths | None = None) -> None:
+    """The one loop: every run of the bisect command that a search asks for, the stress
+    calibration's and the leading checks' too, until the search is done or asks nothing
+    more (search: `done`, `pending`, `record`, `golden_drifted`, `runs_used`; `propose`
+    with several slots).
 
     One loop for any oracle and any number of slots; serial is one slot. While a slot
     is free the search proposes the next run from everything finished and everything
-    still in flight; each result is recorded as it arrives. With one slot the run is
-    not marked in flight (`pending`, then `record`): nothing else is asked while it
-    runs, and the search decides exactly as it does serially. A resumed search needs
-    no replay here: the real oracle answers runs that finished from the journal.
-    lengths: several masks per run (search/segments.py); each run's segments are
-    planned before it starts and said, with what each showed, once it ended.
+    still in flight; each run is said (its run line) as the oracle hears it finish, and
+    its result recorded. With one slot the run is not marked in flight (`pending`, then
+    `record`): nothing else is asked while it runs, and the search decides exactly as it
+    does serially. A resumed search needs no replay here: the real oracle answers runs
+    that finished from the journal. lengths: each run's segments are planned before it
+    starts (search/segments.py).
     """
-    numbers = numbers if numbers is not None else RunNumbers()
     slots = oracle.slots
-    narrator = Narrator(search, console, numbers, interleaved=slots > 1 or lengths is not None)
 
     def propose() -> Ask | Schedule | None:
         nonlocal lengths
         if search.done or search.pending is None:
             return None  # done, or nothing to ask before a result arrives
         if lengths is not None and oracle.schedule_refused:
-            console.print(f"segments: {oracle.schedule_refused}; one mask a run from here",
-                          markup=False)
+            lines.console.print(segments_refused_line(oracle.schedule_refused), markup=False)
             lengths = None
         if lengths is not None:
             return plan_run(search, lengths)
@@ -196,7 +247,7 @@ def run_bisection(search: Search, oracle: Oracle, *, console: Console,
             search.record(planned, result)
         for _ in range(search.runs_used - trials):  # a segment's trial is its run's line
             numbers.recorded()
-        narrator.recorded()
+        narrator.recorded(result)
 
     running = 0  # runs requested and not yet heard (a retry keeps its run's slot)
     try:
@@ -211,6 +262,9 @@ def run_bisection(search: Search, oracle: Oracle, *, console: Console,
             heard = oracle.finished()
             if heard is None:
                 break
+            lines.say(heard)
+            if heard.retried:
+                continue  # run again in its slot: heard once more
             running -= 1
             arrived(heard.planned, heard.result)
             if search.golden_drifted and not search.done:  # search/golden_drift.py
@@ -220,5 +274,4 @@ def run_bisection(search: Search, oracle: Oracle, *, console: Console,
                 search.golden(oracle.golden_steps)
     finally:
         oracle.cancel()  # runs still in flight at the verdict (or an interrupt)
-        narrator.close()  # an interrupted stage still gets its verdict line
-    return search.result()
+        narrator.close()  # an interrupted block still gets its verdict line

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from bisect_prefetch.commands.bisect_words import confidence_met, fact_lines
+from bisect_prefetch.commands.bisect_verdict_words import confidence_met, fact_lines
 from bisect_prefetch.commands.common import Given
 from bisect_prefetch.commands.explain import explain_command
 from bisect_prefetch.experiment.verdict_cells import runs_to_see

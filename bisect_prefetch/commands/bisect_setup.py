@@ -1,4 +1,4 @@
-"""What the bisect command's stages share (commands/bisect.py): the open state dir, the
+"""What the bisect command's parts share (commands/bisect.py): the open state dir, the
 oracle of each stress setting, what was said, the one helper that starts a search, and
 the record of what was learned (bisect_record)."""
 
@@ -11,7 +11,7 @@ from typing import Protocol
 
 from rich.console import Console
 
-from bisect_prefetch.commands.bisect_loop import RunNumbers, run_lines
+from bisect_prefetch.commands.bisect_loop import RunLines, RunNumbers
 from bisect_prefetch.commands.bisect_record import (
     EVERY_CAUSE,
     ONE_CAUSE,
@@ -52,7 +52,9 @@ class BisectOracle(Oracle, Protocol):
     def deterministic_masks(self) -> list[Mask]: ...
 
 
-OracleFor = Callable[..., BisectOracle]  # (opened, on_run, *, stress=False)
+OracleFor = Callable[..., BisectOracle]  # (opened, *, stress=False)
+# The purpose every run a bisection keys begins with (runs/execute.Runner.key).
+PURPOSE = "search"
 
 
 @dataclass
@@ -66,7 +68,8 @@ class Started:
 
 @dataclass
 class Bisecting:
-    """What the stages share: the open state dir, the oracles, what was said and done."""
+    """What the command's parts share: the open state dir, the oracles, what was said and
+    done."""
 
     experiment: Experiment
     opened: OpenState
@@ -82,6 +85,8 @@ class Bisecting:
     earlier: dict[bool, Earlier] = field(default_factory=dict)  # per stress setting
     before: list[Earlier] = field(default_factory=list)  # per search
     stress: StressRecord = field(init=False)
+    lines: RunLines = field(init=False)  # every run line, numbered by `numbers`
+    # The stress calibration's runs of each setting, with the line that said each.
     calibration: dict[bool, list[tuple[RunResult, int]]] = field(default_factory=dict)
     lengths: Lengths | None = None
     one_cause: bool = False  # a journal begun before several causes: replayed as one (protocol.Bisection)
@@ -93,15 +98,15 @@ class Bisecting:
 
     def __post_init__(self) -> None:
         self.stress = StressRecord(self.experiment.stress.mode)
+        self.lines = RunLines(self.console, self.numbers, self.run_details)
 
     def oracle_of(self, on: bool) -> BisectOracle:
         """The oracle of one stress setting, made on first use; earlier commands' all-off
         runs are taken before its first run (its golden run may be one of them)."""
         if on not in self.oracles:
-            on_run = run_lines(self.console, self.run_details, stress=on, numbers=self.numbers)
             # An oracle of a test may know no stress: it is asked only when stress is.
-            self.oracles[on] = (self.oracle_for(self.opened, on_run, stress=True) if on
-                                else self.oracle_for(self.opened, on_run))
+            self.oracles[on] = (self.oracle_for(self.opened, stress=True) if on
+                                else self.oracle_for(self.opened))
             self.earlier[on] = self.oracles[on].reuse_earlier()
         return self.oracles[on]
 

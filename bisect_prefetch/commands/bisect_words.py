@@ -1,44 +1,41 @@
-"""The bisect command's words: stage titles, verdict and fact lines, the evidence table.
+"""The bisect command's words while it runs: its own lines, the protocol's stage titles,
+run lines, notices and block verdicts, the stress calibration's.
 
 What the search (search/protocol.py) returns is structured: stages, blocks of
-runs, facts, notices. This module words them for the transcript and the JSON's
-`facts`; the loop (commands/bisect_loop.py) and the command (commands/bisect.py)
-print them. A "step" here is always a training step; the protocol's parts are
-stages (bisect_prefetch/vocab.py).
+runs, notices. This module words them for the transcript; the loop
+(commands/bisect_loop.py) and the command (commands/bisect.py) print them. The
+verdict's words (facts, the verdict block, the lines under it) are
+commands/bisect_verdict_words.py's. A "step" here is always a training step; the
+protocol's parts are stages (bisect_prefetch/vocab.py).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from pathlib import Path
-
-from rich.console import Console
-from rich.table import Table
 
 from bisect_prefetch.drivers.oracle import Earlier
-from bisect_prefetch.experiment import Experiment, stress_fits
-from bisect_prefetch.judge.step_time import fix_cost_line
+from bisect_prefetch.experiment import Experiment
+from bisect_prefetch.judge.step_time import WARMUP_STEPS
 from bisect_prefetch.report.localization import in_unit
-from bisect_prefetch.report.stress import stress_line
-from bisect_prefetch.report.verdict_block import (
-    cause_line,
-    causes_of,
-    counts_line,
-    headline,
-    step_lines,
-)
 from bisect_prefetch.runs.outcome import RunOutcome
-from bisect_prefetch.search import verdict as v
+from bisect_prefetch.search.oracle import RunResult
 from bisect_prefetch.search.runlog import (
     AFTER_DROP_ONLY_DIVERGED,
     BACKGROUND_CONTROL,
     BACKGROUND_PARITY,
     NO_CAUSE_HERE,
+    Ask,
     Block,
 )
 from bisect_prefetch.search.segments import Lengths
-from bisect_prefetch.search.stress import Hazard, StressChoice
-from bisect_prefetch.search.verdict import SearchResult
+from bisect_prefetch.search.stress import (
+    STOP_BOTH,
+    STOP_NOT_RAISED,
+    STOP_RAISED,
+    CalibrationRule,
+    Hazard,
+    StressChoice,
+)
 from bisect_prefetch.vocab import (
     DROP_ONLY,
     KEEP_ONLY,
@@ -47,9 +44,6 @@ from bisect_prefetch.vocab import (
     STAGE_LEADING,
     STAGE_REDUCE,
     STAGE_SEARCH,
-    STRESS_OFF,
-    VERDICT_INCONCLUSIVE,
-    VERDICT_NO_DRIFT,
     Mask,
     quote_edges,
 )
@@ -61,11 +55,11 @@ def budget_words(max_runs: int | None) -> str:
     return f"at most {max_runs} runs"
 
 
-def run_line(number: int, planned: Mask | tuple[tuple[int, Mask], ...], out: RunOutcome, *,
+def run_line(number: int, masks: Sequence[tuple[int, Mask]], out: RunOutcome, *,
              stress: bool = False) -> str:
-    """One finished run: which, how it ended, how long (or that the journal had it)."""
-    segmented = isinstance(planned, tuple)
-    mask = planned[0][1] if segmented else planned
+    """One finished run: which, how it ended, how long (or that the journal had it).
+    masks: (first step, mask) of each of its segments; one for a run of one mask."""
+    mask = masks[0][1]
     if out.usable and out.diverged:
         how = f"diverged at step {out.first_diff_step}{in_unit(out.localization)}"
     elif out.usable:
@@ -75,11 +69,11 @@ def run_line(number: int, planned: Mask | tuple[tuple[int, Mask], ...], out: Run
     when = "from the journal" if out.reused else f"{out.wall_s or 0:.1f}s"
     under = ", stress" if stress else ""
     on = f"{len(mask)} edge{'' if len(mask) == 1 else 's'} on"
-    what = f"{len(planned)} segments, {on} first" if segmented and len(planned) > 1 else on
+    what = f"{len(masks)} segments, {on} first" if len(masks) > 1 else on
     return f"    run {number} ({what}{under}): {how} [{when}]"
 
 
-def _runs(n: int) -> str:
+def runs_words(n: int) -> str:
     return f"{n} run{'s' * (n != 1)}"
 
 
@@ -165,168 +159,21 @@ def _same(run: int) -> int:
     return run
 
 
+def _diverged_at(run: int, step: int | None) -> str:
+    return f"diverged at run {run} (step {step})"
+
+
 def verdict_line(block: Block, *, run: Callable[[int], int] = _same) -> str:
     """A block's verdict, e.g. "diverged at run 12 (step 17)" or "clean (9 runs)"; run: the
     transcript's number of the search's k-th run (RunNumbers.of)."""
     failed = f", {block.errors} failed" if block.errors else ""
     if block.divergences:
         first = run(block.first_run + block.diverged_at - 1)
-        return f"diverged at run {first} (step {block.first_diff_steps[0]}){failed}"
+        return f"{_diverged_at(first, block.first_diff_steps[0])}{failed}"
     clean = block.runs - block.errors
     if clean:
-        return f"clean ({_runs(clean)}{failed})"
-    return f"unresolved ({_runs(block.errors)} failed)"
-
-
-STOP_REASONS = {
-    "all-on-never-completed": "all-on never completed a run",
-    "all-unresolved": "every informative mask is unresolved",
-    "keep-only-never-completed": "keep-only of the answer never completed a run",
-}
-
-
-def fact_line(fact: v.Fact, *, confidence: float, run: Callable[[int], int] = _same) -> str:
-    """One checked statement behind a verdict, in words."""
-    names = quote_edges(getattr(fact, "edges", ()))
-    match fact:
-        case v.Causes():
-            return _causes_line(fact, run)
-        case v.NoDrift():
-            return (f"every edge enabled in {fact.runs} clean runs ({fact.all_on} of them all-on), none "
-                    f"diverged: a per-run chance of {fact.chance:.3g} or more is ruled out at "
-                    f"{confidence:.0%} (fewer than 3/{fact.runs})")
-        case v.BackgroundRuledOut():
-            level = 1 - (1 - fact.chance) ** fact.runs  # the search's confidence (stats.upper_bound_none_seen)
-            shown = 1 - (1 - fact.strength) ** fact.runs  # drift as strong as the answer's would have shown
-            golden = f" (counting the golden run as {fact.golden:.3g}: the steps runs matched)" if fact.golden else ""
-            ruled_out = (f"all-off and drop-only:{names} after the search: {fact.runs:.3g} runs{golden}, all "
-                         f"consistent: drift without prefetch at a per-run chance of {fact.chance:.3g} or more "
-                         f"is ruled out at {level:.0%}")
-            if shown >= 1 - (1 - level) / 2:  # what search.all_off_runs: auto asks for
-                return f"{ruled_out}; as strong as the answer's ({fact.strength:.3g}), it would have shown at {shown:.1%}"
-            return (f"{ruled_out} (the answer's: {fact.strength:.3g}; search.all_off_runs: auto "
-                    "would rule out drift as strong as the answer's)")
-        case v.AllOffDiverged():
-            return (f"all-off diverged ({fact.divergences} of {fact.runs} runs): "
-                    "drift happens with every prefetch edge off, so it has another cause")
-        case v.Background():
-            return (f"all-off diverged too ({fact.divergences} of {fact.runs} runs): drift without "
-                    f"prefetch at a per-run chance of about {fact.chance:.3g}, and the set's stands "
-                    "clearly above it")
-        case v.Stopped():
-            if fact.reason == "not-finished":
-                why = "not finished"
-            elif fact.reason == "max-runs":
-                why = f"stopped: the run budget (--max-runs {fact.limit}) ran out"
-            else:
-                why = f"stopped: {STOP_REASONS[fact.reason]}"
-            guess = "{" + names + "}" if fact.edges else "no edge (drift without prefetch)"
-            return f"{why}; best guess {guess} at probability {fact.chance:.3f}"
-        case v.KeepOnlyDiverged():
-            return (f"keep-only:{names} diverged (run {run(fact.run)}, step {fact.step}): "
-                    "the set is enough for drift")
-        case v.EachNeeded() if len(fact.edges) == 2:
-            (a, b), (without_a, without_b) = fact.edges, fact.clean_without
-            return (f"each edge of the set is needed: {_runs(without_b)} enabling {a} without {b} "
-                    f"and {_runs(without_a)} enabling {b} without {a} stayed consistent")
-        case v.EachNeeded():
-            each = ", ".join(f"{edge}: {n}" for edge, n in zip(fact.edges, fact.clean_without, strict=True))
-            return (f"each edge of the set is needed: runs with the rest of the set but not the edge "
-                    f"stayed consistent ({each}); the chance that one of them was not needed after "
-                    f"all is {fact.chance:.2g}")
-        case v.DropOnlyDiverges():
-            return (f"drop-only:{names} still diverges while all-off stayed consistent "
-                    f"({_runs(fact.all_off_clean)}): another set of edges causes drift too")
-        case v.DropOnlyClean():
-            return f"drop-only:{names}: {_runs(fact.runs)}, all consistent: removing the set removes drift"
-        case v.DropOnlyFailed():
-            return f"drop-only:{names} could not be run ({fact.errors} failed)"
-        case v.DropOnlyNotRun():
-            return f"drop-only:{names} was not run: the run budget ran out"
-    raise ValueError(f"unknown fact {fact!r}")
-
-
-def _causes_line(fact: v.Causes, run: Callable[[int], int]) -> str:
-    """e.g. "2 independent causes: {A} (keep-only diverged, run 5, step 3), {B} (...); with
-    all of them off: 9 runs consistent"."""
-    each = ", ".join(f"{{{','.join(edges)}}} (keep-only diverged, run {run(n)}, step {step})"
-                     for edges, (n, step) in zip(fact.sets, fact.keep_only, strict=True))
-    count = len(fact.sets)
-    head = f"{count} independent causes: {each}" if count > 1 else f"one cause: {each}"
-    off = "with all of them off" if count > 1 else "with it off"
-    if fact.remains:
-        return (f"{head}; drift remains {off}: another cause not yet found "
-                f"({_runs(fact.union_diverged)} of drop-only of the union diverged)")
-    if fact.background is not None:
-        return (f"{head}; drift left {off} ({fact.union_diverged} of "
-                f"{_runs(fact.union_clean + fact.union_diverged)} of drop-only of the union) is "
-                f"background drift, no further cause, at probability {fact.background:.3f}")
-    return f"{head}; {off} (drop-only of the union): {_runs(fact.union_clean)} consistent"
-
-
-def fact_lines(result: SearchResult, *, run: Callable[[int], int] = _same) -> list[str]:
-    return [fact_line(fact, confidence=result.confidence, run=run) for fact in result.facts]
-
-
-
-
-def confidence_met(result: SearchResult, asked: float | None) -> bool:
-    """Whether the verdict holds at the confidence asked (None: nothing was asked); an
-    inconclusive verdict never does."""
-    if result.verdict == VERDICT_INCONCLUSIVE:
-        return False
-    return asked is None or result.confidence >= asked
-
-
-def render_result(data: dict, console: Console) -> None:
-    """The verdict block (data: the bisect JSON), in the order of the report's first screen
-    (report/verdict_block.py words both): the verdict, every cause, the next steps, the one
-    count of runs; then the facts, the evidence table and the calibration."""
-    console.print(headline(data), markup=False)
-    for number, cause in enumerate(causes_of(data), start=1):
-        console.print(cause_line(data, number, cause), markup=False, soft_wrap=True)
-    steps = step_lines(data)
-    if steps:
-        console.print("next steps:", markup=False)
-    for title, command, result in steps:
-        console.print(f"  {title}:", markup=False, soft_wrap=True)
-        console.print(f"    {command}", markup=False, soft_wrap=True)
-        if result is not None:
-            console.print(f"    -> {result}", markup=False, soft_wrap=True)
-    console.print(counts_line(data), markup=False, soft_wrap=True)
-    for fact in data["facts"]:
-        console.print(f"  - {fact}", markup=False)
-    console.print(evidence_table(data["evidence"]))
-    calibration = data["calibration"]
-    if calibration["runs"]:
-        low, high = calibration["interval"]
-        hazard = calibration["hazard_per_step"]
-        hazard_text = f", per-step hazard {hazard:.3g}" if hazard is not None else ""
-        chance = calibration["per_run_chance"]
-        gloss = f": drift in about {round(10 * chance)} of 10 runs" if round(10 * chance) else ""
-        console.print(
-            f"per-run chance {chance:.3g}{gloss} "
-            f"({calibration['interval_confidence']:.0%} interval {low:.3g}-{high:.3g}){hazard_text}, "
-            f"from {_runs(calibration['runs'])} that enabled "
-            f"{'the set' if data['minimal_set'] else 'every edge (all-on)'}",
-            markup=False,
-        )
-
-
-def evidence_table(evidence: list[dict]) -> Table:
-    table = Table(title="evidence", title_justify="left")
-    for column in ("stage", "mask", "edges", "runs", "diverged", "first differing steps", "verdict"):
-        table.add_column(column, overflow="fold")
-    for row in evidence:
-        steps = ", ".join(str(s) for s in row["first_diff_steps"]) or "-"
-        runs = str(row["runs"]) + (f" ({row['errors']} failed)" if row["errors"] else "")
-        table.add_row(
-            row["step"], row["mask"], str(row["edges"]), runs, str(row["divergences"]), steps,
-            row["verdict"],
-        )
-    return table
-
-
+        return f"clean ({runs_words(clean)}{failed})"
+    return f"unresolved ({runs_words(block.errors)} failed)"
 
 
 def _chance(hazard: Hazard) -> str:
@@ -346,8 +193,6 @@ def stress_choice_words(choice: StressChoice) -> str:
             f"{choice.chance_raised:.2f}); not using it")
 
 
-
-
 def earlier_words(earlier: Earlier) -> str:
     """e.g. "reused 3 all-off runs of earlier commands as the golden run and background controls"."""
     runs = earlier.runs
@@ -356,8 +201,6 @@ def earlier_words(earlier: Earlier) -> str:
     return (f"reused {runs} all-off run{'s' if runs != 1 else ''} of earlier commands as {what} "
             f"(golden {earlier.golden}"
             + (f"; {diverged} diverged from it: drift without prefetch" if diverged else "") + ")")
-
-
 
 
 def lengths_words(lengths: Lengths, startup: float) -> str:
@@ -371,35 +214,106 @@ def lengths_words(lengths: Lengths, startup: float) -> str:
     return f"segments: a start-up costs {startup:.0f} steps' worth of time; {cut} (search/segments.py)"
 
 
-def say_after_verdict(result: SearchResult, data: dict, experiment: Experiment,
-                      console: Console, *, report: Path, before: Sequence[Earlier]) -> None:
-    """The lines under the verdict (data: the bisect JSON): stress, what a fix would save,
-    the report, earlier commands' runs taken, runs the scheduler took away."""
-    if data["stress"]["mode"] != STRESS_OFF:
-        console.print(stress_line(data["stress"]), markup=False, soft_wrap=True)
-    elif result.verdict == VERDICT_NO_DRIFT and stress_fits(experiment):
-        # A race rarer than the chance ruled out passes unseen (docs/stress.md's race: 4 runs in
-        # 60 without stress): say how to look harder.
-        ruled_out = next(f.chance for f in result.facts if isinstance(f, v.NoDrift))
-        console.print(f"drift at a per-run chance below {ruled_out:.3g} can still hide: for a "
-                      "prefetch race, --stress auto checks whether delays before each prefetch "
-                      "make it show more often (docs/stress.md)", markup=False, soft_wrap=True)
-    # What a fix costs, only where the runs measured it (the JSON keeps why not, otherwise).
-    measured = {k: c for k, c in (data["step_time"] or {}).items()
-                if isinstance(c, dict) and c.get("meaningful")}
-    cost = fix_cost_line(measured, sorted({e for c in result.culprit_sets for e in c["edges"]})
-                         if len(result.culprit_sets) > 1 else result.minimal_set)
-    if cost:
-        console.print(cost, markup=False, soft_wrap=True)
-    switches = len(data["segments"]["diverged_at_switch"])
-    if switches > 1:
-        console.print(f"{switches} runs diverged at the first step under a new mask; each "
-                      "counted against both masks", markup=False, soft_wrap=True)
-    console.print(f"report: {report}", markup=False)
-    for e in before:
-        if e.runs:
-            console.print(earlier_words(e), markup=False)
-    if data["runs_lost"]:
-        console.print(f"runs lost (the scheduler took the job away; retried): "
-                      f"{len(data['runs_lost'])}: " + "; ".join(data["runs_lost"]),
-                      markup=False, soft_wrap=True)
+
+
+# -- the command's own lines, in the order it says them (commands/bisect.py) -----------------
+def opening_line(experiment: Experiment, *, confidence: float, max_runs: int | None) -> str:
+    return (f"bisecting {experiment.name}: {experiment.steps} steps a run, seed "
+            f"{experiment.seed}, guard {experiment.guard}, confidence {confidence:g}, "
+            f"{budget_words(max_runs)}")
+
+
+def resuming_line(kept: int, journaled: int, first_reason: str) -> str:
+    """Only what may still be taken (runs/reuse.py) is said to be reused."""
+    again = "" if kept == journaled else (
+        f"; {journaled - kept} run again, first because: {first_reason}")
+    return f"resuming: {kept} finished run(s) in the journal are reused{again}"
+
+
+REPLAYED_AS_ONE_CAUSE = ("this bisection was begun by a version that searches for one cause: it "
+                         "replays as one (a new --state-dir searches for every cause)")
+
+
+def audit_line(suspects: Sequence[str], kinds: Sequence[str]) -> str:
+    if not suspects:
+        return "audit of the discovery run: no suspect edge"
+    return (f"audit of the discovery run: {len(suspects)} suspect edge(s) ({', '.join(kinds)}): "
+            f"{', '.join(suspects)}; the search starts with more weight on them")
+
+
+def calibration_title(rule: CalibrationRule) -> str:
+    return ("checking whether stress makes drift show more often: all-on without and with "
+            f"stress, a pair at a time, until settled (at most {rule.max_pairs} pairs)...")
+
+
+def calibration_verdict(choice: StressChoice, rule: CalibrationRule) -> str:
+    """How many pairs the calibration took, why it stopped there, and the choice."""
+    pairs = f"{choice.pairs} pair{'s' if choice.pairs != 1 else ''}"
+    if choice.stop == STOP_RAISED:
+        stop = f"settled after {pairs} (chance it raises the hazard at least {rule.settled:g})"
+    elif choice.stop == STOP_NOT_RAISED:
+        stop = f"settled after {pairs} (chance it raises the hazard at most {1 - rule.settled:g})"
+    elif choice.stop == STOP_BOTH:
+        stop = (f"settled after {pairs} (drift shows in most runs either way; the likelier "
+                "side taken)")
+    else:
+        stop = f"not settled after {pairs}, the most it runs; the likelier side taken"
+    return f"  -> {stop}: {stress_choice_words(choice)}"
+
+
+def golden_title(*, stressed: bool) -> str:
+    return ("running the golden reference (all-off, full length"
+            + (", under stress" if stressed else "") + ")...")
+
+
+def golden_taken_line(earlier: Earlier) -> str:
+    """Before the golden run: earlier commands' all-off runs taken as it and its controls."""
+    return f"  -> {earlier_words(earlier)}"
+
+
+def golden_again_title(steps: int) -> str:
+    return f"running the golden reference again, {steps} steps: as long as the longest run..."
+
+
+def leading_check_title(ask: Ask, name: str) -> str:
+    """A first check run one mask a run before the segments are cut: all-on also tells how
+    often drift shows, which the cost model of segments needs."""
+    for_segments = " (and how often, for segments)" if name == "all-on" else ""
+    return f"{stage_title(ask.stage, name, ask.target, ask.context)}{for_segments}..."
+
+
+def one_run_verdict(result: RunResult, run: int) -> str:
+    """The verdict of a first check of one run (run: its line)."""
+    if result.diverged:
+        return f"  -> {_diverged_at(run, result.first_diff_step)}"
+    return "  -> clean (1 run)" if result.completed else f"  -> {result.outcome} (1 run)"
+
+
+SEGMENTS_UNMEASURED = (f"segments: no run measured its start-up and step time (that takes "
+                       f"{WARMUP_STEPS + 1} steps or more); one mask a run")
+
+
+def segments_unfit_line(unfit: str) -> str:
+    return f"segments: {unfit}; one mask a run"
+
+
+def segments_fixed_line(fixed: str, steps: int) -> str:
+    return f"segments: {fixed}, so no run can be longer than its {steps} steps; one mask a run"
+
+
+def segments_refused_line(reason: str) -> str:
+    return f"segments: {reason}; one mask a run from here"
+
+
+def segments_cost_more_line(startup: float, chance: Hazard | None, background: bool) -> str:
+    """Segments would cost more than one mask a run (search/segments.py)."""
+    drift = "" if chance is None else (
+        f" and drift shows in {chance.per_run_chance():.2f} of all-on runs ({chance.runs} "
+        f"run{'s' if chance.runs != 1 else ''})")
+    drift += "; all-off drifted too" if background else ""
+    return (f"segments: a start-up costs {startup:.0f} steps' worth of time{drift}: one mask a "
+            "run costs less (search/segments.py)")
+
+
+SEARCH_WITHOUT_STRESS = ("no drift reproduced under stress; a stress that hides a race must not "
+                         "clear a build: searching again without stress...")

@@ -18,8 +18,10 @@ The golden run is started by `run_golden` (a run that needs it and finds none
 starts it too). Runs of several masks (search/segments.py) come from
 `request_schedule`: their key holds the schedule, and the golden run is
 lengthened to the step cap first (`run_golden(cap)`), so it covers the longest
-run. Runs on several slots go through the slot operations of
-search.oracle.Oracle over drivers/slots.py; `run` is one run at once.
+run. Every run the search asks for goes through the slot operations of
+search.oracle.Oracle over drivers/slots.py (one slot is one run at a time); the
+golden run and a mask's own reference (`_full_run`) are no ask of the search, and
+run one at once, outside the slots, unsaid.
 
 Golden comparison assumes masks do not change the numbers (prefetch only
 moves copies earlier). This is checked, not assumed: every run's trajectory
@@ -35,7 +37,6 @@ run drifted, which the search tells from the runs (search/golden_drift.py);
 from __future__ import annotations
 
 from collections import Counter, defaultdict
-from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -45,12 +46,9 @@ from bisect_prefetch.judge.merge import REFUSED
 from bisect_prefetch.runs.execute import Runner
 from bisect_prefetch.runs.executors.base import LOST, LOST_RETRIES
 from bisect_prefetch.runs.outcome import RunOutcome
-from bisect_prefetch.search.oracle import Finished, RunResult
+from bisect_prefetch.search.oracle import Finished
 from bisect_prefetch.search.segments import Schedule
 from bisect_prefetch.vocab import ADAPTER_NOT_ACTIVE, OK, USABLE_OUTCOMES, Mask
-
-# A finished run: its mask, or its schedule of several ((first step, mask) per segment).
-OnRun = Callable[[Mask | tuple[tuple[int, Mask], ...], RunOutcome], None]
 
 
 @dataclass
@@ -104,7 +102,6 @@ class RealOracle:
         guard: str,
         max_retries: int = 1,
         purpose: str = "search",
-        on_run: OnRun | None = None,
         stress: bool = False,
     ) -> None:
         self.runner = runner
@@ -114,7 +111,6 @@ class RealOracle:
         self.guard = guard
         self.max_retries = max_retries
         self.purpose = purpose
-        self.on_run = on_run
         self.runs_launched = 0
         self.runs_reused = 0
         self.runs_lost: list[str] = []  # "run id: reason" of runs whose job the scheduler took away
@@ -192,28 +188,6 @@ class RealOracle:
     def _reference(self, mask: Mask) -> str:
         return self._mask_reference.get(mask) or self.run_golden()
 
-    # -- one run at once ----------------------------------------------------
-    def run(self, mask: Mask) -> RunResult:
-        """Run once with exactly mask's edges enabled; errors are retried up to max_retries
-        (lost runs, LOST_RETRIES more)."""
-        index = self._requests[mask]
-        self._requests[mask] += 1
-        reference = self._reference(mask)
-        attempt = 0
-        while True:
-            key = self.runner.key(self.purpose, mask=mask, guard=self.guard, steps=self.steps,
-                                  index=index, attempt=attempt, stress=self.stress)
-            label = f"{self.purpose}-k{index}" + (f"-a{attempt}" if attempt else "")
-            out = self._count(self.runner.run(key, label=label, reference=reference))
-            if self.on_run is not None:
-                self.on_run(mask, out)
-            if not self._retried(out, attempt):
-                break
-            attempt += 1
-        if out.usable and out.diverged and reference == self._golden:
-            self._note_divergence(mask, out)
-        return out.result()
-
     # -- the slot operations (search.oracle.Oracle): runs in flight on several slots --
     @property
     def slots(self) -> int:
@@ -221,28 +195,32 @@ class RealOracle:
 
     def request(self, mask: Mask) -> None:
         """Start the next run of mask in a free slot; `finished` hears it."""
-        self._slots.start(self._mask_request(mask, mask))
+        self._slots.start(self._mask_request(mask))
 
     def request_schedule(self, schedule: Schedule) -> None:
         """Start a run of several masks by step (search/segments.py), up to its step cap,
         against the golden run; the k-th request of the same masks is its index k."""
-        self._slots.start(self._schedule_request(schedule.masks, schedule.steps, schedule))
+        self._slots.start(self._schedule_request(schedule))
 
     def finished(self) -> Finished | None:
-        """The next run that finished, once it is over (a failed run is retried in its
-        slot first); None when none is in flight."""
-        while (done := self._slots.next_finished()) is not None:
-            answer = self._heard(*done)
-            if isinstance(answer, RunRequest):
-                self._slots.start(answer)
-            else:
-                return Finished(done[0].tag[3], answer)
-        return None
+        """The next run that finished, with its outcome; None when none is in flight. A
+        failed run that is run again in its slot is heard as `retried`, its retry later."""
+        done = self._slots.next_finished()
+        if done is None:
+            return None
+        request, out = done
+        retry = self._retry(request, out)
+        if retry is not None:
+            self._slots.start(retry)
+        planned, _, _ = request.tag
+        return Finished(planned, out.result(), outcome=out, retried=retry is not None,
+                        stress=self.stress)
 
     def cancel(self) -> None:
         self._slots.cancel()
 
-    def _mask_request(self, mask: Mask, planned: object, *, index: int | None = None,
+    # A request's tag: (what was asked: a Mask or a Schedule, its index, its attempt).
+    def _mask_request(self, mask: Mask, *, index: int | None = None,
                       attempt: int = 0) -> RunRequest:
         if index is None:
             index = self._requests[mask]
@@ -250,41 +228,38 @@ class RealOracle:
         key = self.runner.key(self.purpose, mask=mask, guard=self.guard, steps=self.steps,
                               index=index, attempt=attempt, stress=self.stress)
         label = f"{self.purpose}-k{index}" + (f"-a{attempt}" if attempt else "")
-        return RunRequest(key, label=label, tag=(mask, index, attempt, planned),
+        return RunRequest(key, label=label, tag=(mask, index, attempt),
                           reference=self._reference(mask))
 
-    def _schedule_request(self, schedule: Sequence[tuple[int, Mask]], steps: int,
-                          planned: object, *, index: int | None = None,
+    def _schedule_request(self, schedule: Schedule, *, index: int | None = None,
                           attempt: int = 0) -> RunRequest:
-        schedule = tuple((first, Mask(mask)) for first, mask in schedule)
+        masks = tuple(schedule.masks)
         if index is None:
-            index = self._requests[schedule]
-            self._requests[schedule] += 1
-        key = self.runner.key(self.purpose, mask=schedule[0][1], guard=self.guard, steps=steps,
-                              index=index, attempt=attempt, stress=self.stress, schedule=schedule)
+            index = self._requests[masks]
+            self._requests[masks] += 1
+        key = self.runner.key(self.purpose, mask=masks[0][1], guard=self.guard,
+                              steps=schedule.steps, index=index, attempt=attempt,
+                              stress=self.stress, schedule=masks)
         label = f"{self.purpose}-s{index}" + (f"-a{attempt}" if attempt else "")
-        return RunRequest(key, label=label, tag=(schedule, index, attempt, planned),
+        return RunRequest(key, label=label, tag=(schedule, index, attempt),
                           reference=self.run_golden())
 
-    def _heard(self, request: RunRequest, out: RunOutcome) -> RunResult | RunRequest:
-        """What the search learns from a finished run, or the retry to run in its place."""
-        what, index, attempt, planned = request.tag
+    def _retry(self, request: RunRequest, out: RunOutcome) -> RunRequest | None:
+        """The retry to run in a finished run's place, or None: the search learns from it."""
+        planned, index, attempt = request.tag
         self._count(out)
-        segmented = request.key.schedule is not None
-        if self.on_run is not None:
-            self.on_run(what, out)  # a mask, or a schedule of several
+        segmented = isinstance(planned, Schedule)
         if segmented and REFUSED in (out.reason or ""):  # the engine: a retry would refuse too
             self.schedule_refused = out.reason
-            return out.result()
+            return None
         if self._retried(out, attempt):
             if segmented:
-                return self._schedule_request(what, request.key.steps, planned, index=index,
-                                              attempt=attempt + 1)
-            return self._mask_request(what, planned, index=index, attempt=attempt + 1)
+                return self._schedule_request(planned, index=index, attempt=attempt + 1)
+            return self._mask_request(planned, index=index, attempt=attempt + 1)
         # A run of several masks that diverged tells no mask that changes the math by itself.
         if out.usable and out.diverged and request.reference == self._golden and not segmented:
-            self._note_divergence(what, out)
-        return out.result()
+            self._note_divergence(planned, out)
+        return None
 
     # -- masks that change the numbers ------------------------------------
     def _note_divergence(self, mask: Mask, out: RunOutcome) -> None:

@@ -17,7 +17,7 @@ from bisect_prefetch.judge.faults import describe as describe_fault
 from bisect_prefetch.report.localization import describe as describe_localization
 from bisect_prefetch.vocab import CONSISTENT, DIVERGED, USABLE_OUTCOMES
 
-SEARCH = "search"  # commands/bisect.PURPOSE: the prefix of every run a bisection keys
+SEARCH = "search"  # commands/bisect_setup.PURPOSE: the prefix of every run a bisection keys
 DISCOVER = "discover"
 
 

@@ -1,7 +1,7 @@
 """The verdict block of a bisection, in words: the same lines in the terminal and the HTML report.
 
 Everything here reads bisect.json's data (docs/contract.md), so the terminal
-(commands/bisect_words.render_result) and a report rebuilt later from the
+(commands/bisect_verdict_words.render_result) and a report rebuilt later from the
 state dir say the same thing in the same order: the verdict, every cause with
 its confidence, keep-only evidence and size-one status, the next steps, then
 one count of runs. The guard check's result is read from the journal

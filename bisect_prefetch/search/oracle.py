@@ -67,19 +67,28 @@ class RunResult:
 
 @dataclass(frozen=True)
 class Finished:
-    """A run the oracle heard finish: what was asked (a mask, or a Schedule) and its result."""
+    """A run the oracle heard finish: what was asked (a mask, or a Schedule) and its result.
+
+    outcome: the oracle's own record of the run, for its run line (runs/outcome.RunOutcome;
+    None where the oracle keeps none, a bare simulation). retried: a failed run the oracle
+    runs again in its slot: said, never recorded. stress: it ran under stress.
+    """
 
     planned: object  # a Mask, or a search.segments.Schedule (which imports this module)
     result: RunResult
+    outcome: object = None
+    retried: bool = False
+    stress: bool = False
 
 
 class Oracle(Protocol):
-    """What runs the search's masks: one run at once (`run`), or runs on `slots` slots.
+    """What runs the search's masks on `slots` slots.
 
     The slot operations: `request` a run of a mask, or `request_schedule` one of several
     masks by step, while fewer than `slots` are in flight; `finished` waits for the next
     one to end (in the order they end) and returns None when none is in flight; a run that
-    failed may be retried inside the oracle and is heard once, when it is over. Once the
+    failed may be retried inside the oracle, in its slot: its failed attempts are heard as
+    `retried`, the last one as the run. Once the
     job refused a schedule, `schedule_refused` says why (later runs hold one mask). `cancel`
     drops every run still in flight (the verdict came first). `replace_golden` runs a new
     golden run, as long (`golden_steps`), when the search found that the golden run drifted
@@ -89,10 +98,6 @@ class Oracle(Protocol):
     slots: int
     schedule_refused: str | None
     golden_steps: int
-
-    def run(self, mask: Mask) -> RunResult:
-        """Run the workload once with exactly the edges in mask enabled."""
-        ...
 
     def request(self, mask: Mask) -> None: ...
 

@@ -2,8 +2,9 @@
 
 Stress (adapters/stress.py) changes only timing, so it may raise the chance that a
 race shows, leave it, or lower it (a delay in the wrong place hides a race). The
-`bisect --stress auto` calibration runs all-on without and with stress, a pair at a
-time, and hands each setting's runs so far here. Pure: no I/O, no English.
+`bisect --stress auto` calibration (`Calibration`, driven by the bisect command's one
+loop) asks for all-on without and with stress, a pair at a time, and weighs each
+setting's runs so far here. Pure: no I/O, no English.
 
 Model: a run of T steps at per-step hazard h diverges at step k with chance
 (1-h)^(k-1) h; a run that first differs at step k was at risk for k steps, a
@@ -35,7 +36,10 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+from bisect_prefetch.errors import BisectPrefetchError
+from bisect_prefetch.search.oracle import RunResult
 from bisect_prefetch.search.stats import log_beta, per_run_chance
+from bisect_prefetch.vocab import Mask
 
 PRIOR = (0.5, 0.5)  # Beta(a, b) on the per-step hazard (Jeffreys)
 _GRID = np.linspace(0.0, 1.0, 20_001)[1:-1]  # open interval: the densities are finite there
@@ -162,3 +166,64 @@ class CalibrationRule:
 SEQUENTIAL = CalibrationRule()
 # The calibration before it stopped early: 4 pairs whatever they show (kept for bench_race).
 FIXED_PAIRS = CalibrationRule(min_pairs=4, max_pairs=4)
+
+
+@dataclass(frozen=True)
+class StressAsk:
+    """A run the calibration asks for: all-on, without or with stress."""
+
+    mask: Mask
+    stress: bool
+
+
+class Calibration:
+    """`--stress auto`'s all-on pairs as a search the bisect command's loop drives: it asks
+    for all-on without stress, then with it, a pair at a time, until `rule` decides.
+
+    One run at a time (`pending`, then `record` of its result), so that both runs of a pair
+    meet the same machine load. `result()` is the choice; `runs` each setting's results in
+    the order recorded, and `settings` the setting of each recorded run in that order.
+    """
+
+    def __init__(self, all_on: Mask, *, steps: int, rule: CalibrationRule = SEQUENTIAL) -> None:
+        self.all_on = all_on
+        self.steps = steps  # a run's steps (T)
+        self.rule = rule
+        self.runs: dict[bool, list[RunResult]] = {False: [], True: []}
+        self.settings: list[bool] = []
+        self.choice: StressChoice | None = None
+        self.golden_drifted = None  # no golden run is compared with here
+
+    @property
+    def done(self) -> bool:
+        return self.choice is not None
+
+    @property
+    def runs_used(self) -> int:
+        return len(self.settings)
+
+    @property
+    def pending(self) -> StressAsk | None:
+        """The next run: without stress first in each pair (None once decided)."""
+        if self.done:
+            return None
+        return StressAsk(self.all_on, stress=len(self.runs[False]) > len(self.runs[True]))
+
+    def record(self, mask: Mask, result: RunResult) -> None:
+        """The result of the pending run; after each pair, the rule decides."""
+        ask = self.pending
+        if ask is None or mask != ask.mask:
+            raise BisectPrefetchError("the stress calibration records the run it asked for")
+        self.runs[ask.stress].append(result)
+        self.settings.append(ask.stress)
+        if ask.stress:
+            self.choice = self.rule.decide(self.hazard(False), self.hazard(True),
+                                           pairs=len(self.runs[True]))
+
+    def hazard(self, stress: bool) -> Hazard:
+        """What one setting's completed runs show."""
+        return Hazard.of([r.first_diff_step if r.diverged else None
+                          for r in self.runs[stress] if r.completed], steps=self.steps)
+
+    def result(self) -> StressChoice | None:
+        return self.choice

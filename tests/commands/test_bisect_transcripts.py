@@ -20,8 +20,7 @@ import pytest
 
 from bisect_prefetch.adapters.manifest import MANIFEST_VERSION
 from bisect_prefetch.commands import bisect as command
-from bisect_prefetch.commands import bisect_words
-from bisect_prefetch.drivers.oracle import Earlier
+from bisect_prefetch.commands import bisect_verdict_words, bisect_words
 from bisect_prefetch.errors import BisectPrefetchError
 from bisect_prefetch.runs.outcome import RunOutcome
 from bisect_prefetch.search import verdict as v
@@ -57,9 +56,9 @@ class Simulation:
         self.golden_drifts_at = golden_drifts_at  # the first golden run's own drift, a step
         self.commands = 0
 
-    def __call__(self, opened, on_run):
+    def __call__(self, opened):
         self.commands += 1
-        return _Oracle(self, opened, on_run)
+        return _Oracle(self, opened)
 
 
 # A simulated run's manifest (runs/reuse.collect): its job read nothing.
@@ -68,12 +67,12 @@ READ_NOTHING = {"v": MANIFEST_VERSION, "files": {}, "links": {}, "absent": {"cou
 
 
 class _Oracle(AnswersAtOnce):
-    """The real oracle's bookkeeping (journal keys, counts, run lines) over simulated runs,
-    answered at once through the slot operations (search/oracle.py); with several slots the
-    runs asked are heard shortest first, each run line said when it is heard."""
+    """The real oracle's bookkeeping (journal keys, counts, each run's outcome) over simulated
+    runs, answered at once through the slot operations (search/oracle.py); with several
+    slots the runs asked are heard shortest first."""
 
-    def __init__(self, sim: Simulation, opened, on_run):
-        self.sim, self.runner, self.on_run = sim, opened.runner, on_run
+    def __init__(self, sim: Simulation, opened):
+        self.sim, self.runner = sim, opened.runner
         # A resumed command draws new runs from its own streams.
         self.draws = SimulatedOracle(sim.culprits, together=sim.together, hazard=sim.hazard, steps=STEPS,
                                      background=sim.background, seed=SEED, trial=sim.commands)
@@ -100,11 +99,6 @@ class _Oracle(AnswersAtOnce):
         self.draws.golden_diff = None
         self._journaled(key, lambda: RunResult("ok", False, None, self.golden_steps), timed=True)
 
-    def run(self, mask):
-        out = self._asked(mask, mask, mask)
-        self.on_run(mask, out)
-        return out.result()
-
     def _asked(self, what, planned, draw_of) -> RunOutcome:
         key = self.runner.key("search", mask=what if isinstance(what, frozenset) else what[0][1],
                               guard="none", steps=STEPS if isinstance(what, frozenset) else planned.steps,
@@ -126,9 +120,8 @@ class _Oracle(AnswersAtOnce):
         if not self.asked:
             return None
         first = min(range(len(self.asked)), key=lambda i: self.asked[i][2].steps_done)
-        planned, what, out = self.asked.pop(first)
-        self.on_run(what, out)
-        return Finished(planned, out.result())
+        planned, _, out = self.asked.pop(first)
+        return Finished(planned, out.result(), outcome=out)
 
     def cancel(self):
         self.asked.clear()
@@ -876,7 +869,7 @@ A, B, C = "fwd:layers.0->layers.1", "bwd:layers.2->layers.1", "fwd:layers.3->lay
      "probability 0.960"),
 ])
 def test_fact_wording(fact, words):
-    assert bisect_words.fact_line(fact, confidence=0.95) == words
+    assert bisect_verdict_words.fact_line(fact, confidence=0.95) == words
 
 
 def test_stage_titles():

@@ -231,8 +231,8 @@ def test_under_stress_auto_the_controls_come_before_the_calibration_runs(tmp_pat
     bisect_command.bisect(
         experiment, confidence=None, max_runs=None, resume=False, state_dir=tmp_path / "state",
         console=console(out), json_out=tmp_path / "out.json",
-        oracle_for=lambda opened, on_run, *, stress=False: Reusing(
-            opened, on_run, culprit="fwd:layers.1->layers.2", hazard=0.3 if stress else 0.01,
+        oracle_for=lambda opened, *, stress=False: Reusing(
+            opened, culprit="fwd:layers.1->layers.2", hazard=0.3 if stress else 0.01,
             stress=stress))
     data = json.loads((tmp_path / "out.json").read_text())
     assert data["stress"]["used"] is True and data["verdict"] == "culprit-found"

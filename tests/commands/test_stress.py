@@ -23,7 +23,7 @@ from bisect_prefetch.errors import BisectPrefetchError
 from bisect_prefetch.experiment import load_experiment, with_stress
 from bisect_prefetch.judge.signals import describe_stress
 from bisect_prefetch.runs.outcome import RunOutcome
-from bisect_prefetch.search.oracle import AnswersAtOnce, RunResult
+from bisect_prefetch.search.oracle import AnswersAtOnce, Finished
 from bisect_prefetch.search.stress import Hazard, choose_stress
 from tests.conftest import console, read_ranks
 
@@ -180,8 +180,8 @@ class _StressOracle(AnswersAtOnce):
     """Simulated runs, journaled as the real oracle does: the culprit's runs diverge at a
     per-step hazard that stress raises; every other run is clean."""
 
-    def __init__(self, opened, on_run, *, culprit: str, hazard: float, stress: bool) -> None:
-        self.runner, self.on_run, self.stress = opened.runner, on_run, stress
+    def __init__(self, opened, *, culprit: str, hazard: float, stress: bool) -> None:
+        self.runner, self.stress = opened.runner, stress
         self.culprit, self.hazard = culprit, hazard
         self.random = random.Random(3 + stress)
         self.requests: dict = {}
@@ -194,10 +194,9 @@ class _StressOracle(AnswersAtOnce):
     def run_golden(self, steps=None) -> str:
         return self._run(frozenset(), "search-golden").run_id
 
-    def run(self, mask) -> RunResult:
+    def request(self, mask) -> None:
         out = self._run(mask, "search")
-        self.on_run(mask, out)
-        return out.result()
+        self._answered().append(Finished(mask, out.result(), outcome=out, stress=self.stress))
 
     def _run(self, mask, purpose):
         index = self.requests.get((mask, purpose), 0)
@@ -224,9 +223,9 @@ def test_bisect_stress_auto_uses_stress_where_it_raises_the_chance(tmp_path):
     experiment = _simulated_experiment(tmp_path, layers=4, last_line="stress: {mode: auto}")
     made = []
 
-    def oracle_for(opened, on_run, *, stress=False):
+    def oracle_for(opened, *, stress=False):
         made.append(stress)
-        return _StressOracle(opened, on_run, culprit=culprit, hazard=0.3 if stress else 0.01,
+        return _StressOracle(opened, culprit=culprit, hazard=0.3 if stress else 0.01,
                              stress=stress)
 
     out = io.StringIO()
@@ -269,8 +268,8 @@ def _bisect_without_drift(tmp_path, stress: str) -> tuple[str, dict]:
     bisect_command.bisect(
         experiment, confidence=None, max_runs=None, resume=False, state_dir=tmp_path / "state",
         console=console(out), json_out=tmp_path / "out.json", stress=stress,
-        oracle_for=lambda opened, on_run, stress=False: _StressOracle(
-            opened, on_run, culprit="none", hazard=0.0, stress=stress))
+        oracle_for=lambda opened, stress=False: _StressOracle(
+            opened, culprit="none", hazard=0.0, stress=stress))
     return out.getvalue(), json.loads((tmp_path / "out.json").read_text())
 
 
@@ -300,8 +299,8 @@ def test_no_drift_without_stress_says_how_to_look_harder(tmp_path):
             experiment, confidence=None, max_runs=None, resume=False,
             state_dir=tmp_path / f"state-{mode}", console=console(out),
             json_out=tmp_path / f"{mode}.json", stress=mode,
-            oracle_for=lambda opened, on_run, stress=False: _StressOracle(
-                opened, on_run, culprit="none", hazard=0.0, stress=stress))
+            oracle_for=lambda opened, stress=False: _StressOracle(
+                opened, culprit="none", hazard=0.0, stress=stress))
         assert json.loads((tmp_path / f"{mode}.json").read_text())["verdict"] == "no-drift-reproduced"
         said[mode] = out.getvalue()
     hint = "can still hide: for a prefetch race, --stress auto checks"

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from bisect_prefetch.commands.bisect_record import result_to_json
-from bisect_prefetch.commands.bisect_words import confidence_met
+from bisect_prefetch.commands.bisect_verdict_words import confidence_met
 from bisect_prefetch.report.verdict_block import headline
 from bisect_prefetch.search.verdict import SearchResult
 

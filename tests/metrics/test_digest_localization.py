@@ -17,7 +17,7 @@ import pytest
 
 from bisect_prefetch.adapters.recorder import Recorder
 from bisect_prefetch.cli import main
-from bisect_prefetch.commands.bisect_loop import run_lines
+from bisect_prefetch.commands.bisect_loop import RunLines
 from bisect_prefetch.commands.matrix import CellResult, cell_verdict_line
 from bisect_prefetch.experiment import Experiment
 from bisect_prefetch.metrics.compare import compare_paths
@@ -31,6 +31,7 @@ from bisect_prefetch.metrics.localize import (
 )
 from bisect_prefetch.runs.outcome import RunOutcome
 from bisect_prefetch.runs.plan import build_plan
+from bisect_prefetch.search.oracle import Finished
 from tests.conftest import console
 
 DIGEST_JOB = Path(__file__).resolve().parents[1] / "jobs" / "digest_job.py"
@@ -295,10 +296,10 @@ WHERE = {"step": 9, "rank": 1, "unit": "layers.4", "param": "layers.4.qkv.weight
 def test_bisect_and_matrix_lines_name_the_unit():
     out = io.StringIO()
     details: list[dict] = []
-    on_run = run_lines(console(out), details)
-    on_run(frozenset({"e1", "e2"}), RunOutcome(run_id="0007-search-k0", outcome="stopped-early",
-                                               reason="", first_diff_step=9, steps_done=9,
-                                               localization=WHERE))
+    outcome = RunOutcome(run_id="0007-search-k0", outcome="stopped-early", reason="",
+                         first_diff_step=9, steps_done=9, localization=WHERE)
+    RunLines(console(out), details=details).say(
+        Finished(frozenset({"e1", "e2"}), outcome.result(), outcome=outcome))
     assert "diverged at step 9 in layers.4 (rank 1)" in out.getvalue()
     assert details[0]["localization"] == WHERE and details[0]["mask"] == ["e1", "e2"]
     group = {"verdict": "diverged", "first_diff_step": 9, "localization": WHERE, "runs": 2,

@@ -1,11 +1,13 @@
 """The stress calibration's stopping rule (search/stress.py): a pair at a time, until the
-evidence settles whether stress raises the per-step hazard, at most 4 pairs."""
+evidence settles whether stress raises the per-step hazard, at most 4 pairs; and the
+calibration as a search (`Calibration`)."""
 
 from __future__ import annotations
 
 import random
 import statistics
 
+from bisect_prefetch.search.oracle import RunResult
 from bisect_prefetch.search.stress import (
     FIXED_PAIRS,
     SEQUENTIAL,
@@ -13,6 +15,7 @@ from bisect_prefetch.search.stress import (
     STOP_CAP,
     STOP_NOT_RAISED,
     STOP_RAISED,
+    Calibration,
     Hazard,
 )
 
@@ -108,3 +111,21 @@ def test_a_stress_that_hides_a_race_is_rarely_used():
     choices = [_calibrate(SEQUENTIAL, 0.1, 0.01, random_) for _ in range(300)]
     assert sum(c.use for c in choices) <= 0.05 * 300
     assert statistics.mean(c.pairs for c in choices) < 2.5
+
+
+def test_the_calibration_asks_a_pair_at_a_time_and_stops_where_the_rule_does():
+    """Calibration, the search the bisect command's loop drives: without stress first in
+    each pair, each result recorded for the setting asked, the rule's choice its result."""
+    all_on = frozenset({"a", "b"})
+    calibration = Calibration(all_on, steps=STEPS, rule=SEQUENTIAL)
+    answers = {False: [None, None, None, None], True: [12, None, None, None]}  # first diff steps
+    asked = []
+    while (ask := calibration.pending) is not None:
+        assert ask.mask == all_on
+        asked.append(ask.stress)
+        step = answers[ask.stress][len(calibration.runs[ask.stress])]
+        calibration.record(all_on, RunResult("ok", False, None, STEPS) if step is None
+                           else RunResult("stopped-early", True, step, step))
+    assert asked == calibration.settings == [False, True] * calibration.result().pairs
+    assert calibration.done and calibration.runs_used == len(asked)
+    assert calibration.result() == _settle(SEQUENTIAL, answers[False], answers[True])
