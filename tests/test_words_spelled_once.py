@@ -30,7 +30,7 @@ ELSEWHERE = {
     ("report/run_view.py", "search"): "the bisect command's run purpose in the journal",
     ("simulation/search_run.py", "search"): "simulate's method: the tool's own search, not a baseline",
     ("simulation/trials.py", "search"): "simulate's method: the tool's own search, not a baseline",
-    ("commands/bisect_words.py", "diverged"): "the evidence table's column: how many runs diverged",
+    ("commands/bisect_verdict_words.py", "diverged"): "the evidence table's column: how many runs diverged",
 }
 
 

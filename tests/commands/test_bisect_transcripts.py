@@ -21,6 +21,7 @@ import pytest
 from bisect_prefetch.adapters.manifest import MANIFEST_VERSION
 from bisect_prefetch.commands import bisect as command
 from bisect_prefetch.commands import bisect_verdict_words, bisect_words
+from bisect_prefetch.drivers.oracle import Earlier
 from bisect_prefetch.errors import BisectPrefetchError
 from bisect_prefetch.runs.outcome import RunOutcome
 from bisect_prefetch.search import verdict as v
