@@ -14,9 +14,6 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-import pytest
-
-pytestmark = pytest.mark.slow
 
 def write_experiment(tmp_path: Path, *, fault: bool, layers: int, world_size: int, steps: int,
                      edge: str = "", hazard: float = 0.3, extra: str = "") -> Path:

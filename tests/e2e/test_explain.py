@@ -30,7 +30,6 @@ from bisect_prefetch.cli import main
 
 pytest.importorskip("torch")
 JOBS = Path(__file__).resolve().parents[1] / "jobs"
-pytestmark = pytest.mark.slow
 
 
 def torchrun(job: str, *args: str) -> list[str]:

@@ -26,7 +26,6 @@ pytest.importorskip("torch")
 JOB = Path(__file__).resolve().parents[2] / "examples" / "fsdp2_train.py"
 RANKS = 4
 FAULT_EDGE = "bwd:layers.4->layers.3"  # FSDP2's implicit backward chain into layers.3
-pytestmark = pytest.mark.slow
 
 
 def _experiment(tmp_path: Path, name: str, *job_args: str, steps: int = 3) -> Path:

@@ -24,7 +24,6 @@ import pytest
 from bisect_prefetch.cli import main
 from tests.conftest import read_ranks, run_json
 
-pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[2]
 JOB = REPO / "tests" / "jobs" / "two_causes_job.py"
 LACKING = REPO / "tests" / "jobs" / "torch_lacking.py"

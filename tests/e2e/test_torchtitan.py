@@ -22,7 +22,6 @@ from bisect_prefetch.cli import main
 from bisect_prefetch.graph import from_policy
 from tests.conftest import read_ranks, run_json
 
-pytestmark = pytest.mark.slow
 TESTS = Path(__file__).resolve().parents[1]
 VENV = TESTS.parent / ".venv-torchtitan"
 WRAPPER = TESTS / "jobs" / "torchtitan_cpu.py"
