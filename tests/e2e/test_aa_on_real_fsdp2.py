@@ -1,7 +1,7 @@
 """`bisect-prefetch aa` on the real FSDP2 workload (2 CPU ranks, gloo, 4 layers): a clean group
 is consistent, with digests on by default and identical between its runs, and each run's step
-time; a planted fault diverges, and masking its edge off makes the group consistent, the edge
-masked at every firing; a timeout is an error that leaves no process; a one-ulp fault is seen in
+time; masking a planted fault's edge off makes the group consistent, the edge masked at every
+firing; a timeout is an error that leaves no process; a planted one-ulp fault diverges, seen in
 the gradients steps before the printed loss (read at 2 decimals) moves, localized to its unit.
 `aa` over stand-in jobs: tests/commands/test_aa.py; digests compared on written files:
 tests/metrics/test_digest_localization.py."""
@@ -80,13 +80,6 @@ def test_fsdp2_aa_without_fault_is_consistent_with_digests_and_step_times(tmp_pa
     assert result["step_time"]["runs"] == 2
     assert result["step_time"]["min_ms"] == min(times)
     assert "step time: " in capsys.readouterr().out
-
-
-def test_fsdp2_planted_fault_diverges(tmp_path):
-    code, result = _aa(tmp_path, _fsdp2(tmp_path, "fsdp2-fault", fault=FAULT_SURE, graph=STATIC))
-    assert code == 1, result
-    assert result["verdict"] == "diverged"
-    assert result["first_diff_step"] is not None and result["first_diff_step"] <= STEPS
 
 
 def test_fsdp2_fault_edge_masked_off_is_consistent(tmp_path):
