@@ -66,14 +66,16 @@ slurm:
 browser:
 	.ci/install-chromium
 
+# The folder decides speed (tests/conftest.py): the fast tests first, then tests/e2e (real
+# training runs, a real Slurm, a browser), which starts only when the fast tests passed.
 # A skipped test fails here (tests/conftest.py): `make test` means the real engines ran.
 test: $(STAMP) slurm browser $(MF_STAMP) $(TT_STAMP) $(TORCH_STAMPS)
-	BISECT_PREFETCH_NO_SKIPS=1 $(BIN)/python -m pytest -q
+	BISECT_PREFETCH_NO_SKIPS=1 $(BIN)/python -m pytest -q --ignore=tests/e2e
+	BISECT_PREFETCH_NO_SKIPS=1 $(BIN)/python -m pytest -q tests/e2e
 
-# The fast tests alone, for iteration: the suite without tests/e2e (the real-engine
-# end-to-end files) and without the tests marked slow elsewhere; about 6 minutes on 2 cores.
+# The fast tests alone, for iteration: the suite without tests/e2e.
 test-fast: $(STAMP)
-	$(BIN)/python -m pytest -q -m "not slow" --ignore=tests/e2e
+	$(BIN)/python -m pytest -q --ignore=tests/e2e
 
 # The main job on the reference workload: bisect the FSDP2 workload with a planted
 # fault. Exit code 1 means "culprit found", which is the demo's expected ending.

@@ -12,6 +12,7 @@ them render at WIDTH: the CLI's console, consoles the tests make
 
 from __future__ import annotations
 
+import functools
 import io
 import json
 import os
@@ -150,6 +151,11 @@ def job_processes(marker: str) -> list[int]:
     return pids
 
 
+# Words a shell would expand, split or run: a job must receive each exactly as given.
+HOSTILE_WORDS = ["$(touch pwned)", "pa$$word", "cost: $5", "${oc.env:X}", "\\$HOME", "`id`",
+                 "a 'single' \"double\"", "two  spaces", "new\nline", "", "$MASTER_ADDR"]
+
+
 # -- the FSDP2 reference workload under torchrun -------------------------------------------
 REPO = Path(__file__).resolve().parents[1]
 SITE = REPO / "bisect_prefetch" / "adapters" / "site"
@@ -250,6 +256,96 @@ def read_ranks(run_dir: Path, name: str) -> list[dict]:
 
 def read_probe(run_dir: Path, rank: int = 0) -> dict:
     return json.loads((run_dir / f"probe.rank{rank}.json").read_text())
+
+
+def step_outcomes(probe: dict) -> dict[int, dict[str, set[str]]]:
+    """Per step of the probe: outcome -> the edges that had it at least once."""
+    return {entry["step"]: {outcome: set(entry[outcome])
+                            for outcome in ("issued", "noop", "masked", "guarded")}
+            for entry in probe["steps"]}
+
+
+# -- the folder decides speed -----------------------------------------------------------
+# Every test under tests/e2e is slow (real training processes, a real Slurm, a browser) and
+# every other test fast: `make test-fast` is the suite without tests/e2e, and the fast tests
+# run first (here, and in `make test` before tests/e2e starts). No test is marked slow by
+# hand (tests/test_speed_by_folder.py).
+E2E = Path(__file__).resolve().parent / "e2e"
+
+
+def in_e2e(path: Path) -> bool:
+    return E2E in Path(path).resolve().parents
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if in_e2e(item.path):
+            item.add_marker(pytest.mark.slow)
+    items.sort(key=lambda item: in_e2e(item.path))  # stable: each group keeps its order
+
+
+# A fast test that starts a real training run fails: the commands it starts itself are read
+# (a command a CLI subprocess starts in turn is not seen). Training is a launcher, a
+# reference workload's training module, or a training script of this repository.
+TRAINING_MODULES = {"torch.distributed.run", "mindspore.parallel.cluster.run",
+                    "bisect_prefetch.workloads.fsdp2", "bisect_prefetch.workloads.mindspore",
+                    "bisect_prefetch.workloads.hsdp_double_torch"}
+TRAINING_LAUNCHERS = {"torchrun", "msrun"}
+
+
+@functools.cache
+def training_scripts() -> frozenset[Path]:
+    """examples/, the MindFormers job, and the test jobs that import torch or mindspore."""
+    jobs = [p for p in (REPO / "tests" / "jobs").glob("*.py")
+            if any(f"import {engine}" in p.read_text() or f"from {engine}" in p.read_text()
+                   for engine in ("torch", "mindspore"))]
+    examples = (REPO / "examples").glob("*.py")
+    mindformers = (REPO / "bisect_prefetch" / "workloads" / "mindformers_job").glob("*.py")
+    return frozenset(p.resolve() for p in (*jobs, *examples, *mindformers))
+
+
+def _real_launcher(word: str) -> bool:
+    """torchrun or msrun from PATH or an installed one; a stand-in script of a test's own
+    (tests/commands/test_init.py's msrun) imports neither engine."""
+    path = Path(word)
+    if path.name not in TRAINING_LAUNCHERS:
+        return False
+    try:
+        return path.name == word or any(f"{how} {engine}" in path.read_text()
+                                        for how in ("import", "from")
+                                        for engine in ("torch", "mindspore"))
+    except (OSError, UnicodeDecodeError):
+        return False
+
+
+def starts_training(argv, scripts: frozenset[Path]) -> bool:
+    """Whether a command (a list of words, or one string) runs a real training job."""
+    words = [argv] if isinstance(argv, (str, bytes, os.PathLike)) else list(argv)
+    for word in map(os.fsdecode, words):
+        if word in TRAINING_MODULES or _real_launcher(word):
+            return True
+        if word.endswith(".py") and Path(word).resolve() in scripts:
+            return True
+    return False
+
+
+@pytest.fixture(autouse=True)
+def _no_training_in_fast_tests(request, monkeypatch):
+    if in_e2e(request.node.path):
+        yield
+        return
+    scripts, started = training_scripts(), []
+    original = subprocess.Popen.__init__
+
+    def watched(self, args, *rest, **kwargs):
+        if starts_training(args, scripts):
+            started.append(args)
+            pytest.fail(f"a fast test started a real training run (move it to tests/e2e): {args}")
+        original(self, args, *rest, **kwargs)
+
+    monkeypatch.setattr(subprocess.Popen, "__init__", watched)
+    yield
+    assert not started, f"a fast test started a real training run (move it to tests/e2e): {started}"
 
 
 # -- a green CI means the real engines ran ----------------------------------------

@@ -156,3 +156,14 @@ def test_renderings_mention_every_edge(tmp_path):
     png = tmp_path / "g.png"
     render_png(g, png, highlight=["bwd:decoder.layers.1->decoder.layers.0"])
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_a_graph_file_with_a_null_order_loads_and_sorts_that_unit_last():
+    graph = PrefetchGraph.from_dict({
+        "nodes": [{"name": "root", "kind": "root", "order": None, "shard_size": None},
+                  {"name": "layers.0", "kind": "layer", "order": 0, "shard_size": 2}],
+        "edges": [{"id": "bwd:root->layers.0", "phase": "bwd", "src": "root", "dst": "layers.0"}],
+    })
+    assert graph.nodes() == ["layers.0", "root"]
+    assert graph.to_dict()["nodes"][1]["order"] is None
+    assert PrefetchGraph.from_dict(graph.to_dict()) == graph

@@ -1,8 +1,9 @@
 """`bisect-prefetch init -- COMMAND...`: the argument finder, the log reader, the file it writes
 (which `aa` takes unchanged), and one line with exit 2 for bad input.
 
-The quick tests run small jobs of their own (tmp_path scripts printing torchtitan or jsonl
-lines); the slow one runs the user's FSDP2 script (examples/fsdp2_train.py) under torchrun.
+The tests run small jobs of their own (tmp_path scripts printing torchtitan or jsonl lines);
+on the user's FSDP2 script (examples/fsdp2_train.py) under torchrun:
+tests/e2e/test_init_on_a_users_fsdp2_script.py.
 """
 
 from __future__ import annotations
@@ -19,7 +20,6 @@ from bisect_prefetch.experiment import load_experiment
 from bisect_prefetch.experiment.init_file import MetricsChoice, find_placeholders, render_experiment
 from bisect_prefetch.metrics.detect import is_timing, readings
 
-USER_JOB = Path(__file__).resolve().parents[2] / "examples" / "fsdp2_train.py"
 TITAN_LINE = ("\x1b[31mstep: {step:2d}  \x1b[32mloss: {loss:8.5f}  \x1b[33mgrad_norm:  0.8131  "
               "\x1b[34mmemory:  0.41GiB(1.05%)  tps: {tps}  tflops: 0.00  mfu: 0.00%\x1b[39m")
 
@@ -311,26 +311,6 @@ def test_force_replaces_an_existing_file(tmp_path, capsys):
     code, path = _init(tmp_path, "--force", "--", sys.executable, str(job), "--steps", "3")
     assert code == 0, capsys.readouterr().out
     assert load_experiment(path).metrics.format == "torchtitan"
-
-
-# -- a user's real FSDP2 job under torchrun ---------------------------------------------------
-@pytest.mark.slow
-def test_init_on_a_plain_torchrun_fsdp2_script_then_aa_on_the_file(tmp_path, capsys):
-    pytest.importorskip("torch")
-    code, path = _init(tmp_path, "--steps", "2", "--", sys.executable, "-m",
-                       "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-                       str(USER_JOB), "--steps", "4", "--seed", "3")
-    out = capsys.readouterr().out
-    assert code == 0, out
-    assert "port: torchrun --standalone picks a free one itself" in out
-    assert "your job: 7 FSDP units, 6 prefetch edges" in out
-    assert "-> metrics: torchtitan lines in the job's stdout.log: loss, grad_norm" in out
-    assert "-> all-off A/A: bitwise identical (digests) over 2 steps (2 runs)" in out
-    experiment = load_experiment(path)
-    assert experiment.command[-4:] == ["--steps", "{steps}", "--seed", "{seed}"]
-    assert (experiment.steps, experiment.seed) == (4, 3)
-    code, result = _aa(tmp_path, path, "--runs", "2", "--steps", "2")
-    assert code == 0 and result["verdict"] == "consistent", result["reason"]
 
 
 def test_a_steps_argument_the_job_does_not_honour_is_said(tmp_path, capsys):

@@ -2,8 +2,8 @@
 
 Most tests inject a fake group runner: it resolves each cell's mask against
 the FSDP2 reference graph and diverges exactly when the mask enables the
-planted edge, so the configs' masks are checked for real. One slow test runs
-the reported prefetch-subset matrix on the real FSDP2 workload.
+planted edge, so the configs' masks are checked for real. The reported
+prefetch-subset matrix on the real FSDP2 workload: tests/e2e/test_matrix_on_real_fsdp2.py.
 """
 
 from __future__ import annotations
@@ -326,45 +326,3 @@ def test_cli_exit_codes(tmp_path, monkeypatch, capsys):
     assert main(["report", str(tmp_path / "missing")]) == 2
 
 
-# -- the real thing -------------------------------------------------------------
-@pytest.mark.slow
-def test_reported_matrix_on_the_fsdp2_workload(tmp_path, monkeypatch, capsys):
-    """The shipped subset matrix, shortened, on real FSDP2 runs; then resumed; then reported."""
-    monkeypatch.delenv("GITHUB_STEP_SUMMARY", raising=False)
-    data = yaml.safe_load((CONFIGS / "matrix-prefetch-subsets.yaml").read_text())
-    exp = data["experiment"]
-    exp["steps"] = 6
-    exp["workload"]["fault"]["hazard"] = 0.5  # a run misses the fault with chance 1/64
-    data["cells"] = [dict(c, runs=2) for c in data["cells"] if c["expect"] != "any"]
-    path = tmp_path / "subsets.yaml"
-    path.write_text(yaml.safe_dump(data, sort_keys=False))
-    state = tmp_path / "state"
-    junit, md = tmp_path / "junit.xml", tmp_path / "m.md"
-
-    code = main(["matrix", str(path), "--junit", str(junit), "--markdown", str(md),
-                 "--state-dir", str(state)])
-    first = capsys.readouterr().out
-    assert code == 0, first
-    rows = {r["cell"]: r["verdict"] for r in parse_markdown_table(md.read_text())}
-    assert rows == {"all-on": "diverged", "all-off": "consistent", "backward-off": "consistent",
-                    "keep-only-root-to-last": "consistent",
-                    "drop-only-layer1-to-layer0": "consistent", "forward-off": "diverged"}
-    suite = ET.parse(junit).getroot().find("testsuite")
-    assert suite.get("tests") == "6" and suite.get("failures") == "0"
-
-    # Resumed: every run comes from the journal, none is launched again.
-    journal = state / exp["name"] / "journal.jsonl"
-    lines_before = journal.read_text().count("\n")
-    assert main(["matrix", str(path), "--state-dir", str(state), "--resume"]) == 0
-    assert journal.read_text().count("\n") == lines_before
-    assert "reused from the journal" in capsys.readouterr().out
-
-    html_path = tmp_path / "r.html"
-    assert main(["report", str(state / exp["name"]), "--html", str(html_path)]) == 0
-    page = html_path.read_text()
-    assert "all 6 expectations met" in page
-    assert "keep-only-root-to-last" in page
-    # A run stopped at its first differing digest may have no metric line to plot: its
-    # digests are plotted then.
-    report_dir = state / exp["name"] / "report"
-    assert list(report_dir.glob("run-*.png")) or list(report_dir.glob("digests-*.png"))

@@ -1,5 +1,6 @@
 """Stress: delays before prefetches are issued (adapters/stress.py), the choice to use them
-(search/stress.py), how commands carry and say them; real FSDP2 runs marked slow."""
+(search/stress.py), how commands carry and say them. On real FSDP2 runs:
+tests/e2e/test_stress_on_real_fsdp2.py."""
 
 from __future__ import annotations
 
@@ -15,7 +16,6 @@ import pytest
 
 from bisect_prefetch.adapters.plan import PlanError, parse_plan
 from bisect_prefetch.adapters.stress import HIGH, LOW, Stress
-from bisect_prefetch.cli import main
 from bisect_prefetch.commands import bisect as bisect_command
 from bisect_prefetch.commands.bisect_words import stress_choice_words
 from bisect_prefetch.drivers.oracle import Earlier
@@ -25,7 +25,7 @@ from bisect_prefetch.judge.signals import describe_stress
 from bisect_prefetch.runs.outcome import RunOutcome
 from bisect_prefetch.search.oracle import AnswersAtOnce, Finished
 from bisect_prefetch.search.stress import Hazard, choose_stress
-from tests.conftest import console, read_ranks
+from tests.conftest import console
 
 
 # -- the adapter's delays ------------------------------------------------------------------
@@ -305,105 +305,6 @@ def test_no_drift_without_stress_says_how_to_look_harder(tmp_path):
         said[mode] = out.getvalue()
     hint = "can still hide: for a prefetch race, --stress auto checks"
     assert hint in said["off"] and hint not in said["on"]
-
-
-# -- real FSDP2 runs ------------------------------------------------------------------------------
-def _fsdp2_experiment(tmp_path: Path, name: str, workload: str, *, steps: int) -> Path:
-    path = tmp_path / f"{name}.yaml"
-    path.write_text(textwrap.dedent(f"""
-        name: {name}
-        workload: {{builtin: fsdp2, world_size: 2, {workload}}}
-        metrics: {{format: jsonl, names: [loss, grad_norm]}}
-        steps: {steps}
-        timeout_s: 300
-        no_progress_timeout_s: 120
-    """))
-    return path
-
-
-def _aa(tmp_path: Path, experiment: Path, *args: str) -> dict:
-    out = tmp_path / "aa.json"
-    out.unlink(missing_ok=True)
-    main(["aa", str(experiment), "--state-dir", str(tmp_path / "state"), "--json", str(out),
-          *args])
-    return json.loads(out.read_text())
-
-
-def _digests(tmp_path: Path, name: str, run_id: str) -> dict:
-    rows = read_ranks(tmp_path / "state" / name / "runs" / run_id, "digests")
-    return {(r["step"], r["rank"], r["param"]): r["digest"] for r in rows}
-
-
-@pytest.mark.slow
-def test_stress_on_a_job_without_a_race_changes_no_number(tmp_path):
-    """Asynchronous prefetches with every wait in place: stress delays them and every
-    digest of all-on and all-off stays what it is without stress."""
-    name = "async"
-    experiment = _fsdp2_experiment(tmp_path, name, "layers: 3, async_unshard: true", steps=6)
-    plain = _aa(tmp_path, experiment, "--runs", "2", "--mask", "all-on")
-    assert plain["verdict"] == "consistent" and plain["stress"] == "off"
-    reference = _digests(tmp_path, name, plain["run_details"][0]["run_id"])
-    assert reference
-    for mask in ("all-on", "all-off"):
-        stressed = _aa(tmp_path, experiment, "--runs", "2", "--mask", mask, "--stress", "on")
-        assert stressed["verdict"] == "consistent" and stressed["stress"] == "on"
-        for run in stressed["run_details"]:
-            assert _digests(tmp_path, name, run["run_id"]) == reference
-        if mask == "all-on":
-            record = stressed["signals"]["stress"]
-            assert record["delays"] > 0 and not record["no_window_edges"]
-
-
-@pytest.mark.slow
-def test_compute_ms_changes_timing_and_no_number(tmp_path):
-    """workload.compute_ms: an all-on A/A without the fault stays bitwise identical, and
-    equal to the same job without it; only the step time grows (each layer's forward
-    sleeps: 3 layers x 100 ms a step at least)."""
-    workload = "layers: 3, async_unshard: true"
-    timed = _fsdp2_experiment(tmp_path, "timed", workload + ", compute_ms: 100", steps=4)
-    plain = _fsdp2_experiment(tmp_path, "plain", workload, steps=4)
-    result = _aa(tmp_path, timed, "--runs", "2", "--mask", "all-on")
-    assert result["verdict"] == "consistent"
-    reference = _aa(tmp_path, plain, "--runs", "2", "--mask", "all-on")
-    expected = _digests(tmp_path, "plain", reference["run_details"][0]["run_id"])
-    assert expected
-    for run in result["run_details"]:
-        assert _digests(tmp_path, "timed", run["run_id"]) == expected
-    slow = [run["step_time_ms"] for run in result["run_details"]]
-    assert all(t is not None and t >= 300 for t in slow), slow
-
-
-@pytest.mark.slow
-def test_stress_on_a_synchronous_job_says_it_has_no_window(tmp_path, capsys):
-    experiment = _fsdp2_experiment(tmp_path, "sync", "layers: 2", steps=4)
-    result = _aa(tmp_path, experiment, "--runs", "2", "--stress", "on")
-    assert result["verdict"] == "consistent"
-    assert result["signals"]["stress"]["delays"] == 0
-    assert "stress: no window to widen" in capsys.readouterr().out
-
-
-@pytest.mark.slow
-def test_the_race_workload_diverges_under_stress(tmp_path):
-    experiment = _fsdp2_experiment(
-        tmp_path, "race", 'layers: 4, dim: 64, batch: 384, '
-        'fault: {edge: "fwd:layers.1->layers.2", mode: race}', steps=12)
-    result = _aa(tmp_path, experiment, "--runs", "4", "--stress", "on")
-    assert result["verdict"] == "diverged" and result["stress"] == "on"
-
-
-@pytest.mark.slow
-def test_bisect_with_stress_auto_names_the_racing_edge(tmp_path):
-    experiment = _fsdp2_experiment(
-        tmp_path, "race-bisect", 'layers: 4, dim: 64, batch: 384, '
-        'fault: {edge: "fwd:layers.1->layers.2", mode: race}', steps=12)
-    out = tmp_path / "bisect.json"
-    code = main(["bisect", str(experiment), "--state-dir", str(tmp_path / "state"),
-                 "--stress", "auto", "--json", str(out), "--max-runs", "60"])
-    data = json.loads(out.read_text())
-    assert code == 1, data["facts"]
-    assert data["verdict"] == "culprit-found"
-    assert data["minimal_set"] == ["fwd:layers.1->layers.2"]
-    assert data["stress"]["mode"] == "auto"
 
 
 # -- simulate ----------------------------------------------------------------------------------

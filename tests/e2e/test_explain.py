@@ -6,9 +6,9 @@
   every rank, tied to no edge (none was on);
 - a user's 2-D tensor-parallel x FSDP2 job (tests/jobs/tp_fsdp2_job.py: DTensor weights,
   functional collectives, shard groups of size one) with its own fault inside one backward
-  prefetch: `bisect --explain` names the edge, then traces its keep-only (only its two
-  units) and shows the first divergence in backward, in the edge's units, tied to the edge,
-  with what tracing cost against untraced steps of the same runs;
+  prefetch: explain of that edge alone (keep-only, as `bisect --explain` traces a cause)
+  traces only its two units and shows the first divergence in backward, in the edge's
+  units, tied to the edge, with what tracing cost against untraced steps of the same runs;
 - the tool failing inside a traced job (here: its trace cannot be written, the job's file
   size limit reached): exit 3, the tool's failure and the rank's log, not the input's;
 - the MindSpore reference workload on 2 ranks under msrun, which does not drift: traced at
@@ -30,7 +30,6 @@ from bisect_prefetch.cli import main
 
 pytest.importorskip("torch")
 JOBS = Path(__file__).resolve().parents[1] / "jobs"
-pytestmark = pytest.mark.slow
 
 
 def torchrun(job: str, *args: str) -> list[str]:
@@ -92,37 +91,29 @@ def test_explain_names_the_random_op_in_the_noisy_layer_at_step_3(tmp_path, caps
     assert "First differing op" in (state / "report.html").read_text()
 
 
-def test_bisect_explain_on_a_tensor_parallel_job_ties_the_first_divergence_to_the_edge(
-        tmp_path):
+def test_explain_on_a_tensor_parallel_job_ties_the_first_divergence_to_the_edge(tmp_path, capsys):
+    """explain of the fault's edge alone (keep-only, as `bisect --explain` traces a cause; that
+    step after a verdict: tests/commands/test_explain.py and the whole-transcript tests)."""
     edge = "bwd:layers.3->layers.2"  # the job's own fault: the prefetch into layers.2
     argv = torchrun("tp_fsdp2_job.py", "--seed", "{seed}")
-    experiment = write_experiment(tmp_path / "tp.yaml", "tp", argv, 5,
-                                  "search: {max_runs: 40}\n")
-    done = subprocess.run([sys.executable, "-m", "bisect_prefetch.cli", "bisect",
-                           str(experiment), "--explain", "--state-dir", str(tmp_path / "state"),
-                           "--json", str(tmp_path / "bisect.json")],
-                          cwd=tmp_path, capture_output=True, text=True, timeout=1500)
-    assert done.returncode == 1, done.stdout + done.stderr
-    result = json.loads((tmp_path / "bisect.json").read_text())
-    assert result["verdict"] == "culprit-found" and result["minimal_set"] == [edge], done.stdout
-    [step] = [s for s in result["next_steps"] if s["step"] == "explain"]
-    explained = step["result"]
-    assert step["edges"] == [edge] and explained["verdict"] == "explained", step
+    experiment = write_experiment(tmp_path / "tp.yaml", "tp", argv, 5)
+    out = tmp_path / "explain.json"
+    code = main(["explain", str(experiment), "--mask", f"keep-only:{edge}",
+                 "--state-dir", str(tmp_path / "state"), "--json", str(out)])
+    text = capsys.readouterr().out
+    assert code == 1, text
+    explained = json.loads(out.read_text())
+    assert explained["verdict"] == "explained" and explained["mask"] == [edge], text
     first = explained["first"]
     assert first["phase"] == "backward" and first["unit"] in ("layers.3", "layers.2"), first
-    assert first["edge"] == edge == explained["edge"], first
-    assert explained["overhead_ratio"] is not None
+    assert first["edge"] == edge, first
+    assert explained["overhead"]["ratio"] is not None
     # The traced runs traced only the edge's two units, and said so.
-    assert "the ops of layers.2, layers.3 (the source and target units" in done.stdout
-    # The verdict block says the finding under the explain step's command.
-    block = done.stdout[done.stdout.index("next steps:"):]
-    assert re.search(r"  explain cause 1: the first op that differs:\n    .*bisect-prefetch "
-                     r"explain .*\n    -> first divergence at step \d+, rank \d, backward of "
-                     rf"layers\.[23]: .*; edge {re.escape(edge)}\n", block), block
-    saved = json.loads((tmp_path / "state" / "tp" / "bisect.json").read_text())
-    assert saved["next_steps"] == result["next_steps"]
+    assert explained["traced_units"] == ["layers.2", "layers.3"]
+    assert "the ops of layers.2, layers.3 (the source and target units" in text
+    assert re.search(r"first divergence: rank \d, step \d+, backward of layers\.[23]: ", text), text
     report = (tmp_path / "state" / "tp" / "report.html").read_text()
-    assert f"; edge {edge.replace('>', '&gt;')}" in report
+    assert "First differing op" in report
 
 
 def test_the_tool_failing_inside_a_traced_job_is_exit_3_with_the_rank_s_log(tmp_path):

@@ -19,7 +19,6 @@ from bisect_prefetch.cli import main
 
 pytest.importorskip("torch")
 JOBS = Path(__file__).resolve().parents[1] / "jobs"
-pytestmark = pytest.mark.slow
 
 
 def _experiment(tmp_path: Path, **env: str) -> Path:

@@ -25,8 +25,6 @@ CPU_CONFIG = REPO / "configs" / "mindformers-cpu.yaml"
 # MindFormers' per-step line, read here with a pattern of its own to check the parser's numbers.
 LOSS_LINE = re.compile(r"step:\[\s*(\d+)/\s*\d+\], loss:\[([0-9.]+)/[0-9.]+\].*global_norm: \[([0-9.]+)\]")
 
-pytestmark = pytest.mark.slow
-
 
 @pytest.fixture(autouse=True)
 def mindformers_venv() -> Path:

@@ -28,8 +28,6 @@ TEMPLATE = Path(__file__).resolve().parents[2] / "configs" / "mindformers-topolo
 STEPS = 3
 RANKS = 2
 
-pytestmark = pytest.mark.slow
-
 
 def _on_this_machine(tmp_path: Path) -> tuple[dict, dict]:
     """The template's first cell as an experiment file for this machine, and what was replaced."""

@@ -80,7 +80,6 @@ def tool_lines(stderr: str) -> list[str]:
     return [line for line in stderr.strip().splitlines() if not line.startswith("salloc:")]
 
 
-@pytest.mark.slow
 def test_a_bisect_inside_salloc_runs_every_run_as_a_step_and_no_batch_job(slurm_cluster, tmp_path):
     exp = experiment(tmp_path, [*RECORD_STEP, sys.executable, str(FAKE_JOB), "clean"])
     state, out = tmp_path / "state", tmp_path / "out.json"
@@ -122,7 +121,6 @@ def _wait_for(condition, seconds: float, what: str):
     raise AssertionError(f"{what} not seen within {seconds:g}s")
 
 
-@pytest.mark.slow
 def test_a_killed_tool_s_steps_stop_on_resume_and_sigterm_scancels_steps(slurm_cluster, tmp_path):
     held = subprocess.run(["salloc", "--no-shell", "-N1"], capture_output=True, text=True, timeout=60)
     allocation = GRANTED.search(held.stderr).group(1)
@@ -181,7 +179,6 @@ def _node_of(run_dir: Path) -> str:
     return node
 
 
-@pytest.mark.slow
 def test_a_node_lost_mid_search_costs_one_run_and_too_few_nodes_stop_until_resumed(tmp_path):
     with running_two_node_cluster(tmp_path / "slurm", slurmd_timeout_s=10) as cluster:
         # 1. FSDP2 (the built-in workload), one node a run: the second node dies under a

@@ -20,7 +20,6 @@ import pytest
 pytest.importorskip("torch")
 JOB = Path(__file__).resolve().parents[1] / "jobs" / "two_causes_job.py"
 CAUSES = {"bwd:layers.5->layers.4", "bwd:layers.2->layers.1"}
-pytestmark = pytest.mark.slow
 
 
 def cli(*args: str) -> list[str]:

@@ -15,7 +15,6 @@ from tests.conftest import rank_lines, read_probe, read_ranks, run_fsdp2, write_
 
 pytest.importorskip("torch")
 
-pytestmark = pytest.mark.slow
 
 FAULT_EDGE = "bwd:layers.3->layers.2"
 

@@ -18,7 +18,6 @@ from tests.conftest import rank_lines, run_dir_writers, run_json
 
 pytest.importorskip("torch")
 JOB = Path(__file__).resolve().parents[2] / "examples" / "fsdp2_train.py"
-pytestmark = pytest.mark.slow
 
 
 def _experiment(tmp_path: Path, *job_args: str, name: str = "user", steps: int = 6,

@@ -1,8 +1,9 @@
 """Gradient digests on by default, their bad input, and where a divergence is localized.
 
 Fast: the comparison and its checks on written files, and `aa` over a stand-in job that
-writes digests (tests/jobs/digest_job.py). Slow: real FSDP2, where a planted one-ulp fault moves
-the gradients steps before the printed loss (read at 2 decimals) does.
+writes digests (tests/jobs/digest_job.py). Real FSDP2, where a planted one-ulp fault moves
+the gradients steps before the printed loss (read at 2 decimals) does:
+tests/e2e/test_digests_on_real_fsdp2.py.
 """
 
 from __future__ import annotations
@@ -21,7 +22,6 @@ from bisect_prefetch.commands.bisect_loop import RunLines
 from bisect_prefetch.commands.matrix import CellResult, cell_verdict_line
 from bisect_prefetch.experiment import Experiment
 from bisect_prefetch.metrics.compare import compare_paths
-from bisect_prefetch.metrics.digest_files import read_run_digests
 from bisect_prefetch.metrics.digests import read_digests
 from bisect_prefetch.metrics.localize import (
     compare_run_digests,
@@ -246,38 +246,6 @@ def test_aa_diverges_on_digests_alone_and_localizes(tmp_path, capsys):
     assert clean_code == 0 and clean["verdict"] == "consistent" and clean["localization"] is None
 
 
-# -- slow: real FSDP2 ----------------------------------------------------------------------------
-@pytest.mark.slow
-def test_real_fsdp2_digests_see_a_one_ulp_fault_before_the_printed_loss(tmp_path, capsys):
-    """A one-ulp nudge at every firing of bwd:layers.2->layers.1 moves the gradients at once;
-    the loss, printed and read at 2 decimals, does not move for many steps (if ever)."""
-    experiment = tmp_path / "fsdp2-digests.yaml"
-    experiment.write_text(textwrap.dedent(f"""
-        name: fsdp2-digests
-        command: [{json.dumps(sys.executable)}, -m, torch.distributed.run, --nproc_per_node=2,
-                  "--master_port={{port}}", -m, bisect_prefetch.workloads.fsdp2, --layers, "4",
-                  --steps, "{{steps}}", --seed, "1234",
-                  --fault-edge, "bwd:layers.2->layers.1", --fault-hazard, "1.0"]
-        metrics: {{format: regex, names: [loss],
-                   pattern: 'step (?P<step>\\d+) loss (?P<loss>-?\\d+\\.\\d{{2}})'}}
-        steps: 8
-        timeout_s: 300
-    """))
-    out = tmp_path / "aa.json"
-    code = main(["aa", str(experiment), "--state-dir", str(tmp_path / "state"), "--json", str(out)])
-    result = json.loads(out.read_text())
-    assert code == 1 and result["verdict"] == "diverged"
-    loss_step = result["metrics"]["loss"]["first_diff_step"]
-    assert result["first_diff_step"] <= 2
-    assert loss_step is None or loss_step > result["first_diff_step"]
-    where = result["localization"]
-    assert where["step"] == result["first_diff_step"] and where["rank"] in (0, 1)
-    assert where["param"].startswith(where["unit"] + ".") and where["units_differing"] >= 1
-    diverged = [run for run in result["run_details"] if run["first_diff_step"] is not None]
-    assert diverged and diverged[0]["steps_done"] < 8  # stopped at the divergence, not at the end
-    assert f"in {where['unit']} (rank {where['rank']}" in capsys.readouterr().out
-
-
 def test_compare_says_digests_that_cannot_vouch_for_the_runs(tmp_path):
     for name, cut in (("a", 0), ("b", 9)):
         run_dir = _write(tmp_path / name, _records(), cut=cut)
@@ -311,31 +279,6 @@ def test_bisect_and_matrix_lines_name_the_unit():
     assert cell_verdict_line(cell).startswith("-> diverged at step 9 in layers.4 (rank 1) (1 of 2")
     assert RunOutcome(run_id="r", outcome="ok", reason="", first_diff_step=9,
                       localization=WHERE).result().unit == "layers.4"
-
-
-@pytest.mark.slow
-def test_real_fsdp2_aa_records_digests_by_default_and_identical_runs_stay_consistent(tmp_path):
-    experiment = tmp_path / "fsdp2-clean.yaml"
-    experiment.write_text(textwrap.dedent("""
-        name: fsdp2-clean
-        workload: {builtin: fsdp2, layers: 2, world_size: 2}
-        steps: 4
-        timeout_s: 300
-    """))
-    out = tmp_path / "aa.json"
-    code = main(["aa", str(experiment), "--state-dir", str(tmp_path / "state"), "--json", str(out),
-                 "--runs", "2"])
-    result = json.loads(out.read_text())
-    assert code == 0 and result["verdict"] == "consistent" and result["localization"] is None
-    run_dirs = [tmp_path / "state" / "fsdp2-clean" / "runs" / r["run_id"]
-                for r in result["run_details"]]
-    records = [list(read_run_digests(d)) for d in run_dirs]
-    # The same records (ranks interleave their lines in any order).
-    assert sorted(r[:4] for r in records[0]) == sorted(r[:4] for r in records[1])
-    params = {r.param for r in records[0]}
-    assert {"embedding.weight", "layers.0.qkv.weight", "layers.1.down.bias"} <= params
-    assert {r.rank for r in records[0]} == {0, 1} and {r.step for r in records[0]} == {1, 2, 3, 4}
-    assert all(r.norm is not None and r.norm >= r.max_abs >= 0 for r in records[0])
 
 
 def test_when_every_unit_s_gradients_differ_at_once_no_unit_is_named_by_order(tmp_path):

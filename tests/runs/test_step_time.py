@@ -1,12 +1,11 @@
-"""Step time per run and per mask (judge/step_time.py), the order log's bounds, and a real run."""
+"""Step time per run and per mask (judge/step_time.py) and the order log's bounds (a real run's step
+times: tests/e2e/test_aa_on_real_fsdp2.py)."""
 
 from __future__ import annotations
 
-import io
 import json
 
 import pytest
-from rich.console import Console
 
 from bisect_prefetch.adapters.order import OrderLog
 from bisect_prefetch.judge.step_time import (
@@ -137,25 +136,6 @@ def test_order_log_keeps_only_the_first_steps():
                                                       ["unshard", "b", "fwd:a->b"],
                                                       ["use", "b", "fwd"], ["reshard", "b"]]}
     assert log._events == []  # nothing kept after the last recorded step
-
-
-@pytest.mark.slow
-def test_fsdp2_aa_reports_each_runs_step_time(tmp_path):
-    pytest.importorskip("torch")
-    from bisect_prefetch.commands.aa import run_aa
-
-    path = tmp_path / "e.yaml"
-    path.write_text(json.dumps({"name": "st", "steps": 5,
-                                "workload": {"builtin": "fsdp2", "layers": 2, "world_size": 2}}))
-    out = io.StringIO()
-    result = run_aa(path, masks=["all-on"], runs=2, steps=None, guard=None,
-                    state_dir=tmp_path / "state", console=Console(file=out, width=200))
-    data = result.to_json()
-    times = [r["step_time_ms"] for r in data["run_details"]]
-    assert all(t is not None and 0 < t < 60_000 for t in times)
-    assert data["step_time"]["runs"] == 2
-    assert data["step_time"]["min_ms"] == min(times)
-    assert "step time: " in out.getvalue()
 
 
 def test_step_times_that_are_no_positive_number_time_nothing():

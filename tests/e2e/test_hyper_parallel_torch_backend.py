@@ -21,7 +21,6 @@ from bisect_prefetch.judge.audit import audit_run_dir
 from bisect_prefetch.metrics.digests import compare_digest_files
 
 pytest.importorskip("torch")
-pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[2]
 SITE = REPO / "bisect_prefetch" / "adapters" / "site"
 FORWARD = {"fwd:embedding->layers.0", "fwd:layers.0->layers.1", "fwd:layers.1->output_layer"}

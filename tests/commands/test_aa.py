@@ -1,4 +1,6 @@
-"""`bisect-prefetch aa` end to end: small stand-in jobs (fast), then real FSDP2 (slow)."""
+"""`bisect-prefetch aa` end to end on small stand-in jobs (tests/jobs/fake_job.py): verdicts,
+errors, resume, interrupts, drift, the graph command. On real FSDP2:
+tests/e2e/test_aa_on_real_fsdp2.py."""
 
 from __future__ import annotations
 
@@ -8,8 +10,6 @@ import sys
 import textwrap
 import time
 from pathlib import Path
-
-import pytest
 
 from bisect_prefetch.cli import main
 from bisect_prefetch.drivers.group import run_group
@@ -51,7 +51,6 @@ def _run_dirs(tmp_path: Path, name: str = "fake") -> list[Path]:
     return sorted(runs.iterdir()) if runs.exists() else []
 
 
-# -- fast: stand-in jobs ----------------------------------------------------
 def test_clean_group_is_consistent(tmp_path, capsys):
     code, result = _aa(tmp_path, _experiment(tmp_path), "--mask", "drop-only:" + RANDOM_EDGE)
     assert code == 0
@@ -230,69 +229,3 @@ def test_config_is_copied_with_overrides(tmp_path):
     assert yaml.safe_load(copied.read_text()) == {
         "training": {"seed": 42, "steps": 5}, "model": {"layers": 2, "dropout": 0.0}}
     assert (tmp_path / "train.yaml").read_text().startswith("training:\n  seed: 1")
-
-
-# -- slow: the real FSDP2 workload (2 ranks, CPU gloo) -------------------------
-FAULT_EDGE = "bwd:layers.5->layers.4"
-
-
-def _fsdp2(tmp_path: Path, name: str, *, fault: str = "", graph: str = "{source: runtime}",
-           timeout_s: float = 240) -> Path:
-    path = tmp_path / f"{name}.yaml"
-    path.write_text(textwrap.dedent(f"""
-        name: {name}
-        workload: {{builtin: fsdp2, layers: 8, world_size: 2{fault}}}
-        metrics: {{format: jsonl, names: [loss, grad_norm]}}
-        graph: {graph}
-        steps: 10
-        timeout_s: {timeout_s}
-        no_progress_timeout_s: 120
-    """))
-    return path
-
-
-@pytest.mark.slow
-def test_fsdp2_aa_without_fault_is_consistent(tmp_path):
-    code, result = _aa(tmp_path, _fsdp2(tmp_path, "fsdp2-clean"))
-    assert code == 0, result
-    assert result["verdict"] == "consistent"
-    assert result["metrics"]["loss"]["steps_compared"] == 10
-    assert result["environment_drift"] == [] and result["graph_drift"] == []
-    graph = json.loads((_run_dirs(tmp_path, "fsdp2-clean")[0] / "graph.json").read_text())
-    edge_ids = {edge["id"] for edge in graph["edges"]}
-    assert FAULT_EDGE in edge_ids and len(edge_ids) >= 14
-    assert job_processes(str(tmp_path)) == []
-
-
-FAULT_SURE = f', fault: {{edge: "{FAULT_EDGE}", hazard: 1.0}}'
-STATIC = "{source: static, policy: fsdp2-chain}"
-
-
-@pytest.mark.slow
-def test_fsdp2_planted_fault_diverges(tmp_path):
-    code, result = _aa(tmp_path, _fsdp2(tmp_path, "fsdp2-fault", fault=FAULT_SURE, graph=STATIC))
-    assert code == 1, result
-    assert result["verdict"] == "diverged"
-    assert result["first_diff_step"] is not None and result["first_diff_step"] <= 10
-
-
-@pytest.mark.slow
-def test_fsdp2_fault_edge_masked_off_is_consistent(tmp_path):
-    experiment = _fsdp2(tmp_path, "fsdp2-masked", fault=FAULT_SURE, graph=STATIC)
-    code, result = _aa(tmp_path, experiment, "--mask", f"drop-only:{FAULT_EDGE}")
-    assert code == 0, result
-    assert FAULT_EDGE not in result["mask"]
-    for run_dir in _run_dirs(tmp_path, "fsdp2-masked"):
-        probe = json.loads((run_dir / "probe.json").read_text())
-        assert probe["edges"][FAULT_EDGE]["issued"] == 0
-        assert probe["edges"][FAULT_EDGE]["masked"] > 0
-
-
-@pytest.mark.slow
-def test_fsdp2_timeout_is_an_error_and_leaves_no_process(tmp_path):
-    experiment = _fsdp2(tmp_path, "fsdp2-timeout", graph=STATIC, timeout_s=2)
-    code, result = _aa(tmp_path, experiment)
-    assert code == 2
-    assert result["verdict"] == "error"
-    assert result["outcomes"]["timeout"] == 2
-    assert job_processes(str(tmp_path)) == []
