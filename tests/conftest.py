@@ -225,6 +225,16 @@ def run_fsdp2(
     return result
 
 
+def oracle_run(oracle, mask):
+    """One run of mask through a real oracle's slot operations, as the one loop runs it
+    (commands/bisect_loop.drive): the failed attempts it retries are heard first, then the
+    run's result."""
+    oracle.request(mask)
+    while (heard := oracle.finished()).retried:
+        pass
+    return heard.result
+
+
 def run_json(folder: Path, *argv: str) -> tuple[int, dict | None]:
     """A command through the CLI with --state-dir and --json in folder: its exit code and
     its JSON (None where it wrote none)."""

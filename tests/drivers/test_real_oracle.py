@@ -20,10 +20,9 @@ from bisect_prefetch.runs.execute import Runner
 from bisect_prefetch.runs.sessions import Scope
 from bisect_prefetch.runs.store import StateDir
 from bisect_prefetch.search.causes import CauseSearch
-from bisect_prefetch.search.oracle import RunResult
 from bisect_prefetch.search.runlog import Ask
 from bisect_prefetch.search.segments import Schedule, Segment
-from tests.conftest import console
+from tests.conftest import console, oracle_run
 from tests.jobs.fake_job import DETERMINISTIC_EDGE, RANDOM_EDGE
 
 FAKE_JOB = Path(__file__).resolve().parents[1] / "jobs" / "fake_job.py"
@@ -54,22 +53,13 @@ def _oracle(state: StateDir, experiment, *, resume: bool = False, **kw) -> RealO
     return RealOracle(runner, steps=6, guard="none", **kw)
 
 
-def _run(oracle: RealOracle, mask) -> RunResult:
-    """One run of mask through the slot operations, as the one loop runs it: the failed
-    attempts the oracle retries are heard first, then the run."""
-    oracle.request(mask)
-    while (heard := oracle.finished()).retried:
-        pass
-    return heard.result
-
-
 def test_runs_are_trials_against_one_golden_run(tmp_path):
     experiment = _experiment(tmp_path)
     with StateDir(tmp_path / "state", "fake") as state:
         oracle = _oracle(state, experiment)
-        clean = _run(oracle, CLEAN)
-        drifting = _run(oracle, DRIFTING)
-        all_off = _run(oracle, frozenset())
+        clean = oracle_run(oracle, CLEAN)
+        drifting = oracle_run(oracle, DRIFTING)
+        all_off = oracle_run(oracle, frozenset())
         golden = oracle.run_golden()
     assert (clean.outcome, clean.diverged, clean.steps) == ("ok", False, 6)
     assert drifting.diverged and drifting.first_diff_step == 3
@@ -86,14 +76,14 @@ def test_resume_replays_the_same_runs_in_order(tmp_path):
     asks = [DRIFTING, CLEAN, DRIFTING, CLEAN]
     with StateDir(tmp_path / "state", "fake") as state:
         oracle = _oracle(state, experiment)
-        first = [_run(oracle, mask) for mask in asks]
+        first = [oracle_run(oracle, mask) for mask in asks]
         assert oracle.runs_launched == 5
     with StateDir(tmp_path / "state", "fake") as state:
         oracle = _oracle(state, experiment, resume=True)
-        again = [_run(oracle, mask) for mask in asks]
+        again = [oracle_run(oracle, mask) for mask in asks]
         assert oracle.runs_launched == 0 and oracle.runs_reused == 5
         # Asking for more than was run before launches the new run only.
-        _run(oracle, CLEAN)
+        oracle_run(oracle, CLEAN)
         assert oracle.runs_launched == 1
     assert again == first
 
@@ -103,14 +93,14 @@ def test_errors_are_retried_then_reported(tmp_path):
     with StateDir(tmp_path / "state", "fake") as state:
         oracle = _oracle(state, experiment, max_retries=1)
         with pytest.raises(BisectPrefetchError, match=r"reference run \(search-golden\) failed 2 times"):
-            _run(oracle, CLEAN)
+            oracle_run(oracle, CLEAN)
 
 
 def test_a_failed_trial_is_retried_and_never_clean(tmp_path):
     experiment = _experiment(tmp_path, "crash-when-fwd")
     with StateDir(tmp_path / "state", "fake") as state:
         oracle = _oracle(state, experiment, max_retries=2)
-        result = _run(oracle, CLEAN)
+        result = oracle_run(oracle, CLEAN)
     assert result.outcome == "error" and result.diverged is None
     assert oracle.runs_launched == 1 + 3  # the golden run, then three attempts
 
@@ -119,12 +109,12 @@ def test_mask_that_changes_the_math_is_compared_within_itself(tmp_path):
     experiment = _experiment(tmp_path, "det")
     with StateDir(tmp_path / "state", "fake") as state:
         oracle = _oracle(state, experiment)
-        first = _run(oracle, CLEAN)
-        second = _run(oracle, CLEAN)
+        first = oracle_run(oracle, CLEAN)
+        second = oracle_run(oracle, CLEAN)
         assert first.diverged and second.diverged
         assert first.first_diff_step == second.first_diff_step == 1
         assert oracle.deterministic_masks() == [CLEAN]
-        third = _run(oracle, CLEAN)
+        third = oracle_run(oracle, CLEAN)
     assert third.diverged is False
 
 
@@ -144,7 +134,7 @@ def test_a_job_that_cannot_switch_masks_is_said_once_and_never_retried(tmp_path)
         assert "cannot switch masks inside a run: graph mode" in oracle.schedule_refused
         assert oracle.runs_launched == 2  # the golden run and this one
         # One mask a run is not refused.
-        assert _run(oracle, CLEAN).completed and oracle.schedule_refused is not None
+        assert oracle_run(oracle, CLEAN).completed and oracle.schedule_refused is not None
 
 
 def test_a_golden_run_that_drifted_is_replaced_and_a_resume_finds_the_new_one(tmp_path):

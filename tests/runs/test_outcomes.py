@@ -17,7 +17,7 @@ from bisect_prefetch.experiment import load_experiment
 from bisect_prefetch.report.html import build_report, outcome_counts_text
 from bisect_prefetch.runs.execute import Runner
 from bisect_prefetch.runs.store import StateDir
-from tests.conftest import NAME, fake_job_experiment, job_processes, script_experiment
+from tests.conftest import NAME, fake_job_experiment, job_processes, oracle_run, script_experiment
 
 JOB = """
 import json, os, sys, time
@@ -99,7 +99,7 @@ def test_oracle_trial_that_times_out_is_retried_then_unresolved(tmp_path):
                                                    timeout_s=1, steps=4))
     with StateDir(tmp_path / "state", NAME) as state:
         oracle = RealOracle(Runner(experiment, state).open(), steps=4, guard="none", max_retries=1)
-        result = oracle.run(frozenset({"fwd:layers.0->layers.1"}))
+        result = oracle_run(oracle, frozenset({"fwd:layers.0->layers.1"}))
         # The all-off golden run finished; the trial timed out twice and says nothing of drift.
         assert (result.outcome, result.diverged, result.completed) == ("timeout", None, False)
         assert oracle.runs_launched == 1 + 2
