@@ -27,7 +27,7 @@ from bisect_prefetch.drivers.oracle import RealOracle
 from bisect_prefetch.experiment import load_experiment
 from bisect_prefetch.runs.execute import Runner
 from bisect_prefetch.runs.store import RunKey, StateDir
-from tests.conftest import HOSTILE_WORDS
+from tests.conftest import HOSTILE_WORDS, oracle_run
 from tests.jobs.fake_job import RANDOM_EDGE
 
 FAULT_EDGE = "bwd:layers.2->layers.1"
@@ -166,7 +166,7 @@ def test_a_job_cancelled_from_outside_is_retried_and_never_counted(slurm_cluster
     with StateDir(tmp_path / "state", exp.name) as state:
         oracle = RealOracle(Runner(exp, state).open(), steps=20, guard="none", max_retries=1)
         oracle.run_golden()
-        worker = threading.Thread(target=lambda: results.append(oracle.run(mask)))
+        worker = threading.Thread(target=lambda: results.append(oracle_run(oracle, mask)))
         worker.start()
         cancelled = None
         deadline = time.monotonic() + 120
