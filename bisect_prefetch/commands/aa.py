@@ -1,6 +1,6 @@
 """`bisect-prefetch aa`: an A/A group of K runs under one mask, narrated, with its verdict.
 
-Steps, each printed as it happens: the experiment, the graph (discovered by
+In order, each printed as it happens: the experiment, the graph (discovered by
 one short run, or a static policy), the mask, the runs, then the comparison
 table (metric, first differing step, MAE, P95, max abs) and the verdict.
 Finished runs are in the journal: the same command with --resume takes them again (with

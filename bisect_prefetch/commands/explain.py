@@ -1,7 +1,7 @@
 """`bisect-prefetch explain`: the first op whose output differs while its inputs matched, and
 the prefetch edge it belongs to.
 
-Steps, each printed as it happens: the experiment, what is traced (the source and target
+In order, each printed as it happens: the experiment, what is traced (the source and target
 units of the few edges the mask enables, or every unit) and in which steps, the A/A group
 under the mask (default all-on) with those ops traced (adapters/op_trace.py), run as `aa`
 runs one (the golden run to the end, each further run stopped at its first differing step,
@@ -116,11 +116,11 @@ def run_explain(
         edge_ids = graph.edge_ids()
         mask = resolve_mask(list(masks), edge_ids)
         name = describe(mask, edge_ids)
-        # stage 1: what to trace, and in which steps; from here on the runner's runs are
+        # 1: what to trace, and in which steps; from here on the runner's runs are
         # traced runs (other keys, other runs in the journal)
         units = None if all_units else targeted_units(mask)
         first, last, run_steps = traced_steps(opened, experiment, window, mask, units, console)
-        # stage 2: the traced A/A group, until two runs differ
+        # 2: the traced A/A group, until two runs differ
         group = _traced_group(opened, mask, name=name, edges=len(edge_ids), runs=runs,
                               steps=run_steps, guard=experiment.guard, console=console)
         _tool_failed(opened, group)
@@ -141,9 +141,9 @@ def run_explain(
                                       " (finished runs are in the journal; a traced run that "
                                       "ran out of memory or time can be retried with a smaller "
                                       f"window: --steps A-B within 1-{last})")
-        # stage 3: the two runs' traces side by side
+        # 3: the two runs' traces side by side
         explanation = _compare_pair(opened, group, data, graph, last, console)
-    # stage 4: the finding. Where the digests saw it first (metrics/localize.py): the first
+    # 4: the finding. Where the digests saw it first (metrics/localize.py): the first
     # differing tensor when no traced op read it before the run was stopped.
     data["localization"] = group.localization
     step = group.first_diff_step

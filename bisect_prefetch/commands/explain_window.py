@@ -1,4 +1,4 @@
-"""What `explain` traces (commands/explain.py, its stage 1): which units' ops, in which steps,
+"""What `explain` traces (commands/explain.py, its first part): which units' ops, in which steps,
 and the experiment its traced runs run.
 
 A mask that enables few edges (keep-only of a cause) traces only the source and target

@@ -1,6 +1,6 @@
 """`bisect-prefetch init -- COMMAND...`: a commented experiment file for your own job.
 
-Steps, each printed as it happens, then a `->` line:
+In order, each printed as it happens, then a `->` line:
 1. the arguments that set steps, seed and port (experiment/init_file.find_placeholders);
 2. one short run of the command under the adapter, through the Runner every
    command uses (or the log given with --log): its metric lines, read by
@@ -60,19 +60,19 @@ def init(
     command = list(command)
     path = _check_input(command, out=out, log=log, steps=steps, force=force)
     console.print(f"init: {shlex.join(command)}", markup=False, soft_wrap=True)
-    # step 1: the arguments that set steps, seed and port
+    # 1: the arguments that set steps, seed and port
     placeholders = _find_arguments(command, console)
-    # step 2: the metric lines (a short run, or the log given) and the prefetch graph
+    # 2: the metric lines (a short run, or the log given) and the prefetch graph
     seed = placeholders.value(SEED)
     base = {"name": experiment_name(command, out), "command": placeholders.argv,
             "seed": DEFAULT_SEED if seed is None else seed}
     found, graph_note, job_steps = (read_log(log, console) if log is not None
                                     else first_run(base, placeholders, state_dir, console))
     choice = choose_metrics(found, console, log=log)
-    # step 3: the file, read back as aa reads it
+    # 3: the file, read back as aa reads it
     experiment = _write_file(path, base, placeholders, choice, graph_note=graph_note,
                              job_steps=job_steps, console=console)
-    # step 4: all-off A/A
+    # 4: all-off A/A
     if placeholders.found(STEPS) is None and job_steps is None:
         console.print(f"-> all-off A/A: not run: mark the argument that sets the steps with "
                       f"{{steps}} in {path} (see its TODO), then check with:", markup=False,
@@ -86,7 +86,7 @@ def init(
     code = _verdict(result, path, state_dir, console)
     if code:
         return code
-    # step 5: what to run next
+    # 5: what to run next
     console.print("next: A/A with every edge on, then the bisection:", markup=False)
     console.print(f"  {_next(path, state_dir, 'aa', '--runs', '3')}", markup=False, soft_wrap=True)
     console.print(f"  {_next(path, state_dir, 'bisect')}", markup=False, soft_wrap=True)
