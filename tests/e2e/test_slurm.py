@@ -2,9 +2,11 @@
 
 A bisection through `executor: slurm` (of the stand-in job, tests/jobs/fake_job.py) names
 the edge, and survives a SIGKILL of its orchestrator (`--resume` re-attaches to the job in
-flight and submits no run twice). On the FSDP2 reference workload (world size 1, 4 layers):
-SIGTERM scancels the jobs in flight, a job cancelled from outside is retried and never
-counted; bad input fails in one line with exit 2 and an untouched journal. Never skipped:
+flight and submits no run twice). On the stand-in job too (what Slurm does with a run does
+not depend on the engine inside it; real FSDP2 under Slurm: tests/e2e/test_slurm_two_nodes.py
+and the node loss of tests/e2e/test_slurm_allocation.py): SIGTERM scancels the jobs in
+flight, a job cancelled from outside is retried and never counted. Bad input fails in one
+line with exit 2 and an untouched journal. Never skipped:
 `make test` installs slurm-wlm and munge first.
 """
 
@@ -66,17 +68,18 @@ def in_flight(records: list[dict]) -> list[dict]:
     return [r for r in records if "submitted" in r and r["run_id"] not in finished]
 
 
-def stand_in_experiment(tmp_path: Path) -> Path:
+def stand_in_experiment(tmp_path: Path, *, steps: int = 100, slots: int = 2) -> Path:
     """The stand-in job (tests/jobs/fake_job.py: its numbers drift while RANDOM_EDGE is on,
-    2 s a run) on a static 4-layer graph, through `executor: slurm` on 2 slots: what Slurm
+    20 ms a step) on a static 4-layer graph, through `executor: slurm`: what Slurm
     does with a search's runs does not depend on the engine inside them (real FSDP2 under
-    Slurm: the other tests here and tests/e2e/test_slurm_two_nodes.py)."""
+    Slurm: tests/e2e/test_slurm_two_nodes.py and the node loss of test_slurm_allocation.py)."""
     argv = [sys.executable, str(FAKE_JOB), "clean"]
     path = tmp_path / "exp.yaml"
     path.write_text(f"name: e2e\ncommand: {json.dumps(argv)}\n"
                     "metrics: {format: jsonl, names: [loss]}\n"
                     "graph: {source: static, policy: fsdp2-chain, layers: 4}\n"
-                    "steps: 100\nseed: 7\ntimeout_s: 240\nexecutor: {kind: slurm, slots: 2}\n")
+                    f"steps: {steps}\nseed: 7\ntimeout_s: 240\n"
+                    f"executor: {{kind: slurm, slots: {slots}}}\n")
     return path
 
 
@@ -138,7 +141,7 @@ def test_bisect_through_slurm_resumes_after_sigkill_and_names_the_edge(slurm_clu
 
 def test_sigterm_scancels_the_jobs_in_flight_and_prints_the_resume_command(slurm_cluster,
                                                                            tmp_path):
-    exp = write_experiment(tmp_path, steps=30, fault=False)
+    exp = stand_in_experiment(tmp_path, steps=1000)  # 20 s a run: both still running at the SIGTERM
     state = tmp_path / "state"
     proc = subprocess.Popen(cli("aa", str(exp), "--runs", "2", "--state-dir", str(state)),
                             cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
@@ -158,13 +161,17 @@ def test_sigterm_scancels_the_jobs_in_flight_and_prints_the_resume_command(slurm
     assert not {r["job_id"] for r in pending} & set(queue.stdout.split()), queue.stdout
 
 
+# A run cancelled once it reported steps: 200 steps of the stand-in, 4 s.
+CANCELLED_STEPS = 200
+
+
 def test_a_job_cancelled_from_outside_is_retried_and_never_counted(slurm_cluster, tmp_path):
-    exp = load_experiment(write_experiment(tmp_path, steps=20, fault=False,
-                                           executor="{kind: slurm, slots: 1}"))
-    mask = frozenset({FAULT_EDGE})
+    exp = load_experiment(stand_in_experiment(tmp_path, steps=CANCELLED_STEPS, slots=1))
+    mask = frozenset({FAULT_EDGE})  # not the stand-in's RANDOM_EDGE: a clean run
     results = []
     with StateDir(tmp_path / "state", exp.name) as state:
-        oracle = RealOracle(Runner(exp, state).open(), steps=20, guard="none", max_retries=1)
+        oracle = RealOracle(Runner(exp, state).open(), steps=CANCELLED_STEPS, guard="none",
+                            max_retries=1)
         oracle.run_golden()
         worker = threading.Thread(target=lambda: results.append(oracle_run(oracle, mask)))
         worker.start()
@@ -173,7 +180,7 @@ def test_a_job_cancelled_from_outside_is_retried_and_never_counted(slurm_cluster
         while cancelled is None and time.monotonic() < deadline:
             pending = [r for r in in_flight(journal(tmp_path / "state"))
                        if r["variant"].startswith("search+") and r["attempt"] == 0]
-            if pending and (Path(state.run_dir(pending[0]["run_id"])) / "metrics.rank0.jsonl").exists():
+            if pending and (Path(state.run_dir(pending[0]["run_id"])) / "metrics.jsonl").exists():
                 cancelled = pending[0]
                 subprocess.run(["scancel", cancelled["job_id"]], check=True)
             time.sleep(0.1)
@@ -191,9 +198,10 @@ def test_a_job_cancelled_from_outside_is_retried_and_never_counted(slurm_cluster
 
 
 def test_an_aa_run_cancelled_from_outside_is_run_again(slurm_cluster, tmp_path):
-    exp = write_experiment(tmp_path, steps=20, fault=False)
+    exp = stand_in_experiment(tmp_path, steps=CANCELLED_STEPS)
     state = tmp_path / "state"
     proc = subprocess.Popen(cli("aa", str(exp), "--runs", "2", "--state-dir", str(state),
+                                "--mask", f"drop-only:{RANDOM_EDGE}",  # the stand-in's drift off
                                 "--json", str(tmp_path / "aa.json")),
                             cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True)
@@ -203,7 +211,7 @@ def test_an_aa_run_cancelled_from_outside_is_run_again(slurm_cluster, tmp_path):
         if (state / "e2e" / "journal.jsonl").exists():
             for r in in_flight(journal(state)):
                 if r["variant"].startswith("aa+") and (state / "e2e" / "runs" / r["run_id"] /
-                                                       "metrics.rank0.jsonl").exists():
+                                                       "metrics.jsonl").exists():
                     cancelled = r
                     subprocess.run(["scancel", r["job_id"]], check=True)
                     break

@@ -2,9 +2,10 @@
 (tests/slurm_cluster.py): the README's multi-node torchrun template (`--nnodes=2`, the
 rendezvous at `$MASTER_ADDR:{port}`, `expand_env`) runs `aa` of a user's FSDP2 script
 (examples/fsdp2_train.py, which imports nothing of ours) with 2 ranks a node through the
-slurm executor: every rank's files arrive, every rank is compared, each file of a run dir
-has one writer; with a planted fault, its edge alone diverges and the job without it is
-consistent (masks reach every rank of both nodes). A machine where a network
+slurm executor: with a planted fault, its edge alone diverges and the job without it
+(every other edge on) is consistent, masks reaching every rank of both nodes; in that
+consistent group every rank's files arrive, every rank is compared, each file of a run
+dir has one writer. A machine where a network
 namespace cannot be made fails here with that reason, never skips.
 """
 
@@ -59,10 +60,23 @@ def _cli(cluster: TwoNodeCluster, tmp_path: Path, *argv: str) -> tuple[int, dict
 
 def test_two_nodes_run_aa_with_every_rank_s_files_and_the_planted_edge(tmp_path):
     with running_two_node_cluster(tmp_path / "slurm") as cluster:
-        code, aa, out = _cli(cluster, tmp_path, "aa", str(_experiment(tmp_path, "two")), "--runs", "2")
-        assert code == 0 and aa["verdict"] == "consistent", out
-        runs = sorted(p for p in (tmp_path / "state" / "two" / "runs").iterdir() if "-aa-" in p.name)
-        assert len(runs) == 2
+        experiment = _experiment(tmp_path, "two-fault", "--fault-target", "layers.3",
+                                 "--fault-hazard", "1.0")
+        # What a bisection would name, in two groups: the planted edge alone diverges, and
+        # without it (every other edge on) the job is consistent, on every rank of both
+        # nodes (the search on real runs: tests/e2e/test_slurm.py).
+        code, alone, out = _cli(cluster, tmp_path, "aa", str(experiment), "--runs", "2",
+                                "--mask", f"keep-only:{FAULT_EDGE}")
+        assert code == 1 and alone.get("verdict") == "diverged", out
+        code, dropped, out = _cli(cluster, tmp_path, "aa", str(experiment), "--runs", "2",
+                                  "--mask", f"drop-only:{FAULT_EDGE}")
+        assert code == 0 and dropped.get("verdict") == "consistent", out
+        # The consistent group's runs: every rank's files arrived, each with one writer, and
+        # every rank's every record was compared.
+        masked = {r["run_id"] for r in dropped["run_details"]}
+        runs = sorted(p for p in (tmp_path / "state" / "two-fault" / "runs").iterdir()
+                      if p.name in masked and "-aa-" in p.name)
+        assert len(runs) == 2, (masked, runs)
         for run_dir in runs:
             writers = run_dir_writers(run_dir, RANKS)
             for rank in range(RANKS):
@@ -77,14 +91,3 @@ def test_two_nodes_run_aa_with_every_rank_s_files_and_the_planted_edge(tmp_path)
         lines = sum(len((d / f"digests.rank{r}.jsonl").read_text().splitlines())
                     for d in runs[:1] for r in range(RANKS))
         assert digests.records_compared == lines > 0  # every rank's every record
-
-        experiment = _experiment(tmp_path, "two-fault", "--fault-target", "layers.3",
-                                 "--fault-hazard", "1.0")
-        # What a bisection would name, in two groups: the planted edge alone diverges, and
-        # without it the job is consistent (the search on real runs: tests/e2e/test_slurm.py).
-        code, alone, out = _cli(cluster, tmp_path, "aa", str(experiment), "--runs", "2",
-                                "--mask", f"keep-only:{FAULT_EDGE}")
-        assert code == 1 and alone.get("verdict") == "diverged", out
-        code, dropped, out = _cli(cluster, tmp_path, "aa", str(experiment), "--runs", "2",
-                                  "--mask", f"drop-only:{FAULT_EDGE}")
-        assert code == 0 and dropped.get("verdict") == "consistent", out
