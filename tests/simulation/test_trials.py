@@ -127,15 +127,18 @@ def test_simulate_rejects_bad_input():
 
 
 CALIBRATION_SEED = 424242
+CALIBRATION_TRIALS = 300  # seed 424242: all 300 found, accuracy 1.000, claimed 0.963
 
 
-def test_stated_confidence_is_calibrated_over_a_thousand_searches():
+def test_stated_confidence_is_calibrated_over_three_hundred_searches():
+    # 300 searches, not 1000: the same claim at under a third of the cost (25 s of CPU against
+    # about 80 s); bench_search scores it over 1000 searches (docs/benchmarks.md, "search").
     print(f"calibration seed {CALIBRATION_SEED}")
     report = simulate("fsdp2-chain", 3, ["all"], hazard=hazard_for_chance(0.4, 20), steps=20,
-                      trials=1000, seed=CALIBRATION_SEED)
+                      trials=CALIBRATION_TRIALS, seed=CALIBRATION_SEED)
     found = [r for r in report["results"] if r["verdict"] == "culprit-found"]
     print({k: v for k, v in report.items() if k != "results"})
-    assert len(found) > 950
+    assert len(found) > 0.95 * CALIBRATION_TRIALS
     assert report["accuracy"] >= report["claimed_confidence"]
     assert min(r["confidence"] for r in found) >= 0.95
 
