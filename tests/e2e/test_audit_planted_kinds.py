@@ -1,9 +1,10 @@
 """The audit's kinds of suspect edge, planted in real runs of the reference workloads.
 
-The runs are short: 4 layers (2 for MindSpore), the audit's 2 steps. Each planted kind must
+The runs are short: 4 layers, the audit's 2 steps. Each planted kind must
 be found on the planted edge, and nothing that fails the audit anywhere else; `bisect`
 starts from the suspects of its discovery run's audit. The kinds from order records alone:
-tests/commands/test_audit_kinds.py.
+tests/commands/test_audit_kinds.py. MindSpore's size-one kind (every edge at world size one,
+none at two): tests/e2e/test_mindspore_workload_under_msrun.py, on the runs it shares.
 """
 
 from __future__ import annotations
@@ -80,18 +81,6 @@ def test_fsdp2_world_size_one_makes_every_edge_size_one(tmp_path):
     edges = {e["id"] for e in result["edges"]}
     assert len(edges) == 7
     assert kinds_by_edge(result) == {("size-one", e) for e in edges}
-
-
-@pytest.mark.parametrize("world_size", [1, 2])
-def test_mindspore_size_one_at_world_size_one_only(tmp_path, world_size):
-    pytest.importorskip("mindspore")
-    result = audit_workload(tmp_path, f"ms{world_size}",
-                            {"builtin": "mindspore", "layers": 2, "world_size": world_size})
-    edges = {e["id"] for e in result["edges"]}
-    assert len(edges) == 7 and result["order_recorded"]
-    size_one = {f["edge"] for f in result["findings"] if f["kind"] == "size-one"}
-    assert size_one == (edges if world_size == 1 else set())
-    assert failing(result) == {("size-one", e) for e in size_one}
 
 
 def test_bisect_takes_the_suspects_from_the_audit_of_its_discovery_run(tmp_path):

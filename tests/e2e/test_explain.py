@@ -11,8 +11,9 @@
   units, tied to the edge, with what tracing cost against untraced steps of the same runs;
 - the tool failing inside a traced job (here: its trace cannot be written, the job's file
   size limit reached): exit 3, the tool's failure and the rank's log, not the input's;
-- the MindSpore reference workload on 2 ranks under msrun, which does not drift: traced at
-  Cell granularity, backward too (Cell backward hooks), nothing to explain, exit 0.
+- the MindSpore reference workload on 2 ranks under msrun, which does not drift (on the
+  static graph its discovery finds): traced at Cell granularity, backward too (Cell
+  backward hooks), nothing to explain, exit 0.
 """
 
 from __future__ import annotations
@@ -138,13 +139,16 @@ def test_the_tool_failing_inside_a_traced_job_is_exit_3_with_the_rank_s_log(tmp_
 
 
 def test_explain_on_mindspore_traces_cells_in_backward_on_two_ranks(tmp_path, capsys):
+    """On the static graph: that the workload's discovered graph is this policy's is
+    tests/e2e/test_mindspore_workload_under_msrun.py's; a discovery run here would only
+    start msrun once more."""
     pytest.importorskip("mindspore")
     experiment = tmp_path / "ms.yaml"
     experiment.write_text(textwrap.dedent("""
         name: ms
         workload: {builtin: mindspore, layers: 2, world_size: 2}
         metrics: {format: jsonl, names: [loss, grad_norm]}
-        graph: {source: runtime}
+        graph: {source: static, policy: mindformers, layers: 2}
         steps: 3
         timeout_s: 300
     """))

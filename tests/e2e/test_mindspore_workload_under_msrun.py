@@ -1,7 +1,9 @@
 """The MindSpore reference workload under hyper-parallel's double, through msrun: 1 rank
 (every unit size one: the chain discovered, the guard, the planted fault and its mask) and
 2 ranks (every unit sharded over 2, real AllGathers; the older lineage; the audit of a build
-guard), all runs started together and shared by the tests. The adapter over a toy scheduler,
+guard), all runs started together and shared by the tests. The audit's size-one kind on
+these runs (every edge at 1 rank, none at 2); through `audit` on the workload:
+tests/e2e/test_bisect.py. The adapter over a toy scheduler,
 and on real MindSpore tensors in-process: tests/adapters/test_hyper_parallel.py."""
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ import pytest
 
 from bisect_prefetch.adapters import hyper_parallel as hp
 from bisect_prefetch.graph import from_policy
-from bisect_prefetch.judge.audit import audit_run_dir
+from bisect_prefetch.judge.audit import FAILING_KINDS, audit_run_dir
 from bisect_prefetch.metrics.localize import compare_run_digests
 from tests.conftest import rank_lines
 
@@ -151,6 +153,11 @@ def _edge_ids(graph: dict) -> set[str]:
     return {e["id"] for e in graph["edges"]}
 
 
+def _failing(result: dict) -> set[tuple[str, str]]:
+    """The audit's findings of the kinds that fail it, as (kind, edge)."""
+    return {(f["kind"], f["edge"]) for f in result["findings"] if f["kind"] in FAILING_KINDS}
+
+
 @mindspore_run
 def test_one_rank_discovers_the_mindformers_chain_every_edge_size_one(runs):
     run = runs("reference")
@@ -168,6 +175,9 @@ def test_one_rank_discovers_the_mindformers_chain_every_edge_size_one(runs):
     result = audit_run_dir(run.dir)
     assert (result["guard"], result["ok"]) == ("absent", False)
     assert set(result["size_one_edges_unsharding"]) == _edge_ids(graph)
+    # At world size one every edge is size-one, and that is the only failing kind.
+    assert result["order_recorded"]
+    assert _failing(result) == {("size-one", edge) for edge in _edge_ids(graph)}
 
 
 @mindspore_run
@@ -252,7 +262,11 @@ def test_two_ranks_no_unit_is_size_one_and_the_guard_keeps_all_gathers(runs):
     metrics = run.metrics()
     assert {rank for _, rank in metrics} == {0, 1}
     assert all(metrics[(s, 0)]["loss"] == metrics[(s, 1)]["loss"] for s in range(1, STEPS + 1))
-    assert audit_run_dir(run.dir)["ok"] is True
+    # At world size two no edge is size-one (the guard had nothing to act on), nothing fails.
+    result = audit_run_dir(run.dir)
+    assert result["ok"] is True and result["order_recorded"]
+    assert len(_edge_ids(run.graph())) == 7
+    assert not [f for f in result["findings"] if f["kind"] == "size-one"] and not _failing(result)
 
 
 @mindspore_run

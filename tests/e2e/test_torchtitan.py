@@ -82,7 +82,7 @@ def _experiment(folder: Path, assets: Path, *, name: str, steps: int, graph: str
 @pytest.fixture(scope="module")
 def clean(tmp_path_factory, titan_assets) -> Path:
     """torchtitan without a fault, its graph discovered at run time; one state dir for the
-    module, so `aa` reuses the discovery run `graph` made."""
+    module, so `audit` reuses the graph the discovery run of `graph` found."""
     folder = tmp_path_factory.mktemp("torchtitan-clean")
     return _experiment(folder, titan_assets, name="titan", steps=3, graph="{source: runtime}")
 
@@ -121,35 +121,6 @@ def test_graph_lists_torchtitans_units_and_the_static_policy_is_that_graph(clean
     assert [e["id"] for e in static["edges"]] == [e["id"] for e in real["edges"]]
 
 
-def test_aa_all_on_is_consistent_with_digests_in_torchtitans_own_venv(clean, capsys):
-    code, result = run_json(clean.parent, "aa", str(clean), "--runs", "2")
-    out = capsys.readouterr().out
-    assert code == 0 and result["verdict"] == "consistent", out
-    assert len(result["mask"]) == 7
-    assert "bitwise identical (digests)" in out
-    signals = result["signals"]
-    assert signals["digests"]["ranks"] == 2 and signals["step_source"] == "optimizer"
-    assert set(signals["steps_counted"].values()) == {3}
-    assert signals["precision"] == {"loss": 5, "grad_norm": 4}
-    runs = sorted(p for p in (clean.parent / "state" / "titan" / "runs").iterdir()
-                  if "aa" in p.name)
-    assert len(runs) == 2
-    for run_dir in runs:
-        digests = read_ranks(run_dir, "digests")
-        assert {d["rank"] for d in digests} == {0, 1}
-        assert {d["step"] for d in digests} == {1, 2, 3}
-        probe = json.loads((run_dir / "probe.rank1.json").read_text())
-        assert all(e["issued"] == 3 and e["masked"] == 0 for e in probe["edges"].values())
-        # The job ran torchtitan 0.3.0, which only torchtitan's venv holds.
-        assert "torchtitan version: 0.3.0" in (run_dir / "stdout.log").read_text()
-    # The journal's environment is the job's, taken inside it: torchtitan's venv, 2 ranks.
-    for run in result["run_details"]:
-        environment = run["environment"]
-        assert environment["executable"].startswith(str(VENV)), environment
-        assert environment["libraries"]["torchtitan"] == "0.3.0" and environment["ranks"] == 2
-        assert environment["world_size"] == 2
-
-
 def test_audit_reads_torchtitans_run(clean, capsys):
     code, result = run_json(clean.parent, "audit", str(clean))
     out = capsys.readouterr().out
@@ -181,23 +152,48 @@ def test_the_wrappers_fault_diverges_aa_and_is_localized_to_its_unit(faulty, cap
     assert {edge for p in probes for edge, e in p["edges"].items() if e["issued"]} == static
 
 
-def test_the_planted_edge_masked_off_is_consistent(faulty, capsys):
+def test_the_planted_edge_masked_off_is_consistent_with_digests_in_torchtitans_own_venv(
+        faulty, capsys):
     """What a bisection would name, in one A/A group: the fault diverges with every edge on
-    (above) and never with its edge off, which every rank masked at every firing. The search
-    itself on real runs: tests/e2e/test_two_causes.py (a user's script), tests/e2e/test_bisect.py
-    and tests/e2e/test_slurm.py."""
+    (above) and never with its edge off, which every rank masked at every firing. The group is
+    also torchtitan's A/A with digests in its own venv: its other six edges on, each fired at
+    every step on every rank, bitwise identical. The search itself on real runs:
+    tests/e2e/test_two_causes.py (a user's script), tests/e2e/test_bisect.py and
+    tests/e2e/test_slurm.py."""
     folder = faulty.parent / "planted-off"
     folder.mkdir()
     code, result = run_json(folder, "aa", str(faulty), "--mask", f"drop-only:{PLANTED}",
                             "--runs", "2")
     out = capsys.readouterr().out
     assert code == 0 and result["verdict"] == "consistent", out
-    assert PLANTED not in result["mask"]
-    probes = [json.loads(p.read_text())
-              for p in (folder / "state" / "titan-fault" / "runs").glob("*aa*/probe.rank*.json")]
-    assert probes
-    for probe in probes:
-        assert probe["edges"][PLANTED]["issued"] == 0 and probe["edges"][PLANTED]["masked"] > 0
+    static = set(from_policy("torchtitan", LAYERS).edge_ids())
+    assert set(result["mask"]) == static - {PLANTED} and len(result["mask"]) == 6
+    assert "bitwise identical (digests)" in out
+    signals = result["signals"]
+    assert signals["digests"]["ranks"] == 2 and signals["step_source"] == "optimizer"
+    assert set(signals["steps_counted"].values()) == {2}
+    assert signals["precision"] == {"loss": 5, "grad_norm": 4}
+    runs = sorted(p for p in (folder / "state" / "titan-fault" / "runs").iterdir()
+                  if "aa" in p.name)
+    assert len(runs) == 2
+    for run_dir in runs:
+        digests = read_ranks(run_dir, "digests")
+        assert {d["rank"] for d in digests} == {0, 1}
+        assert {d["step"] for d in digests} == {1, 2}
+        for rank in (0, 1):
+            probe = json.loads((run_dir / f"probe.rank{rank}.json").read_text())
+            assert set(probe["edges"]) == static
+            assert probe["edges"][PLANTED]["issued"] == 0 and probe["edges"][PLANTED]["masked"] > 0
+            assert all(e["issued"] == 2 and e["masked"] == 0
+                       for edge, e in probe["edges"].items() if edge != PLANTED), probe
+        # The job ran torchtitan 0.3.0, which only torchtitan's venv holds.
+        assert "torchtitan version: 0.3.0" in (run_dir / "stdout.log").read_text()
+    # The journal's environment is the job's, taken inside it: torchtitan's venv, 2 ranks.
+    for run in result["run_details"]:
+        environment = run["environment"]
+        assert environment["executable"].startswith(str(VENV.resolve())), environment
+        assert environment["libraries"]["torchtitan"] == "0.3.0" and environment["ranks"] == 2
+        assert environment["world_size"] == 2
 
 
 # -- the templates (README, configs/slurm-fsdp2.yaml) on torchtitan 0.3.0 as written ----------
