@@ -17,6 +17,7 @@ pytest.importorskip("torch")
 
 
 FAULT_EDGE = "bwd:layers.3->layers.2"
+STEPS = 10  # it trains within them (its loss falls from about 4.3 to 2.8); no more is needed
 
 
 def all_edges(run_dir: Path) -> list[str]:
@@ -28,25 +29,26 @@ def all_edges(run_dir: Path) -> list[str]:
 def baseline(tmp_path_factory) -> Path:
     run_dir = tmp_path_factory.mktemp("baseline")
     plan = write_plan(run_dir, record={"graph": True, "probe": True, "digests": "layers.*"})
-    run_fsdp2(run_dir, steps=30, plan=plan)
+    run_fsdp2(run_dir, steps=STEPS, plan=plan)
     return run_dir
 
 
-def test_aa_without_fault_is_bitwise_identical(baseline, tmp_path):
-    plan = write_plan(tmp_path, record={"graph": True, "probe": True, "digests": "layers.*"})
-    run_fsdp2(tmp_path, steps=30, plan=plan)
-    a, b = read_ranks(baseline, "metrics"), read_ranks(tmp_path, "metrics")
-    assert len(a) == 30 * 2
-    assert {(r["step"], r["rank"]) for r in a} == {(s, r) for s in range(1, 31) for r in (0, 1)}
-    assert a == b
+def test_a_run_records_every_step_of_every_rank_and_trains(baseline):
+    """The baseline's files: metrics and layer digests of every step of both ranks. That a
+    second run equals it bitwise: test_fault_edge_masked_off_is_identical_to_baseline below
+    (the fault's edge masked off, so a clean run) and, through `aa` with its digests,
+    tests/e2e/test_aa_on_real_fsdp2.py."""
+    a = read_ranks(baseline, "metrics")
+    every_step = {(s, r) for s in range(1, STEPS + 1) for r in (0, 1)}
+    assert len(a) == STEPS * 2 and {(r["step"], r["rank"]) for r in a} == every_step
     assert a[0]["loss"] > a[-1]["loss"]  # it trains
-    digests_a = read_ranks(baseline, "digests")
-    assert digests_a and all(r["param"].startswith("layers.") for r in digests_a)
-    assert digests_a == read_ranks(tmp_path, "digests")
+    digests = read_ranks(baseline, "digests")
+    assert digests and all(r["param"].startswith("layers.") for r in digests)
+    assert {(r["step"], r["rank"]) for r in digests} == every_step
 
 
 def test_adapter_does_not_change_the_numbers(baseline, tmp_path):
-    result = run_fsdp2(tmp_path, steps=30, plan=None)
+    result = run_fsdp2(tmp_path, steps=STEPS, plan=None)
     assert not rank_lines(tmp_path, "metrics")
     printed = [line.split() for line in result.stdout.splitlines() if line.startswith("step ")]
     rank0 = [r for r in read_ranks(baseline, "metrics") if r["rank"] == 0]
@@ -58,24 +60,29 @@ def test_adapter_does_not_change_the_numbers(baseline, tmp_path):
 def test_fault_on_a_backward_edge_diverges(baseline, tmp_path):
     plan = write_plan(tmp_path)
     run_fsdp2(
-        tmp_path, steps=30, plan=plan,
+        tmp_path, steps=STEPS, plan=plan,
         extra_args=("--fault-edge", FAULT_EDGE, "--fault-hazard", "1.0"),
     )  # fmt: skip
     a, b = read_ranks(baseline, "metrics"), read_ranks(tmp_path, "metrics")
     assert [(r["step"], r["rank"]) for r in a] == [(r["step"], r["rank"]) for r in b]
     assert a != b
-    assert read_probe(tmp_path)["edges"][FAULT_EDGE]["issued"] == 30
+    assert read_probe(tmp_path)["edges"][FAULT_EDGE]["issued"] == STEPS
 
 
 def test_fault_edge_masked_off_is_identical_to_baseline(baseline, tmp_path):
     mask = [edge for edge in all_edges(baseline) if edge != FAULT_EDGE]
     assert len(mask) == len(all_edges(baseline)) - 1
-    plan = write_plan(tmp_path, mask=mask, fault={"edge": FAULT_EDGE, "hazard": 1.0})
-    run_fsdp2(tmp_path, steps=30, plan=plan)  # the fault comes from the plan this time
+    plan = write_plan(tmp_path, mask=mask, fault={"edge": FAULT_EDGE, "hazard": 1.0},
+                      record={"graph": True, "probe": True, "digests": "layers.*"})
+    run_fsdp2(tmp_path, steps=STEPS, plan=plan)  # the fault comes from the plan this time
+    # A clean run again (its fault's edge never fires): bitwise the baseline, metrics and
+    # every layer's digests.
     assert read_ranks(baseline, "metrics") == read_ranks(tmp_path, "metrics")
+    assert read_ranks(baseline, "digests") == read_ranks(tmp_path, "digests")
     for rank in (0, 1):
         counts = read_probe(tmp_path, rank)["edges"][FAULT_EDGE]
-        assert counts == {"fired": 30, "issued": 0, "noop": 0, "masked": 30, "guarded": 0}
+        assert counts == {"fired": STEPS, "issued": 0, "noop": 0, "masked": STEPS,
+                          "guarded": 0}
         assert all(FAULT_EDGE in step["masked"] for step in read_probe(tmp_path, rank)["steps"])
 
 
