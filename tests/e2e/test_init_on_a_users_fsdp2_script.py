@@ -5,29 +5,15 @@ and bad input on small jobs: tests/commands/test_init.py."""
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 
 import pytest
 
-from bisect_prefetch.cli import main
 from bisect_prefetch.experiment import load_experiment
+from tests.commands.test_init import _aa, _init  # the init and aa CLI calls, one copy
 
 USER_JOB = Path(__file__).resolve().parents[2] / "examples" / "fsdp2_train.py"
-
-
-def _init(tmp_path: Path, *argv: str, out: str = "exp.yaml") -> tuple[int, Path]:
-    path = tmp_path / out
-    code = main(["init", "--out", str(path), "--state-dir", str(tmp_path / "state"), *argv])
-    return code, path
-
-
-def _aa(tmp_path: Path, path: Path, *argv: str) -> tuple[int, dict]:
-    result = tmp_path / "aa.json"
-    code = main(["aa", str(path), "--state-dir", str(tmp_path / "state"), "--json", str(result),
-                 *argv])
-    return code, json.loads(result.read_text())
 
 
 def test_init_on_a_plain_torchrun_fsdp2_script_then_aa_on_the_file(tmp_path, capsys):
