@@ -3,10 +3,9 @@
 A bisection through `executor: slurm` (of the stand-in job, tests/jobs/fake_job.py) names
 the edge, and survives a SIGKILL of its orchestrator (`--resume` re-attaches to the job in
 flight and submits no run twice). On the stand-in job too (what Slurm does with a run does
-not depend on the engine inside it; real FSDP2 under Slurm: tests/e2e/test_slurm_two_nodes.py
-and the node loss of tests/e2e/test_slurm_allocation.py): SIGTERM scancels the jobs in
-flight, a job cancelled from outside is retried and never counted. Bad input fails in one
-line with exit 2 and an untouched journal. Never skipped:
+not depend on the engine inside it; real FSDP2 under Slurm: tests/e2e/test_slurm_two_nodes.py):
+SIGTERM scancels the jobs in flight, a job cancelled from outside is retried and never
+counted. Bad input fails in one line with exit 2 and an untouched journal. Never skipped:
 `make test` installs slurm-wlm and munge first.
 """
 
@@ -72,7 +71,7 @@ def stand_in_experiment(tmp_path: Path, *, steps: int = 100, slots: int = 2) -> 
     """The stand-in job (tests/jobs/fake_job.py: its numbers drift while RANDOM_EDGE is on,
     20 ms a step) on a static 4-layer graph, through `executor: slurm`: what Slurm
     does with a search's runs does not depend on the engine inside them (real FSDP2 under
-    Slurm: tests/e2e/test_slurm_two_nodes.py and the node loss of test_slurm_allocation.py)."""
+    Slurm: tests/e2e/test_slurm_two_nodes.py)."""
     argv = [sys.executable, str(FAKE_JOB), "clean"]
     path = tmp_path / "exp.yaml"
     path.write_text(f"name: e2e\ncommand: {json.dumps(argv)}\n"
