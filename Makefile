@@ -24,7 +24,7 @@ LOW_VENV := .venv-torch-$(TORCH_LOW)
 HIGH_VENV := .venv-torch-$(TORCH_HIGH)
 TORCH_STAMPS := $(LOW_VENV)/.installed $(HIGH_VENV)/.installed
 
-.PHONY: install slurm browser mindformers-venv torchtitan-venv torch-venvs test test-fast demo bench lint clean
+.PHONY: install slurm browser mindformers-venv torchtitan-venv torch-venvs e2e-setup test test-fast demo bench lint clean
 
 install: $(STAMP)
 
@@ -38,24 +38,28 @@ $(STAMP): pyproject.toml
 mindformers-venv: $(MF_STAMP)
 
 $(MF_STAMP):
+	.ci/need-disk 5 "building $(MF_VENV)"
 	$(PYTHON) -m venv $(MF_VENV)
-	$(MF_VENV)/bin/pip install --quiet "mindspore==2.9.0" "mindformers==1.9.0" "numpy<2"
+	$(MF_VENV)/bin/pip install --quiet --no-cache-dir "mindspore==2.9.0" "mindformers==1.9.0" "numpy<2"
 	touch $(MF_STAMP)
 
 torchtitan-venv: $(TT_STAMP)
 
 $(TT_STAMP):
+	.ci/need-disk 4 "building $(TT_VENV)"
 	$(PYTHON) -m venv $(TT_VENV)
-	$(TT_VENV)/bin/pip install --quiet "torch==2.13.0"
+	$(TT_VENV)/bin/pip install --quiet --no-cache-dir "torch==2.13.0"
 	# tokenizers: the tests build torchtitan's tokenizer assets locally with it.
-	$(TT_VENV)/bin/pip install --quiet "torchtitan==0.3.0" "triton==3.9.0" tokenizers
+	$(TT_VENV)/bin/pip install --quiet --no-cache-dir "torchtitan==0.3.0" "triton==3.9.0" tokenizers
 	touch $(TT_STAMP)
 
 torch-venvs: $(TORCH_STAMPS)
 
+# --no-cache-dir: pip would keep a second copy of the downloaded wheels (about 3 GB for 2.8.0).
 .venv-torch-%/.installed:
+	.ci/need-disk 10 "building .venv-torch-$*"
 	$(PYTHON) -m venv .venv-torch-$*
-	.venv-torch-$*/bin/pip install --quiet "torch==$*" numpy
+	.venv-torch-$*/bin/pip install --quiet --no-cache-dir "torch==$*" numpy
 	touch $@
 
 # The tests start a real Slurm (one node; two nodes in network namespaces): Debian's slurm-wlm and munge, installed when missing.
@@ -66,16 +70,33 @@ slurm:
 browser:
 	.ci/install-chromium
 
+# What tests/e2e needs besides the tool's venv: about 18 GB of job venvs, Slurm and chromium.
+e2e-setup: slurm browser $(MF_STAMP) $(TT_STAMP) $(TORCH_STAMPS)
+
 # The folder decides speed (tests/conftest.py): the fast tests first, then tests/e2e (real
 # training runs, a real Slurm, a browser), which starts only when the fast tests passed.
+# Both run on 2 workers (pytest-xdist), each its own process with temp dirs of its own: the
+# fast tests one test at a time, tests/e2e one file at a time, every Slurm file on one worker
+# (tests/conftest.py). On 2 cores the fast tests took half the time of one worker; the e2e
+# runs wait on start-ups and on Slurm about a third of their time.
+# The fast tests need none of e2e-setup, so it runs beside them (about 7 minutes on a fresh
+# machine, mostly unpacking wheels), its output in E2E_SETUP_LOG.
 # A skipped test fails here (tests/conftest.py): `make test` means the real engines ran.
-test: $(STAMP) slurm browser $(MF_STAMP) $(TT_STAMP) $(TORCH_STAMPS)
-	BISECT_PREFETCH_NO_SKIPS=1 $(BIN)/python -m pytest -q --ignore=tests/e2e
-	BISECT_PREFETCH_NO_SKIPS=1 $(BIN)/python -m pytest -q tests/e2e
+E2E_SETUP_LOG := .bisect-prefetch/e2e-setup.log
+test: $(STAMP)
+	@mkdir -p $(dir $(E2E_SETUP_LOG))
+	@echo "e2e set-up (make e2e-setup) runs beside the fast tests; its log: $(E2E_SETUP_LOG)"
+	@$(MAKE) --no-print-directory e2e-setup > $(E2E_SETUP_LOG) 2>&1 & setup=$$!; \
+	BISECT_PREFETCH_NO_SKIPS=1 $(BIN)/python -m pytest -q -n 2 --ignore=tests/e2e; fast=$$?; \
+	wait $$setup || { tail -n 20 $(E2E_SETUP_LOG); \
+		echo "make test: e2e set-up failed (the lines above; all of it in $(E2E_SETUP_LOG))" >&2; \
+		exit 2; }; \
+	[ $$fast -eq 0 ] || exit $$fast
+	BISECT_PREFETCH_NO_SKIPS=1 $(BIN)/python -m pytest -q -n 2 --dist loadscope tests/e2e
 
 # The fast tests alone, for iteration: the suite without tests/e2e.
 test-fast: $(STAMP)
-	$(BIN)/python -m pytest -q --ignore=tests/e2e
+	$(BIN)/python -m pytest -q -n 2 --ignore=tests/e2e
 
 # The main job on the reference workload: bisect the FSDP2 workload with a planted
 # fault. Exit code 1 means "culprit found", which is the demo's expected ending.

@@ -21,6 +21,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import tempfile
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -90,8 +91,19 @@ def _wait_for(ready, seconds: float, what: str, proc: subprocess.Popen | None = 
     raise RuntimeError(f"{what} not ready after {seconds:g}s")
 
 
-def write_conf(root: Path, node: str) -> Path:
-    for sub in ("state", "spool", "log"):
+@contextmanager
+def short_spool() -> Iterator[Path]:
+    """slurmd's spool dir, short: slurmstepd makes a Unix socket per step in it, whose path
+    must fit 108 bytes, and a pytest temp dir (deeper under xdist) may not leave room."""
+    spool = Path(tempfile.mkdtemp(prefix="bp-spool-"))
+    try:
+        yield spool
+    finally:
+        shutil.rmtree(spool, ignore_errors=True)
+
+
+def write_conf(root: Path, node: str, spool: Path) -> Path:
+    for sub in ("state", "log"):
         (root / sub).mkdir(parents=True, exist_ok=True)
     conf = root / "slurm.conf"
     conf.write_text(f"""\
@@ -103,7 +115,7 @@ SlurmUser=root
 SlurmdUser=root
 AuthType=auth/munge
 StateSaveLocation={root}/state
-SlurmdSpoolDir={root}/spool
+SlurmdSpoolDir={spool}
 SlurmctldPidFile={root}/slurmctld.pid
 SlurmdPidFile={root}/slurmd.pid
 SlurmctldLogFile={root}/log/slurmctld.log
@@ -161,17 +173,17 @@ def _outside_any_allocation() -> Iterator[None]:
 @contextmanager
 def running_cluster(root: Path) -> Iterator[SlurmCluster]:
     """munged, slurmctld and slurmd with a slurm.conf under root; SLURM_CONF set meanwhile."""
-    with _outside_any_allocation(), _running_cluster(root) as cluster:
+    with _outside_any_allocation(), short_spool() as spool, _running_cluster(root, spool) as cluster:
         yield cluster
 
 
 @contextmanager
-def _running_cluster(root: Path) -> Iterator[SlurmCluster]:
+def _running_cluster(root: Path, spool: Path) -> Iterator[SlurmCluster]:
     for program in ("sbatch", "slurmctld", "slurmd", "munged"):
         if shutil.which(program) is None:
             raise RuntimeError(f"{program} not found: run .ci/install-slurm (make test does)")
     node = socket.gethostname().split(".")[0]
-    conf = write_conf(root, node)
+    conf = write_conf(root, node, spool)
     env = {**os.environ, "SLURM_CONF": str(conf)}
     munged = slurmctld = slurmd = None
     old_conf = os.environ.get("SLURM_CONF")
@@ -264,9 +276,9 @@ def _ip(*argv: str) -> None:
                            "and a veth pair between them)")
 
 
-def write_two_node_conf(root: Path, addresses: tuple[str, str],
+def write_two_node_conf(root: Path, addresses: tuple[str, str], spool: Path,
                         slurmd_timeout_s: int | None = None) -> Path:
-    for sub in ("state", "spool", "log"):
+    for sub in ("state", "log"):
         (root / sub).mkdir(parents=True, exist_ok=True)
     conf = root / "slurm.conf"
     nodes = "\n".join(f"NodeName={n} NodeAddr={a} CPUs={NODE_CPUS} State=UNKNOWN"
@@ -281,7 +293,7 @@ SlurmUser=root
 SlurmdUser=root
 AuthType=auth/munge
 StateSaveLocation={root}/state
-SlurmdSpoolDir={root}/spool/%n
+SlurmdSpoolDir={spool}/%n
 SlurmctldPidFile={root}/slurmctld.pid
 SlurmdPidFile={root}/slurmd.%n.pid
 SlurmctldLogFile={root}/log/slurmctld.log
@@ -316,12 +328,14 @@ def running_two_node_cluster(root: Path, *,
     two namespaces hold. Everything is started here and stopped by pid; the namespaces, the
     veth pair and their /etc/netns host files are removed. slurmd_timeout_s: how soon the
     controller calls a node that stopped answering failed (Slurm's default is 300 s)."""
-    with _outside_any_allocation(), _running_two_node_cluster(root, slurmd_timeout_s) as cluster:
+    with (_outside_any_allocation(), short_spool() as spool,
+          _running_two_node_cluster(root, spool, slurmd_timeout_s) as cluster):
         yield cluster
 
 
 @contextmanager
-def _running_two_node_cluster(root: Path, slurmd_timeout_s: int | None) -> Iterator[TwoNodeCluster]:
+def _running_two_node_cluster(root: Path, spool: Path,
+                              slurmd_timeout_s: int | None) -> Iterator[TwoNodeCluster]:
     for program in ("sbatch", "slurmctld", "slurmd", "munged", "ip", "unshare", "nsenter"):
         if shutil.which(program) is None:
             raise RuntimeError(f"{program} not found: run .ci/install-slurm (make test does)")
@@ -329,7 +343,7 @@ def _running_two_node_cluster(root: Path, slurmd_timeout_s: int | None) -> Itera
     namespaces = (f"{tag}a", f"{tag}b")
     subnet = f"10.231.{os.getpid() % 250}"
     addresses = (f"{subnet}.1", f"{subnet}.2")
-    conf = write_two_node_conf(root, addresses, slurmd_timeout_s)
+    conf = write_two_node_conf(root, addresses, spool, slurmd_timeout_s)
     env = {**os.environ, "SLURM_CONF": str(conf)}
     made: list[str] = []
     hosts_dirs = [Path("/etc/netns") / ns for ns in namespaces]
@@ -360,7 +374,7 @@ def _running_two_node_cluster(root: Path, slurmd_timeout_s: int | None) -> Itera
                                          capture_output=True, text=True).stdout.count("UP") > 0,
                   60, "slurmctld", slurmctld)
         for k, node in enumerate(NODES):
-            (root / "spool" / node).mkdir(parents=True, exist_ok=True)
+            (spool / node).mkdir(parents=True, exist_ok=True)
             procs.append(subprocess.Popen(
                 cluster.inside(["slurmd", "-D", "-f", str(conf), "-N", node], node=k), env=env,
                 stdout=subprocess.DEVNULL, stderr=subprocess.PIPE))
