@@ -67,24 +67,24 @@ def test_explain_names_the_random_op_in_the_noisy_layer_at_step_3(tmp_path, caps
     job = (JOBS / "noisy_layer_job.py").read_text().splitlines()
     noise_line = next(k for k, line in enumerate(job, 1) if "torch.randn" in line)
     assert first["stack"].endswith(f"noisy_layer_job.py:{noise_line}")
-    # Each rank's own first divergence is the same op, unless the run was stopped (at rank 0's
-    # first differing digest) before that rank wrote its step: then its trace is said cut.
-    rank0, rank1 = result["ranks"]
-    assert (rank0["rank"], rank0["kind"], rank0["op"], rank0["step"]) == (
-        0, "origin", "aten.randn", 3)
-    cut = rank1["kind"] is None
-    if cut:
-        assert rank1["coverage"]["stops_at"][0] < 3 and rank1["coverage"]["through_step"] == 3
-        short = result["pair"][0 if rank1["coverage"]["run"] == "a" else 1]
-        assert f"rank 1: {short} traced {rank1['coverage']['traced']} of ~" in text
-    else:
-        assert (rank1["kind"], rank1["op"], rank1["step"]) == ("origin", "aten.randn", 3)
+    # Each rank's own first divergence is the same op, unless the run was stopped (at the first
+    # differing digest of either rank) before that rank wrote its step: then its trace is said
+    # cut. Which rank gets there first is the scheduler's: on a loaded machine, either.
+    reached = [r for r in result["ranks"] if r["kind"] is not None]
+    assert [(r["kind"], r["op"], r["step"]) for r in reached] == [("origin", "aten.randn", 3)] * len(reached)
+    assert reached and first["rank"] == reached[0]["rank"]
+    for rank in result["ranks"]:
+        if rank["kind"] is None:
+            assert rank["coverage"]["stops_at"][0] < 3 and rank["coverage"]["through_step"] == 3
+            short = result["pair"][0 if rank["coverage"]["run"] == "a" else 1]
+            assert f"rank {rank['rank']}: {short} traced {rank['coverage']['traced']} of ~" in text
+    if len(reached) == 2:
         assert "rank 1: the same op" in text
     overhead = result["overhead"]
     assert overhead["ops_per_step"] > 100 and overhead["bytes_per_step"] > 0
     assert overhead["units"] is None  # every edge off: every op traced
-    assert ("first divergence: rank 0, step 3, forward of layers.1: aten.randn (origin: inputs "
-            "matched, output differed)") in text
+    assert (f"first divergence: rank {first['rank']}, step 3, forward of layers.1: aten.randn "
+            "(origin: inputs matched, output differed)") in text
     # The state dir keeps the result; its HTML report shows the op among its neighbours.
     state = tmp_path / "state" / "noisy"
     saved = json.loads((state / "explain.json").read_text())

@@ -28,8 +28,8 @@ def cli(*args: str) -> list[str]:
 
 
 def write_experiment(tmp_path: Path) -> Path:
-    # 4 backward edges; 6 steps of about 70 ms; a cause's nudge comes with chance 0.5 a
-    # step, so its per-run chance is about 0.98 (layers are not the point here, two causes are).
+    # 4 backward edges; 6 steps; a cause's nudge comes with chance 0.5 a step, so its
+    # per-run chance is about 0.98 (layers are not the point here, two causes are).
     # The command sets its own step count (no {steps}), as many users' scripts do.
     argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
             str(JOB), "--steps", "6", "--seed", "{seed}", "--layers", "4",
@@ -72,4 +72,3 @@ def test_bisect_names_both_causes_each_as_its_own_set(tmp_path):
     assert [(s["step"], s["cause"]) for s in result["next_steps"]] == [
         ("reproduce", 1), ("reproduce", 2), ("fix", None), ("explain", 1), ("explain", 2)]
     assert all(s["command"].endswith(f"--state-dir={state}") for s in result["next_steps"])
-
