@@ -26,6 +26,7 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
+from bisect_prefetch.judge.audit import FAILING_KINDS
 from bisect_prefetch.metrics.trajectory import Series, Trajectory
 from tests.slurm_cluster import slurm_cluster  # noqa: E402,F401  (a real Slurm, session-wide)
 
@@ -268,6 +269,11 @@ def read_probe(run_dir: Path, rank: int = 0) -> dict:
     return json.loads((run_dir / f"probe.rank{rank}.json").read_text())
 
 
+def failing_findings(audit: dict) -> set[tuple[str, str]]:
+    """An audit result's findings of the kinds that fail it, as (kind, edge)."""
+    return {(f["kind"], f["edge"]) for f in audit["findings"] if f["kind"] in FAILING_KINDS}
+
+
 def step_outcomes(probe: dict) -> dict[int, dict[str, set[str]]]:
     """Per step of the probe: outcome -> the edges that had it at least once."""
     return {entry["step"]: {outcome: set(entry[outcome])
@@ -300,9 +306,12 @@ def e2e_group(path: str | Path) -> str:
     return "slurm" if stem.startswith("test_slurm") else stem
 
 
-def _e2e_rank(path: Path) -> int:
-    group = e2e_group(path)
-    return E2E_LONGEST_FIRST.index(group) if group in E2E_LONGEST_FIRST else len(E2E_LONGEST_FIRST)
+def _run_order(item) -> tuple[int, int]:
+    """The fast tests first, then tests/e2e, its longest groups first."""
+    if not in_e2e(item.path):
+        return (0, 0)
+    group = e2e_group(item.path)
+    return (1, E2E_LONGEST_FIRST.index(group) if group in E2E_LONGEST_FIRST else len(E2E_LONGEST_FIRST))
 
 
 def pytest_xdist_make_scheduler(config, log):
@@ -323,8 +332,7 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if in_e2e(item.path):
             item.add_marker(pytest.mark.slow)
-    # stable: the fast tests first, then tests/e2e, longest groups first; each keeps its order
-    items.sort(key=lambda item: (in_e2e(item.path), in_e2e(item.path) and _e2e_rank(item.path)))
+    items.sort(key=_run_order)  # stable: each group keeps its order
 
 
 # A fast test that starts a real training run fails: the commands it starts itself are read

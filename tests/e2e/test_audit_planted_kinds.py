@@ -16,7 +16,7 @@ import pytest
 from rich.console import Console
 
 from bisect_prefetch.commands.audit import run_audit
-from bisect_prefetch.judge.audit import FAILING_KINDS
+from tests.conftest import failing_findings
 
 
 def kinds_by_edge(result: dict) -> set[tuple[str, str]]:
@@ -28,10 +28,6 @@ def audit_workload(tmp_path, name: str, workload: dict) -> dict:
     path.write_text(json.dumps({"name": name, "workload": workload, "steps": 2}))
     console = Console(file=io.StringIO(), width=200)
     return run_audit(path, guard=None, state_dir=tmp_path / "state", console=console)
-
-
-def failing(result: dict) -> set[tuple[str, str]]:
-    return {(f["kind"], f["edge"]) for f in result["findings"] if f["kind"] in FAILING_KINDS}
 
 
 FSDP2 = {"builtin": "fsdp2", "layers": 4, "world_size": 2}
@@ -55,14 +51,14 @@ def test_fsdp2_prefetch_depth_two_shadows_and_duplicates(tmp_path):
     duplicates = {f["edge"] for f in result["findings"] if f["kind"] == "duplicate-target"}
     assert duplicates == {"bwd:layers.1->layers.0", "bwd:layers.2->layers.0",
                           "bwd:layers.2->layers.1", "bwd:layers.3->layers.1"}
-    assert failing(result) == set() and result["ok"]
+    assert failing_findings(result) == set() and result["ok"]
 
 
 def test_fsdp2_mistargeted_backward_edge_is_never_consumed(tmp_path):
     pytest.importorskip("torch")
     edge = "bwd:layers.1->layers.2"  # layers.2's backward already ran
     result = audit_workload(tmp_path, "mis", {**FSDP2, "extra_edges": [edge]})
-    assert failing(result) == {("never-consumed", edge)} and not result["ok"]
+    assert failing_findings(result) == {("never-consumed", edge)} and not result["ok"]
     finding = next(f for f in result["findings"] if f["kind"] == "never-consumed")
     assert finding["steps"] == [1, 2] and finding["ranks"] == [0, 1]
     assert {f["kind"] for f in result["findings"]} == {"never-consumed", "duplicate-target"}

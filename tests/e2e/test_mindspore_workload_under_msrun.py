@@ -21,9 +21,9 @@ import pytest
 
 from bisect_prefetch.adapters import hyper_parallel as hp
 from bisect_prefetch.graph import from_policy
-from bisect_prefetch.judge.audit import FAILING_KINDS, audit_run_dir
+from bisect_prefetch.judge.audit import audit_run_dir
 from bisect_prefetch.metrics.localize import compare_run_digests
-from tests.conftest import rank_lines
+from tests.conftest import failing_findings, rank_lines
 
 REPO = Path(__file__).resolve().parents[2]
 SITE = REPO / "bisect_prefetch" / "adapters" / "site"
@@ -153,11 +153,6 @@ def _edge_ids(graph: dict) -> set[str]:
     return {e["id"] for e in graph["edges"]}
 
 
-def _failing(result: dict) -> set[tuple[str, str]]:
-    """The audit's findings of the kinds that fail it, as (kind, edge)."""
-    return {(f["kind"], f["edge"]) for f in result["findings"] if f["kind"] in FAILING_KINDS}
-
-
 @mindspore_run
 def test_one_rank_discovers_the_mindformers_chain_every_edge_size_one(runs):
     run = runs("reference")
@@ -177,7 +172,7 @@ def test_one_rank_discovers_the_mindformers_chain_every_edge_size_one(runs):
     assert set(result["size_one_edges_unsharding"]) == _edge_ids(graph)
     # At world size one every edge is size-one, and that is the only failing kind.
     assert result["order_recorded"]
-    assert _failing(result) == {("size-one", edge) for edge in _edge_ids(graph)}
+    assert failing_findings(result) == {("size-one", edge) for edge in _edge_ids(graph)}
 
 
 @mindspore_run
@@ -266,7 +261,7 @@ def test_two_ranks_no_unit_is_size_one_and_the_guard_keeps_all_gathers(runs):
     result = audit_run_dir(run.dir)
     assert result["ok"] is True and result["order_recorded"]
     assert len(_edge_ids(run.graph())) == 7
-    assert not [f for f in result["findings"] if f["kind"] == "size-one"] and not _failing(result)
+    assert not [f for f in result["findings"] if f["kind"] == "size-one"] and not failing_findings(result)
 
 
 @mindspore_run

@@ -64,7 +64,7 @@ def test_two_nodes_run_aa_with_every_rank_s_files_and_the_planted_edge(tmp_path)
                                  "--fault-hazard", "1.0")
         # What a bisection would name, in two groups: the planted edge alone diverges, and
         # without it (every other edge on) the job is consistent, on every rank of both
-        # nodes (the search on real runs: tests/e2e/test_slurm.py).
+        # nodes (the search on real runs: tests/e2e/test_two_causes.py).
         code, alone, out = _cli(cluster, tmp_path, "aa", str(experiment), "--runs", "2",
                                 "--mask", f"keep-only:{FAULT_EDGE}")
         assert code == 1 and alone.get("verdict") == "diverged", out

@@ -158,8 +158,7 @@ def test_the_planted_edge_masked_off_is_consistent_with_digests_in_torchtitans_o
     (above) and never with its edge off, which every rank masked at every firing. The group is
     also torchtitan's A/A with digests in its own venv: its other six edges on, each fired at
     every step on every rank, bitwise identical. The search itself on real runs:
-    tests/e2e/test_two_causes.py (a user's script), tests/e2e/test_bisect.py and
-    tests/e2e/test_slurm.py."""
+    tests/e2e/test_two_causes.py (a user's script) and tests/e2e/test_bisect.py."""
     folder = faulty.parent / "planted-off"
     folder.mkdir()
     code, result = run_json(folder, "aa", str(faulty), "--mask", f"drop-only:{PLANTED}",
